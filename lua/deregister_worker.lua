@@ -1,0 +1,20 @@
+-- deregister_worker: a graceful leave. The worker's status becomes "left", it leaves the
+-- heartbeat set, and the membership generation moves.
+-- KEYS[1] = heartbeats ZSET   KEYS[2] = status HASH   KEYS[3] = incarnation HASH
+-- KEYS[4] = generation STRING KEYS[5] = events STREAM
+-- ARGV[1] = worker id   ARGV[2] = the caller's incarnation   ARGV[3] = events stream cap
+-- returns {0, generation} | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT | {6} REPLACED
+local id = ARGV[1]
+local status = redis.call('HGET', KEYS[2], id)
+if not status then return {1} end
+if status == 'failed' then return {3} end
+if status == 'left' then return {4} end
+if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {6} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREM', KEYS[1], id)
+redis.call('HSET', KEYS[2], id, 'left')
+local gen = redis.call('INCR', KEYS[4])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*',
+  'type', 'leave', 'worker', id, 'generation', gen, 'ms', now)
+return {0, gen}

@@ -1,0 +1,18 @@
+-- heartbeat: record that a worker is alive (score = Redis' clock), optionally with a new status.
+-- A worker that was declared failed, left, or was replaced by a newer registration of
+-- its id is refused: old heartbeats never resurrect it.
+-- KEYS[1] = heartbeats ZSET   KEYS[2] = status HASH   KEYS[3] = incarnation HASH
+-- ARGV[1] = worker id   ARGV[2] = the caller's incarnation
+-- ARGV[3] = new status (idle | training | checkpointing) or "" to keep it
+-- returns {0, now_ms} | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT | {6} REPLACED
+local id = ARGV[1]
+local status = redis.call('HGET', KEYS[2], id)
+if not status then return {1} end
+if status == 'failed' then return {3} end
+if status == 'left' then return {4} end
+if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {6} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, id)
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[3]) end
+return {0, now}

@@ -1,0 +1,103 @@
+"""The Lua scripts: found on disk, registered once per client, status codes mapped to errors.
+
+Every script lives in ``lua/<name>.lua`` (the wheel carries them as ``strata_redis/lua``)
+and returns a table whose first element is a status code: 0 for success, else a code from
+``STATUS`` below, the one table that turns codes into exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from . import errors
+
+Context = dict[str, Any]
+
+
+def _worker(cls: type[errors.WorkerError], what: str) -> Callable[[Context], errors.StrataError]:
+    def make(c: Context) -> errors.StrataError:
+        return cls(
+            f"worker {c['worker_id']!r} of job {c['job_id']!r} {what}",
+            job_id=c["job_id"],
+            worker_id=c["worker_id"],
+        )
+
+    return make
+
+
+#: status code -> a factory building the exception from the caller's context.
+STATUS: dict[int, Callable[[Context], errors.StrataError]] = {
+    1: _worker(errors.WorkerNotRegisteredError, "is not registered"),
+    3: _worker(errors.WorkerFailedError, "was declared failed; register it again to rejoin"),
+    4: _worker(errors.WorkerLeftError, "has left; register it again to rejoin"),
+    5: _worker(
+        errors.WorkerExistsError, "is already registered and alive (pass replace=True to take it)"
+    ),
+    6: _worker(errors.WorkerReplacedError, "was replaced by a newer registration of the same id"),
+}
+
+
+def lua_dir() -> Path:
+    """The folder holding the ``.lua`` files: inside the installed package, else the source tree."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "lua", here.parent / "lua"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"no lua/ folder beside {here}: the installation is incomplete")
+
+
+@cache
+def sources() -> dict[str, str]:
+    """Every script's source, by name (the file name without ``.lua``)."""
+    return {path.stem: path.read_text(encoding="utf-8") for path in sorted(lua_dir().glob("*.lua"))}
+
+
+def check(reply: Sequence[Any], context: Context) -> list[Any]:
+    """Raise the exception for a non-zero status code; return the rest of the reply.
+
+    Raises:
+        StrataError: the mapped exception.
+        RuntimeError: an unknown status code (a script and this table disagree).
+    """
+    code = int(reply[0])
+    if code == 0:
+        return list(reply[1:])
+    factory = STATUS.get(code)
+    if factory is None:
+        raise RuntimeError(f"unknown status code {code} from a strata_redis script: {reply!r}")
+    raise factory(context)
+
+
+class Scripts:
+    """The scripts registered on one client (EVALSHA, reloaded after NOSCRIPT by redis-py)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(src) for name, src in sources().items()
+        }
+
+    def __getitem__(self, name: str) -> Script:
+        return self._scripts[name]
+
+    def names(self) -> list[str]:
+        """The names of every registered script."""
+        return list(self._scripts)
+
+    def run(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        context: Context,
+        client: redis.Redis | None = None,
+    ) -> list[Any]:
+        """Run one script, map its status code, return the payload after the code."""
+        reply = self._scripts[name](keys=list(keys), args=list(args), client=client)
+        return check(reply, context)

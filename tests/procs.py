@@ -1,0 +1,36 @@
+"""Real worker processes for tests: spawn them, wait for them, kill them with SIGKILL."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+# "spawn": a fresh interpreter per worker, as on a real cluster (no inherited sockets/threads).
+CTX = multiprocessing.get_context("spawn")
+
+
+def spawn(target: Callable[..., Any], *args: Any) -> BaseProcess:
+    """Start ``target(*args)`` in a new Python process (target must be importable)."""
+    proc = CTX.Process(target=target, args=args, daemon=True)
+    proc.start()
+    return proc
+
+
+def kill9(proc: BaseProcess) -> None:
+    """SIGKILL the process (no cleanup, no deregister) and reap it."""
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+
+
+def join_all(procs: list[BaseProcess], timeout: float = 60.0) -> list[int | None]:
+    """Wait for every process; kill stragglers; return the exit codes."""
+    for proc in procs:
+        proc.join(timeout)
+        if proc.is_alive():
+            kill9(proc)
+    return [proc.exitcode for proc in procs]
