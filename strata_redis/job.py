@@ -11,7 +11,7 @@ import redis
 
 from .connection import describe, make_client
 from .errors import StrataError
-from .keys import Keys
+from .keys import PREFIX, Keys
 from .scripts import Scripts, check
 from .validate import check_id, check_int, check_seconds
 from .workers import Worker, WorkerInfo
@@ -229,3 +229,12 @@ def _labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     if len(orjson.dumps(out)) > 16_384:
         raise ValueError("labels must serialize to at most 16 KiB")
     return out
+
+
+def list_jobs(client: Any) -> list[str]:
+    """The ids of every job with state in this Redis (a ``SCAN``: for operators, not hot paths)."""
+    jobs = set()
+    for key in client.scan_iter(match=f"{PREFIX}:{{*}}:generation", count=1000):
+        start, end = key.index("{") + 1, key.rindex("}")
+        jobs.add(key[start:end])
+    return sorted(jobs)

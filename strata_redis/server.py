@@ -77,7 +77,7 @@ class RedisServer:
             self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir),
             "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning",
             "--logfile", str(self.dir / "redis.log"), "--maxclients", "4064",
-        ]  # fmt: skip
+        ]
         if self.aof:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         args += self.extra

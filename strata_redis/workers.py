@@ -139,7 +139,7 @@ class Worker:
         self._thread = threading.Thread(
             target=self._beat, args=(interval,), name=f"strata-heartbeat-{self.worker_id}",
             daemon=True,
-        )  # fmt: skip
+        )
         self._thread.start()
 
     def stop_heartbeat(self, timeout: float = 5.0) -> None:

@@ -1,0 +1,335 @@
+"""The worker registry against a real redis-server, with real worker processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from multiprocessing.queues import Queue
+from typing import Any
+
+import pytest
+import redis
+
+import strata_redis
+from strata_redis.server import RedisServer
+
+from .procs import CTX, join_all, kill9, spawn
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def heartbeating_worker(
+    url: str, worker_id: str, interval: float, timeout: float, skew: float, ready: Queue[Any]
+) -> None:
+    """Register, heartbeat from the background thread, live until killed (or 30 s)."""
+    if skew:
+        # The client's clock is wrong by `skew` seconds; Redis' clock is the only one used.
+        real_time, real_time_ns = time.time, time.time_ns
+        time.time = lambda: real_time() + skew  # type: ignore[assignment]
+        time.time_ns = lambda: real_time_ns() + int(skew * 1e9)  # type: ignore[assignment]
+    job = strata_redis.connect(url, "test-job", heartbeat_timeout=timeout)
+    worker = job.register_worker(worker_id, heartbeat_interval=interval)
+    worker.set_status("training")
+    ready.put(worker_id)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and worker.lost is None:
+        time.sleep(0.05)
+
+
+def reaper(url: str, start_at: float, out: Queue[Any]) -> None:
+    """Run the reaper step at (about) the same instant as the other reapers."""
+    job = strata_redis.connect(url, "test-job", heartbeat_timeout=0.5)
+    time.sleep(max(0.0, start_at - time.time()))
+    out.put(job.reap())
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(step)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def status_of(job: strata_redis.Job, worker_id: str) -> str:
+    return {w.worker_id: w.status for w in job.workers()}[worker_id]
+
+
+# -- register / heartbeat / deregister / list ------------------------------------------------
+
+
+def test_register_heartbeat_deregister_list(job: strata_redis.Job, raw: redis.Redis) -> None:
+    assert job.membership_generation() == 0
+    w = job.register_worker(
+        "worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8,
+        labels={"zone": "a"}, heartbeat_interval=None,
+    )
+    assert w.incarnation == 1 == job.membership_generation()
+    (info,) = job.workers()
+    assert (info.worker_id, info.status, info.host, info.address) == (
+        "worker-01", "idle", "gpu-a", "10.0.0.5:29500")
+    assert info.gpu_count == 8 and info.labels == {"zone": "a"}
+    assert info.last_seen_s is not None and 0 <= info.last_seen_s < 1
+
+    first = raw.zscore(job.keys.heartbeats, "worker-01")
+    time.sleep(0.01)
+    w.heartbeat()
+    assert raw.zscore(job.keys.heartbeats, "worker-01") > first
+    assert job.live_workers() == ["worker-01"]
+
+    w.deregister()
+    assert status_of(job, "worker-01") == "left"
+    assert job.live_workers() == []
+    assert job.membership_generation() == 2
+    assert [e["type"] for e in job.events()] == ["join", "leave"]
+    with pytest.raises(strata_redis.WorkerLeftError, match="worker-01"):
+        w.heartbeat()
+
+
+def test_status_transitions(job: strata_redis.Job) -> None:
+    w = job.register_worker("w", heartbeat_interval=None)
+    for status in ("training", "checkpointing", "idle", "training"):
+        w.set_status(status)
+        assert status_of(job, "w") == status
+    for bad in ("failed", "left", "TRAINING", ""):
+        with pytest.raises(ValueError, match="status must be one of"):
+            w.set_status(bad)
+    assert status_of(job, "w") == "training"
+    assert job.membership_generation() == 1, "status changes are not membership changes"
+
+
+def test_generation_moves_once_per_join_leave_failure(job: strata_redis.Job) -> None:
+    a = job.register_worker("a", heartbeat_interval=None)
+    job.register_worker("b", heartbeat_interval=None)
+    assert job.membership_generation() == 2
+    a.deregister()
+    assert job.membership_generation() == 3
+    job.client.zadd(job.keys.heartbeats, {"b": 0})  # b's last heartbeat: long ago
+    assert job.reap() == ["b"]
+    assert job.reap() == []
+    assert job.membership_generation() == 4
+    assert [(e["type"], e["worker"], e["generation"]) for e in job.events()] == [
+        ("join", "a", "1"), ("join", "b", "2"), ("leave", "a", "3"), ("fail", "b", "4")]
+
+
+def test_live_id_refused_unless_replace(job: strata_redis.Job) -> None:
+    old = job.register_worker("w", heartbeat_interval=None)
+    with pytest.raises(strata_redis.WorkerExistsError, match="replace=True") as info:
+        job.register_worker("w", heartbeat_interval=None)
+    assert info.value.worker_id == "w" and info.value.job_id == "test-job"
+    new = job.register_worker("w", replace=True, heartbeat_interval=None)
+    assert new.incarnation > old.incarnation
+    with pytest.raises(strata_redis.WorkerReplacedError):
+        old.heartbeat()
+    new.heartbeat()
+    assert job.events()[-1]["type"] == "replace"
+
+
+def test_failed_worker_is_not_resurrected_by_old_heartbeats(job: strata_redis.Job) -> None:
+    w = job.register_worker("w", heartbeat_interval=None)
+    job.client.zadd(job.keys.heartbeats, {"w": 0})
+    assert job.reap() == ["w"]
+    with pytest.raises(strata_redis.WorkerFailedError, match="register it again"):
+        w.heartbeat()
+    with pytest.raises(strata_redis.WorkerFailedError):
+        w.set_status("training")
+    assert status_of(job, "w") == "failed" and job.live_workers() == []
+    back = job.register_worker("w", heartbeat_interval=None)
+    assert back.incarnation == job.membership_generation() > w.incarnation
+    back.heartbeat()
+    with pytest.raises(strata_redis.WorkerReplacedError):
+        w.heartbeat()  # the old handle stays dead
+    assert status_of(job, "w") == "idle"
+
+
+def test_heartbeat_thread_reports_loss(job: strata_redis.Job) -> None:
+    lost: list[strata_redis.StrataError] = []
+    w = job.register_worker("w", heartbeat_interval=0.05, on_lost=lost.append)
+    job.client.zadd(job.keys.heartbeats, {"w": 0})
+    job.reap()
+    wait_for(lambda: bool(lost), 5)
+    assert isinstance(lost[0], strata_redis.WorkerFailedError)
+    assert w.lost is lost[0] and not w.heartbeating
+
+
+# -- failure detection with real processes ---------------------------------------------------
+
+
+def test_sigkilled_worker_declared_failed_within_timeout(redis_url: str) -> None:
+    timeout, interval = 1.0, 0.2
+    job = strata_redis.connect(redis_url, "test-job", heartbeat_timeout=timeout)
+    ready: Queue[Any] = CTX.Queue()
+    procs = [spawn(heartbeating_worker, redis_url, f"w{i}", interval, timeout, 0.0, ready)
+             for i in range(3)]
+    for _ in procs:
+        ready.get(timeout=60)
+    kill9(procs[0])
+    killed_at = time.monotonic()
+    # The survivors' heartbeat threads run the reaper; nobody here calls reap().
+    wait_for(lambda: status_of(job, "w0") == "failed", timeout + 5, step=0.01)
+    detected = time.monotonic() - killed_at
+    assert detected <= timeout + 1.0, f"detected after {detected:.2f}s"
+    assert {status_of(job, f"w{i}") for i in (1, 2)} == {"training"}
+    for proc in procs[1:]:
+        kill9(proc)
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+def test_skewed_client_clock_is_not_declared_failed(redis_url: str, skew: float) -> None:
+    timeout = 1.0
+    job = strata_redis.connect(redis_url, "test-job", heartbeat_timeout=timeout)
+    ready: Queue[Any] = CTX.Queue()
+    proc = spawn(heartbeating_worker, redis_url, "skewed", 0.2, timeout, skew, ready)
+    ready.get(timeout=60)
+    deadline = time.monotonic() + 3 * timeout
+    while time.monotonic() < deadline:
+        assert job.reap() == []
+        assert status_of(job, "skewed") == "training"
+        time.sleep(0.1)
+    kill9(proc)
+
+
+def test_twenty_concurrent_reapers_record_each_failure_once(redis_url: str) -> None:
+    job = strata_redis.connect(redis_url, "test-job", heartbeat_timeout=0.5)
+    ids = [f"w{i:02d}" for i in range(10)]
+    for wid in ids:
+        job.register_worker(wid, heartbeat_interval=None)
+    gen = job.membership_generation()
+    time.sleep(0.6)  # every heartbeat is now stale
+    out: Queue[Any] = CTX.Queue()
+    start_at = time.time() + 3.0  # processes take a while to spawn; start them together
+    procs = [spawn(reaper, redis_url, start_at, out) for _ in range(20)]
+    reaped = [out.get(timeout=60) for _ in procs]
+    assert join_all(procs) == [0] * 20
+    flat = [wid for batch in reaped for wid in batch]
+    assert sorted(flat) == ids, "each failure is reported exactly once"
+    assert job.membership_generation() == gen + len(ids)
+    fails = [e for e in job.events(1000) if e["type"] == "fail"]
+    assert sorted(e["worker"] for e in fails) == ids
+    assert sorted(int(e["generation"]) for e in fails) == list(range(gen + 1, gen + 11))
+
+
+# -- Redis faults ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["restart", "kill-9"])
+def test_heartbeat_thread_survives_redis_restart(
+    redis_factory: Callable[..., RedisServer], kill: bool
+) -> None:
+    server = redis_factory(aof=True)
+    job = strata_redis.connect(server.url, "test-job", heartbeat_timeout=3.0)
+    w = job.register_worker("w", heartbeat_interval=0.1)
+    w.set_status("training")
+    time.sleep(0.3)
+    server.restart(kill=kill)
+    time.sleep(0.5)  # a few heartbeat ticks after the restart
+    assert w.heartbeating and w.lost is None
+    (info,) = job.workers()
+    assert info.status == "training"
+    assert info.last_seen_s is not None and info.last_seen_s < 0.5
+    assert job.reap() == []
+    w.stop_heartbeat()
+
+
+def test_redis_down_gives_a_clear_error(redis_factory: Callable[..., RedisServer]) -> None:
+    server = redis_factory()
+    job = strata_redis.connect(server.url, "test-job")
+    server.kill()
+    with pytest.raises(redis.ConnectionError):
+        job.register_worker("w", heartbeat_interval=None)
+
+
+def test_scripts_reload_after_script_flush(job: strata_redis.Job, raw: redis.Redis) -> None:
+    w = job.register_worker("w", heartbeat_interval=None)
+    raw.script_flush()
+    w.heartbeat()  # EVALSHA -> NOSCRIPT -> reloaded by redis-py's Script
+    assert raw.script_exists(job.scripts["heartbeat"].sha) == [True]
+    raw.script_flush()
+    assert job.reap() == []  # through a pipeline, too
+    assert raw.script_exists(job.scripts["reap_workers"].sha) == [True]
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+BAD_IDS: list[tuple[object, type[Exception], str]] = [
+    ("", ValueError, "must not be empty"),
+    ("x" * 129, ValueError, "at most 128"),
+    ("tab\there", ValueError, "printable"),
+    ("new\nline", ValueError, "printable"),
+    (" lead", ValueError, "whitespace"),
+    ("trail ", ValueError, "whitespace"),
+    (42, TypeError, "must be a str"),
+    (None, TypeError, "must be a str"),
+    (b"bytes", TypeError, "must be a str"),
+]
+
+
+@pytest.mark.parametrize(("bad", "exc", "match"), BAD_IDS)
+def test_bad_worker_ids_refused_and_nothing_written(
+    job: strata_redis.Job, raw: redis.Redis, bad: object, exc: type[Exception], match: str
+) -> None:
+    with pytest.raises(exc, match=match):
+        job.register_worker(bad, heartbeat_interval=None)  # type: ignore[arg-type]
+    assert raw.keys("*") == []
+
+
+@pytest.mark.parametrize("bad", ["run{1}", "a}b", "{x"])
+def test_braces_refused_in_job_ids(redis_url: str, bad: str) -> None:
+    with pytest.raises(ValueError, match="hash tag"):
+        strata_redis.connect(redis_url, bad)
+
+
+@pytest.mark.parametrize("worker_id", ["a:b", "w{1}", "}{", "with space", "wörker-é", "工人-1", "*?["])
+def test_printable_ids_work_without_breaking_the_schema(
+    redis_url: str, raw: redis.Redis, worker_id: str
+) -> None:
+    job = strata_redis.connect(redis_url, "run:7 é")
+    w = job.register_worker(worker_id, heartbeat_interval=None)
+    w.heartbeat()
+    assert [i.worker_id for i in job.workers()] == [worker_id]
+    assert all(k.startswith("strata:{run:7 é}:") for k in raw.keys("*"))
+    assert strata_redis.job.list_jobs(job.client) == ["run:7 é"]
+    w.deregister()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"gpu_count": -1}, ValueError, "gpu_count"),
+        ({"gpu_count": 10**9}, ValueError, "gpu_count"),
+        ({"gpu_count": "8"}, TypeError, "gpu_count"),
+        ({"gpu_count": True}, TypeError, "gpu_count"),
+        ({"heartbeat_interval": 0}, ValueError, "heartbeat_interval"),
+        ({"heartbeat_interval": -1.0}, ValueError, "heartbeat_interval"),
+        ({"heartbeat_interval": float("nan")}, ValueError, "heartbeat_interval"),
+        ({"heartbeat_interval": 5.0}, ValueError, "heartbeat_interval"),  # above the timeout
+        ({"heartbeat_interval": "1"}, TypeError, "heartbeat_interval"),
+        ({"labels": {"a": 1}}, TypeError, "labels"),
+        ({"labels": ["a"]}, TypeError, "labels"),
+        ({"host": 7}, TypeError, "host"),
+        ({"address": "x" * 2000}, ValueError, "address"),
+    ],
+)
+def test_bad_arguments_refused_and_nothing_written(
+    job: strata_redis.Job, raw: redis.Redis, kwargs: dict[str, Any], exc: type[Exception],
+    match: str,
+) -> None:
+    with pytest.raises(exc, match=match):
+        job.register_worker("w", **kwargs)
+    assert raw.keys("*") == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"heartbeat_timeout": 0}, ValueError, "heartbeat_timeout"),
+        ({"heartbeat_timeout": float("inf")}, ValueError, "heartbeat_timeout"),
+        ({"heartbeat_timeout": "10"}, TypeError, "heartbeat_timeout"),
+        ({"events_cap": 5}, ValueError, "events_cap"),
+    ],
+)
+def test_bad_job_options(redis_url: str, kwargs: dict[str, Any], exc: type[Exception],
+                         match: str) -> None:
+    with pytest.raises(exc, match=match):
+        strata_redis.connect(redis_url, "j", **kwargs)
