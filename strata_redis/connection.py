@@ -39,7 +39,6 @@ def _client_options() -> dict[str, Any]:
         "decode_responses": True,
         "socket_timeout": None,
         "socket_connect_timeout": 5.0,
-        "socket_keepalive": True,
         "health_check_interval": 30,
         "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 4),
     }
@@ -105,7 +104,11 @@ def make_client(target: str | redis.Redis | None = None) -> redis.Redis:
         raise TypeError(
             f"redis must be a URL, host:port or redis.Redis, got {type(target).__name__}"
         )
-    return redis.Redis.from_url(normalize_url(target), **_client_options())
+    url = normalize_url(target)
+    options = _client_options()
+    if not url.startswith("unix://"):
+        options["socket_keepalive"] = True
+    return redis.Redis.from_url(url, **options)
 
 
 def describe(client: redis.Redis) -> str:

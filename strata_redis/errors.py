@@ -18,7 +18,8 @@ The tree::
     ├── LeaseError                  .job_id, .dataset, .epoch, .shard_id
     │   └── LeaseLostError              the lease expired, was taken over, or its token is stale
     ├── StorageError                .backend, .path (never credentials)
-    │   └── StorageNotFoundError        the object does not exist
+    │   ├── StorageNotFoundError        the object does not exist
+    │   └── StorageExistsError          a create-only write found the object already there
     └── CheckpointError             .job_id, .step
         ├── CheckpointAbortedError      a participant's upload failed: the step never commits
         └── CheckpointNotFoundError     no committed step verifies
@@ -42,6 +43,7 @@ __all__ = [
     "LeaseError",
     "LeaseLostError",
     "StorageError",
+    "StorageExistsError",
     "StorageNotFoundError",
     "StrataError",
     "WorkerError",
@@ -177,6 +179,10 @@ class StorageError(StrataError):
 
 class StorageNotFoundError(StorageError):
     """The object does not exist."""
+
+
+class StorageExistsError(StorageError):
+    """A create-only write (``write_if_absent``) found the object already there."""
 
 
 class CheckpointError(StrataError):

@@ -50,9 +50,9 @@ def redis_factory() -> Iterator[Callable[..., RedisServer]]:
     servers: list[RedisServer] = []
 
     def make(**kwargs: object) -> RedisServer:
-        server = RedisServer(**kwargs).start()  # type: ignore[arg-type]
+        server = RedisServer(**kwargs)  # type: ignore[arg-type]
         servers.append(server)
-        return server
+        return server.start()
 
     yield make
     for server in servers:

@@ -1,0 +1,202 @@
+"""The storage interface every backend implements, and the path and buffer rules they share."""
+
+from __future__ import annotations
+
+import abc
+from types import TracebackType
+from typing import TypeVar
+
+__all__ = ["MAX_PATH_BYTES", "TMP_PREFIX", "Storage", "as_byte_view", "check_path", "check_prefix"]
+
+# S3 keys are at most 1024 bytes of UTF-8 and most filesystems cap a name at 255 bytes; both
+# limits apply on every backend, so a path valid on one is valid on the other.
+MAX_PATH_BYTES = 1024
+MAX_NAME_BYTES = 255
+
+# Temporary files of in-flight local writes start with this; no object name may.
+TMP_PREFIX = ".strata-tmp-"
+
+_S = TypeVar("_S", bound="Storage")
+
+
+def check_path(path: object, *, arg: str = "path") -> str:
+    """Return ``path`` if it is a valid object path, else raise naming it.
+
+    A valid path is relative and ``/``-separated: no leading ``/``, no empty, ``.`` or ``..``
+    component, no backslash, no control character (NUL included), no surrogate, no component
+    starting with the reserved temporary-file prefix, at most 1024 UTF-8 bytes with names of
+    at most 255. Any other Unicode text is fine.
+
+    Raises:
+        TypeError: ``path`` is not a ``str``.
+        ValueError: ``path`` breaks one of the rules above.
+    """
+    if not isinstance(path, str):
+        raise TypeError(f"{arg} must be a str, got {type(path).__name__} {path!r}")
+    problem = _path_problem(path)
+    if problem is not None:
+        raise ValueError(f"{arg} {path!r} is not a valid storage path: {problem}")
+    return path
+
+
+def _path_problem(path: str) -> str | None:
+    if not path:
+        return "it is empty"
+    if path.startswith("/"):
+        return "absolute paths are refused (it must be relative to the storage root)"
+    if "\\" in path:
+        return "backslashes are refused (use '/' to separate names)"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        return "control characters (NUL included) are refused"
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "it is not valid Unicode text (lone surrogate)"
+    if size > MAX_PATH_BYTES:
+        return f"it is {size} bytes of UTF-8, more than {MAX_PATH_BYTES}"
+    for name in path.split("/"):
+        if name in ("", ".", ".."):
+            return f"empty, '.' and '..' names are refused (found {name!r})"
+        if name.startswith(TMP_PREFIX):
+            return f"names starting with {TMP_PREFIX!r} are reserved for temporary files"
+        if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+            return f"the name {name[:32]!r}... is longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def check_prefix(prefix: object, *, arg: str = "prefix") -> str:
+    """Return ``prefix`` if it is ``""`` or a valid path, optionally ending with ``/``.
+
+    Raises:
+        TypeError: ``prefix`` is not a ``str``.
+        ValueError: ``prefix`` is not a valid path prefix (see :func:`check_path`).
+    """
+    if not isinstance(prefix, str):
+        raise TypeError(f"{arg} must be a str, got {type(prefix).__name__} {prefix!r}")
+    if prefix:
+        check_path(prefix[:-1] if prefix.endswith("/") else prefix, arg=arg)
+    return prefix
+
+
+def as_byte_view(data: object, *, arg: str = "data") -> memoryview:
+    """Return a flat, read-only byte view of ``data`` without copying it.
+
+    Accepts any C-contiguous object with the buffer protocol: ``bytes``, ``bytearray``,
+    ``memoryview``, ``array.array``, numpy arrays of any dtype and shape, ``mmap``.
+
+    Raises:
+        TypeError: ``data`` does not support the buffer protocol (``str``, ``list``, ...).
+        ValueError: ``data`` is a buffer but not C-contiguous.
+    """
+    if isinstance(data, str):
+        raise TypeError(f"{arg} must be a bytes-like object, got str (encode it first)")
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{arg} must be a bytes-like object (bytes, bytearray, memoryview or a numpy "
+            f"array), got {type(data).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise ValueError(
+            f"{arg} must be C-contiguous, got a non-contiguous {type(data).__name__} "
+            "(numpy: np.ascontiguousarray)"
+        )
+    if view.nbytes == 0:
+        return memoryview(b"")
+    if view.format == "B" and view.ndim == 1:
+        return view.toreadonly()
+    try:
+        return view.cast("B").toreadonly()
+    except (TypeError, ValueError):
+        # memoryview.cast only takes native single-character formats; big-endian, complex
+        # and structured numpy dtypes need a format-blind view of the same memory.
+        import numpy as np
+
+        return memoryview(np.frombuffer(view, dtype=np.uint8)).toreadonly()
+
+
+class Storage(abc.ABC):
+    """Bytes under ``/``-separated relative paths: the interface every backend implements.
+
+    Paths follow :func:`check_path` on every backend. Data is any C-contiguous buffer
+    (:func:`as_byte_view`); it is written without an extra copy, and must not change while a
+    write runs. Failures raise :class:`~strata_redis.errors.StorageError` (its subclass
+    ``StorageNotFoundError`` for a missing object); bad arguments raise ``TypeError`` or
+    ``ValueError`` naming them. Storages are safe to share between threads.
+    """
+
+    @abc.abstractmethod
+    def write(self, path: str, data: object) -> None:
+        """Store ``data`` at ``path``, replacing any previous object, all or nothing.
+
+        Args:
+            path: the object path.
+            data: the bytes, as any C-contiguous buffer.
+
+        Raises:
+            StorageError: the backend failed; the previous object (if any) is untouched.
+        """
+
+    @abc.abstractmethod
+    def write_if_absent(self, path: str, data: object) -> None:
+        """Store ``data`` at ``path`` only if no object is there yet, atomically.
+
+        Raises:
+            StorageExistsError: an object already exists at ``path``; it is untouched.
+            StorageError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def read(self, path: str) -> bytes:
+        """Return the whole object at ``path``.
+
+        Raises:
+            StorageNotFoundError: no object at ``path``.
+            StorageError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool:
+        """Return whether an object exists at ``path``.
+
+        Raises:
+            StorageError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Delete the object at ``path``; deleting a missing object does nothing.
+
+        Raises:
+            StorageError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Return the sorted paths of every object whose path starts with ``prefix``.
+
+        The prefix is a plain string prefix, as on S3: ``"step_1"`` matches
+        ``"step_1/model.bin"`` and ``"step_10/model.bin"``; ``"step_1/"`` only the former.
+
+        Raises:
+            StorageError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Return a short URL-like description such as ``s3://bucket/prefix`` (no secrets)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op unless a backend holds resources
+        """Release network connections and other resources; the storage is unusable after."""
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,53 @@
+"""The ``strata`` command line, run as a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import strata_redis
+
+
+def strata(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "strata_redis", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_status_prints_workers_and_lists_jobs(job: strata_redis.Job, redis_url: str) -> None:
+    job.register_worker("worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8,
+                        heartbeat_interval=None).set_status("training")
+    job.register_worker("worker-02", heartbeat_interval=None).deregister()
+    out = strata("status", "--redis-url", redis_url, "--job", job.job_id)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "membership generation 3, 1 live of 2 workers" in lines[0]
+    row = next(line for line in lines if line.startswith("worker-01"))
+    assert row.split()[:2] == ["worker-01", "training"] and "10.0.0.5:29500" in row
+    assert next(line for line in lines if line.startswith("worker-02")).split()[1] == "left"
+    listed = strata("status", "--redis-url", redis_url)
+    assert listed.stdout.split() == [job.job_id]
+
+
+def test_status_unreachable_redis_is_a_clear_error() -> None:
+    out = strata("status", "--redis-url", "redis://127.0.0.1:1/0", "--job", "x")
+    assert out.returncode == 2
+    assert "cannot reach redis://127.0.0.1:1/0" in out.stderr
+
+
+def test_bad_job_id_is_a_clear_error(redis_url: str) -> None:
+    out = strata("status", "--redis-url", redis_url, "--job", "a{b}")
+    assert out.returncode == 2 and "hash tag" in out.stderr
+
+
+def test_demo_on_a_private_redis_detects_the_killed_worker() -> None:
+    out = strata("demo")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "declared failed after" in out.stdout
+    assert "private redis-server stopped" in out.stdout
+
+
+def test_demo_on_a_given_redis(redis_url: str) -> None:
+    out = strata("demo", "--redis-url", redis_url, "--workers", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "worker-03 declared failed" in out.stdout
+    assert "private redis-server" not in out.stdout
