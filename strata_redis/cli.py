@@ -25,14 +25,18 @@ def _status(args: argparse.Namespace) -> int:
     job = Job(client, args.job)
     workers = job.workers()
     live = sum(w.last_seen_s is not None for w in workers)
-    print(f"job {job.job_id!r}: membership generation {job.membership_generation()}, "
-          f"{live} live of {len(workers)} workers")
+    print(
+        f"job {job.job_id!r}: membership generation {job.membership_generation()}, "
+        f"{live} live of {len(workers)} workers"
+    )
     if workers:
         print(f"{'WORKER':<24} {'STATUS':<14} {'LAST SEEN':>10}  {'HOST':<16} {'ADDRESS':<22} GPUS")
     for w in workers:
         seen = "-" if w.last_seen_s is None else f"{w.last_seen_s:.1f}s"
-        print(f"{w.worker_id:<24} {w.status:<14} {seen:>10}  {w.host or '-':<16} "
-              f"{w.address or '-':<22} {w.gpu_count}")
+        print(
+            f"{w.worker_id:<24} {w.status:<14} {seen:>10}  {w.host or '-':<16} "
+            f"{w.address or '-':<22} {w.gpu_count}"
+        )
     return 0
 
 
@@ -50,12 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a simulated training cluster (starts its own Redis)")
     demo.add_argument("--redis-url", help="use this Redis instead of a private redis-server")
-    demo.add_argument("--workers", type=int, default=4, choices=range(2, 33), metavar="N",
-                      help="worker processes (2..32, default 4)")
+    demo.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        choices=range(2, 33),
+        metavar="N",
+        help="worker processes (2..32, default 4)",
+    )
     demo.set_defaults(func=_demo)
 
     status = sub.add_parser("status", help="print a job's workers (or list the jobs)")
-    status.add_argument("--redis-url", help="default: $STRATA_REDIS_URL or redis://localhost:6379/0")
+    status.add_argument(
+        "--redis-url", help="default: $STRATA_REDIS_URL or redis://localhost:6379/0"
+    )
     status.add_argument("--job", help="job id; without it, list the jobs")
     status.set_defaults(func=_status)
     return parser
@@ -64,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     try:
         return int(args.func(args))
     except redis.ConnectionError as exc:

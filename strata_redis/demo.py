@@ -27,8 +27,12 @@ def _worker_main(url: str, job_id: str, worker_id: str, interval: float, timeout
     """A demo worker process: register, train (heartbeat), leave on SIGTERM."""
     job = connect(url, job_id, heartbeat_timeout=timeout)
     worker = job.register_worker(
-        worker_id, host=os.uname().nodename, address=f"127.0.0.1:{29500 + os.getpid() % 1000}",
-        gpu_count=8, labels={"role": "demo"}, heartbeat_interval=interval,
+        worker_id,
+        host=os.uname().nodename,
+        address=f"127.0.0.1:{29500 + os.getpid() % 1000}",
+        gpu_count=8,
+        labels={"role": "demo"},
+        heartbeat_interval=interval,
     )
     stop = False
 
@@ -74,8 +78,12 @@ def _wait(job: Job, what: str, predicate: object, timeout: float) -> float:
 
 
 def run_demo(
-    redis_url: str | None = None, *, workers: int = 4, job_id: str = "demo",
-    heartbeat_interval: float = 0.5, heartbeat_timeout: float = 2.0,
+    redis_url: str | None = None,
+    *,
+    workers: int = 4,
+    job_id: str = "demo",
+    heartbeat_interval: float = 0.5,
+    heartbeat_timeout: float = 2.0,
 ) -> int:
     """Run the demo; return the process exit code (0 when every check held)."""
     with _redis(redis_url) as url:
@@ -84,15 +92,19 @@ def run_demo(
         say(f"\n== 1. {workers} worker processes register and heartbeat (job {job_id!r})")
         procs: dict[str, BaseProcess] = {}
         for wid in ids:
-            proc = CTX.Process(
+            proc: BaseProcess = CTX.Process(
                 target=_worker_main, args=(url, job_id, wid, heartbeat_interval, heartbeat_timeout)
             )
             proc.start()
             procs[wid] = proc
         try:
             _wait(job, "registration", lambda: len(job.live_workers()) == workers, 60)
-            _wait(job, "training status", lambda: all(
-                w.status == "training" for w in job.workers() if w.worker_id in ids), 30)
+            _wait(
+                job,
+                "training status",
+                lambda: all(w.status == "training" for w in job.workers() if w.worker_id in ids),
+                30,
+            )
             _table(job)
             say(f"  membership generation: {job.membership_generation()}")
 
@@ -102,17 +114,20 @@ def run_demo(
             os.kill(procs[victim].pid or 0, signal.SIGKILL)
             procs[victim].join(10)
             detected = _wait(
-                job, "failure detection",
+                job,
+                "failure detection",
                 lambda: {w.worker_id: w.status for w in job.workers()}[victim] == "failed",
                 heartbeat_timeout * 3,
             )
-            say(f"  {victim} declared failed after {detected:.2f}s "
-                f"(heartbeat timeout {heartbeat_timeout}s, bar: timeout + 1s)")
+            say(
+                f"  {victim} declared failed after {detected:.2f}s "
+                f"(heartbeat timeout {heartbeat_timeout}s, bar: timeout + 1s)"
+            )
             _table(job)
             say(f"  membership generation: {gen_before} -> {job.membership_generation()}")
             ok = detected <= heartbeat_timeout + 1.0
         finally:
-            for wid, proc in procs.items():
+            for proc in procs.values():
                 if proc.is_alive():
                     proc.terminate()
             for proc in procs.values():
@@ -121,8 +136,10 @@ def run_demo(
         statuses = {w.worker_id: w.status for w in job.workers()}
         say(f"  workers: {', '.join(f'{k}={v}' for k, v in sorted(statuses.items()))}")
         say(f"  failure of {victim} detected in {detected:.2f}s: {'OK' if ok else 'TOO SLOW'}")
-        say(f"  membership events: {len(job.events(1000))}, "
-            f"final generation {job.membership_generation()}")
+        say(
+            f"  membership events: {len(job.events(1000))}, "
+            f"final generation {job.membership_generation()}"
+        )
         job.close()
     return 0 if ok else 1
 

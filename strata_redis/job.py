@@ -12,7 +12,7 @@ import redis
 from .connection import describe, make_client
 from .errors import StrataError
 from .keys import PREFIX, Keys
-from .scripts import Scripts, check
+from .scripts import Call, Scripts, check
 from .validate import check_id, check_int, check_seconds
 from .workers import Worker, WorkerInfo
 
@@ -50,7 +50,7 @@ class Job:
         self.keys = Keys(self.job_id)
         if isinstance(redis, Job):
             self.client: Any = redis.client
-            self.scripts = redis.scripts
+            self.scripts: Scripts = redis.scripts
         else:
             self.client = make_client(redis)
             self.scripts = Scripts(self.client)
@@ -160,13 +160,13 @@ class Job:
         """The membership generation: moves by one on every join, leave and failure."""
         return int(self.client.get(self.keys.generation) or 0)
 
-    def queue_reap(self, client: Any) -> None:
-        """Queue one reaper step on ``client`` (a pipeline); see ``reap``."""
+    def reap_call(self) -> Call:
+        """One reaper step as a script call, to batch with other calls (see ``reap``)."""
         k = self.keys
-        self.scripts["reap_workers"](
-            keys=[k.heartbeats, k.status, k.generation, k.events],
-            args=[int(self.heartbeat_timeout * 1000), self.events_cap, REAP_BATCH],
-            client=client,
+        return (
+            "reap_workers",
+            [k.heartbeats, k.status, k.generation, k.events],
+            [int(self.heartbeat_timeout * 1000), self.events_cap, REAP_BATCH],
         )
 
     def check_reaped(self, reply: list[Any]) -> list[str]:
@@ -184,10 +184,10 @@ class Job:
         """
         ids: list[str] = []
         while True:
-            with self.client.pipeline(transaction=False) as pipe:
-                self.queue_reap(pipe)
-                (reply,) = pipe.execute()
-            batch = self.check_reaped(reply)
+            name, keys, args = self.reap_call()
+            batch = [
+                str(x) for x in self.scripts.run(name, keys, args, {"job_id": self.job_id})[1:]
+            ]
             ids += batch
             if len(batch) < REAP_BATCH:
                 return ids

@@ -14,10 +14,13 @@ from typing import Any
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from . import errors
 
 Context = dict[str, Any]
+#: one script call: (script name, keys, args)
+Call = tuple[str, Sequence[str], Sequence[Any]]
 
 
 def _worker(cls: type[errors.WorkerError], what: str) -> Callable[[Context], errors.StrataError]:
@@ -101,3 +104,25 @@ class Scripts:
         """Run one script, map its status code, return the payload after the code."""
         reply = self._scripts[name](keys=list(keys), args=list(args), client=client)
         return check(reply, context)
+
+    def run_many(self, calls: Sequence[Call]) -> list[Any]:
+        """Run several scripts in one round trip; return their raw replies (codes unchecked).
+
+        Uses EVALSHA directly: redis-py's pipeline would first send SCRIPT EXISTS, a second
+        round trip. After a ``SCRIPT FLUSH`` (NOSCRIPT), the scripts are loaded and the batch
+        is sent again; scripts must therefore be safe to repeat (ours are).
+        """
+        for attempt in range(2):
+            with self._client.pipeline(transaction=False) as pipe:
+                for name, keys, args in calls:
+                    pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                replies = pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
+                for name, _, _ in calls:
+                    self._client.script_load(self._scripts[name].script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return list(replies)
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -57,7 +57,9 @@ class RedisServer:
         extra: more ``redis-server`` arguments, e.g. ``["--requirepass", "pw"]``.
     """
 
-    def __init__(self, *, aof: bool = False, port: int | None = None, extra: list[str] | None = None):
+    def __init__(
+        self, *, aof: bool = False, port: int | None = None, extra: list[str] | None = None
+    ):
         self.binary = find_redis_server()
         self.aof = aof
         self.port = port or free_port()
@@ -74,9 +76,25 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it answers PING."""
         args = [
-            self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir),
-            "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning",
-            "--logfile", str(self.dir / "redis.log"), "--maxclients", "4064",
+            self.binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(self.dir / "redis.log"),
+            "--maxclients",
+            "4064",
         ]
         if self.aof:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
@@ -141,6 +159,9 @@ class RedisServer:
             raise
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()

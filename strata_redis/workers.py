@@ -73,7 +73,9 @@ class Worker:
         self._thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
-        return f"Worker({self.worker_id!r}, job={self.job.job_id!r}, incarnation={self.incarnation})"
+        return (
+            f"Worker({self.worker_id!r}, job={self.job.job_id!r}, incarnation={self.incarnation})"
+        )
 
     @property
     def _context(self) -> dict[str, Any]:
@@ -137,7 +139,9 @@ class Worker:
             return
         self._stop.clear()
         self._thread = threading.Thread(
-            target=self._beat, args=(interval,), name=f"strata-heartbeat-{self.worker_id}",
+            target=self._beat,
+            args=(interval,),
+            name=f"strata-heartbeat-{self.worker_id}",
             daemon=True,
         )
         self._thread.start()
@@ -160,14 +164,15 @@ class Worker:
         while not self._stop.is_set():
             try:
                 keys, args = self._heartbeat_args()
-                with self.job.client.pipeline(transaction=False) as pipe:
-                    self.job.scripts["heartbeat"](keys=keys, args=args, client=pipe)
-                    self.job.queue_reap(pipe)
-                    beat, reaped = pipe.execute()
+                beat, reaped = self.job.scripts.run_many(
+                    [("heartbeat", keys, args), self.job.reap_call()]
+                )
                 check(beat, self._context)
                 self.job.check_reaped(reaped)
                 if outage:
-                    log.warning("worker %r: Redis reachable again, heartbeats resumed", self.worker_id)
+                    log.warning(
+                        "worker %r: Redis reachable again, heartbeats resumed", self.worker_id
+                    )
                     outage = False
             except WorkerError as exc:
                 self.lost = exc
@@ -187,7 +192,10 @@ class Worker:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop_heartbeat()
         if self.lost is None:

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-
 import urllib.request
 
 from strata_redis.server import free_port
@@ -27,7 +26,9 @@ class MotoServer:
     def start(self, timeout: float = 30.0) -> MotoServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

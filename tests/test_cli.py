@@ -9,13 +9,18 @@ import strata_redis
 
 
 def strata(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "strata_redis", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "strata_redis", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_status_prints_workers_and_lists_jobs(job: strata_redis.Job, redis_url: str) -> None:
-    job.register_worker("worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8,
-                        heartbeat_interval=None).set_status("training")
+    job.register_worker(
+        "worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8, heartbeat_interval=None
+    ).set_status("training")
     job.register_worker("worker-02", heartbeat_interval=None).deregister()
     out = strata("status", "--redis-url", redis_url, "--job", job.job_id)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""Connecting: URLs, host:port, existing clients, unix sockets, ACL users, TLS; no leaked secrets."""
+"""Connecting: URLs, host:port, clients, unix sockets, ACL users, TLS; no leaked secrets."""
 
 from __future__ import annotations
 
@@ -47,9 +47,7 @@ def test_job_shares_another_jobs_client(redis_url: str) -> None:
     assert b.client is a.client and b.job_id == "b"
 
 
-def test_environment_defaults(
-    redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_environment_defaults(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATA_REDIS_URL", redis_url)
     monkeypatch.setenv("STRATA_JOB_ID", "from-env")
     job = strata_redis.connect()
@@ -104,7 +102,9 @@ def test_wrong_password_error_has_no_secret(acl_server: RedisServer) -> None:
     assert SECRET not in str(info.value)
     cli = subprocess.run(
         [sys.executable, "-m", "strata_redis", "status", "--redis-url", url, "--job", "run-7"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert cli.returncode != 0
     assert SECRET not in cli.stdout + cli.stderr
@@ -113,16 +113,42 @@ def test_wrong_password_error_has_no_secret(acl_server: RedisServer) -> None:
 def test_tls(redis_factory: Callable[..., RedisServer], tmp_path: Path) -> None:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     tls_port = free_port()
-    redis_factory(extra=[
-        "--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-        "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
-    ])
+    redis_factory(
+        extra=[
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--tls-ca-cert-file",
+            str(cert),
+            "--tls-auth-clients",
+            "no",
+        ]
+    )
     job = strata_redis.connect(f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}", "run-7")
     roundtrip(job)
     assert repr(job).startswith("Job('run-7', redis='rediss://127.0.0.1:")

@@ -30,9 +30,21 @@ print(json.dumps({"module": strata_redis.__file__, "lua": str(lua_dir()),
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (path,) = out.glob("strata_redis-*.whl")
     return path
@@ -51,24 +63,43 @@ def test_installed_wheel_loads_scripts_outside_the_source_tree(
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     # The dependencies (redis, orjson, numpy) come from this interpreter's site-packages via a
     # .pth file; strata_redis itself only from the wheel (the source tree is not on the path).
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     deps = {str(Path(m.__file__).resolve().parent.parent) for m in (redis,)}
     deps.add(sysconfig.get_path("purelib"))
     Path(site, "deps.pth").write_text("\n".join(sorted(deps)) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    run = subprocess.run([str(py), "-c", CHECK, redis_url], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [str(py), "-c", CHECK, redis_url],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout)
     assert got["module"].startswith(str(env_dir)), got
     assert got["lua"].startswith(str(env_dir)), got
     assert got["scripts"] == sorted(p.stem for p in (ROOT / "lua").glob("*.lua"))
     assert got["live"] == ["w"]
-    cli = subprocess.run([str(env_dir / "bin" / "strata"), "--help"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [str(env_dir / "bin" / "strata"), "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 0 and "demo" in cli.stdout

@@ -62,13 +62,21 @@ def status_of(job: strata_redis.Job, worker_id: str) -> str:
 def test_register_heartbeat_deregister_list(job: strata_redis.Job, raw: redis.Redis) -> None:
     assert job.membership_generation() == 0
     w = job.register_worker(
-        "worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8,
-        labels={"zone": "a"}, heartbeat_interval=None,
+        "worker-01",
+        host="gpu-a",
+        address="10.0.0.5:29500",
+        gpu_count=8,
+        labels={"zone": "a"},
+        heartbeat_interval=None,
     )
     assert w.incarnation == 1 == job.membership_generation()
     (info,) = job.workers()
     assert (info.worker_id, info.status, info.host, info.address) == (
-        "worker-01", "idle", "gpu-a", "10.0.0.5:29500")
+        "worker-01",
+        "idle",
+        "gpu-a",
+        "10.0.0.5:29500",
+    )
     assert info.gpu_count == 8 and info.labels == {"zone": "a"}
     assert info.last_seen_s is not None and 0 <= info.last_seen_s < 1
 
@@ -110,7 +118,11 @@ def test_generation_moves_once_per_join_leave_failure(job: strata_redis.Job) -> 
     assert job.reap() == []
     assert job.membership_generation() == 4
     assert [(e["type"], e["worker"], e["generation"]) for e in job.events()] == [
-        ("join", "a", "1"), ("join", "b", "2"), ("leave", "a", "3"), ("fail", "b", "4")]
+        ("join", "a", "1"),
+        ("join", "b", "2"),
+        ("leave", "a", "3"),
+        ("fail", "b", "4"),
+    ]
 
 
 def test_live_id_refused_unless_replace(job: strata_redis.Job) -> None:
@@ -160,8 +172,10 @@ def test_sigkilled_worker_declared_failed_within_timeout(redis_url: str) -> None
     timeout, interval = 1.0, 0.2
     job = strata_redis.connect(redis_url, "test-job", heartbeat_timeout=timeout)
     ready: Queue[Any] = CTX.Queue()
-    procs = [spawn(heartbeating_worker, redis_url, f"w{i}", interval, timeout, 0.0, ready)
-             for i in range(3)]
+    procs = [
+        spawn(heartbeating_worker, redis_url, f"w{i}", interval, timeout, 0.0, ready)
+        for i in range(3)
+    ]
     for _ in procs:
         ready.get(timeout=60)
     kill9(procs[0])
@@ -280,7 +294,9 @@ def test_braces_refused_in_job_ids(redis_url: str, bad: str) -> None:
         strata_redis.connect(redis_url, bad)
 
 
-@pytest.mark.parametrize("worker_id", ["a:b", "w{1}", "}{", "with space", "wörker-é", "工人-1", "*?["])
+@pytest.mark.parametrize(
+    "worker_id", ["a:b", "w{1}", "}{", "with space", "wörker-é", "工人-1", "*?["]
+)
 def test_printable_ids_work_without_breaking_the_schema(
     redis_url: str, raw: redis.Redis, worker_id: str
 ) -> None:
@@ -312,7 +328,10 @@ def test_printable_ids_work_without_breaking_the_schema(
     ],
 )
 def test_bad_arguments_refused_and_nothing_written(
-    job: strata_redis.Job, raw: redis.Redis, kwargs: dict[str, Any], exc: type[Exception],
+    job: strata_redis.Job,
+    raw: redis.Redis,
+    kwargs: dict[str, Any],
+    exc: type[Exception],
     match: str,
 ) -> None:
     with pytest.raises(exc, match=match):
@@ -329,7 +348,8 @@ def test_bad_arguments_refused_and_nothing_written(
         ({"events_cap": 5}, ValueError, "events_cap"),
     ],
 )
-def test_bad_job_options(redis_url: str, kwargs: dict[str, Any], exc: type[Exception],
-                         match: str) -> None:
+def test_bad_job_options(
+    redis_url: str, kwargs: dict[str, Any], exc: type[Exception], match: str
+) -> None:
     with pytest.raises(exc, match=match):
         strata_redis.connect(redis_url, "j", **kwargs)

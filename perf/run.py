@@ -1,0 +1,110 @@
+"""Run every pyperf benchmark in perf/, print the side-by-side ratios, compare to a baseline.
+
+    python perf/run.py                    # full run; results in perf/results/
+    python perf/run.py --fast             # fewer values (pyperf --fast)
+    python perf/run.py --smoke            # one value each: proves every benchmark still runs
+    python perf/run.py --save-baseline    # then copy the results to perf/baseline/
+    python perf/run.py bench_heartbeat    # only some benchmarks
+
+Each benchmark module may define ``RATIOS``: (name, reference name) pairs whose mean ratio
+is printed after the run; ratios are measured in one run, side by side, on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyperf
+
+from strata_redis.server import RedisServer
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("benchmarks", nargs="*", help="bench_* module names (default: all)")
+    parser.add_argument("--fast", action="store_true", help="pyperf --fast")
+    parser.add_argument("--smoke", action="store_true", help="one value per benchmark")
+    parser.add_argument("--save-baseline", action="store_true")
+    parser.add_argument("--results", type=Path, default=HERE / "results")
+    parser.add_argument("--redis-url", help="default: a private redis-server")
+    args = parser.parse_args()
+
+    names = args.benchmarks or sorted(p.stem for p in HERE.glob("bench_*.py"))
+    args.results.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(HERE))
+    server = None
+    if args.redis_url is None:
+        server = RedisServer().start()
+        args.redis_url = server.url
+    failed = []
+    try:
+        for name in names:
+            out = args.results / f"{name}.json"
+            out.unlink(missing_ok=True)
+            cmd = [
+                sys.executable,
+                str(HERE / f"{name}.py"),
+                "--quiet",
+                "-o",
+                str(out),
+                "--redis-url",
+                args.redis_url,
+            ]
+            if args.smoke:
+                cmd.append("--debug-single-value")
+            elif args.fast:
+                cmd.append("--fast")
+            print(f"== {name}", flush=True)
+            if subprocess.run(cmd, cwd=HERE).returncode != 0:
+                failed.append(name)
+                continue
+            if not args.smoke:
+                print_ratios(name, out)
+            baseline = HERE / "baseline" / f"{name}.json"
+            if baseline.exists() and not args.smoke:
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pyperf",
+                        "compare_to",
+                        str(baseline),
+                        str(out),
+                        "--table",
+                    ],
+                    check=False,
+                )
+            if args.save_baseline and not args.smoke:
+                (HERE / "baseline").mkdir(exist_ok=True)
+                shutil.copy(out, baseline)
+    finally:
+        if server is not None:
+            server.close()
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_ratios(name: str, path: Path) -> None:
+    """Print mean(name) / mean(reference) for the module's RATIOS pairs."""
+    ratios = getattr(importlib.import_module(name), "RATIOS", [])
+    suite = pyperf.BenchmarkSuite.load(str(path))
+    means = {b.get_name(): b.mean() for b in suite.get_benchmarks()}
+    for subject, reference in ratios:
+        if subject in means and reference in means:
+            print(
+                f"   {subject} / {reference} = {means[subject] / means[reference]:.2f}x "
+                f"({means[subject] * 1e6:.0f} us vs {means[reference] * 1e6:.0f} us)"
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

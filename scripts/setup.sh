@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Set everything up on a fresh Debian/Ubuntu machine: a redis-server binary (from PATH, else
+# apt-get), a virtual environment in .venv, and strata-redis with its dev extras in it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "setup: $*" >&2; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+find_redis() {
+  [ -n "${STRATA_REDIS_SERVER:-}" ] && [ -x "$STRATA_REDIS_SERVER" ] && return 0
+  command -v redis-server >/dev/null && return 0
+  for p in /usr/bin/redis-server /usr/sbin/redis-server /usr/local/bin/redis-server; do
+    [ -x "$p" ] && return 0
+  done
+  return 1
+}
+
+if ! find_redis; then
+  if command -v apt-get >/dev/null; then
+    say "no redis-server found: installing Debian's redis-server package"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null \
+      || { say "apt-get install redis-server failed: run it as root (or with sudo), then retry"; exit 1; }
+  else
+    say "no redis-server found and no apt-get: install Redis 7 yourself (macOS: brew install redis;"
+    say "Fedora: dnf install redis) or set STRATA_REDIS_SERVER=/path/to/redis-server"
+    exit 1
+  fi
+fi
+
+PY=${PYTHON:-python3}
+command -v "$PY" >/dev/null || { say "no $PY: install Python 3.10 or newer (apt-get install python3)"; exit 1; }
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+  || { say "$PY is $("$PY" -V 2>&1); strata-redis needs Python >= 3.10 (set PYTHON=...)"; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  if ! "$PY" -m venv .venv 2>/dev/null; then
+    rm -rf .venv
+    if command -v apt-get >/dev/null; then
+      say "python venv support missing: installing python3-venv"
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
+    "$PY" -m venv .venv
+  fi
+fi
+say "installing strata-redis[dev] into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
