@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
@@ -15,6 +15,10 @@ from .keys import PREFIX, Keys
 from .scripts import Call, Scripts, check
 from .validate import check_id, check_int, check_seconds
 from .workers import Worker, WorkerInfo
+
+if TYPE_CHECKING:
+    from .barrier import Barrier, BarrierLatency
+    from .leases import ShardLeases
 
 JOB_ENV = "STRATA_JOB_ID"
 DEFAULT_JOB = "default"
@@ -197,6 +201,68 @@ class Job:
         count = check_int("count", count, low=1, high=100_000)
         entries = self.client.xrevrange(self.keys.events, count=count)
         return [{"id": entry_id, **fields} for entry_id, fields in reversed(entries)]
+
+    # -- datasets and shard leases ---------------------------------------------------------
+    def leases(
+        self, dataset: str, epoch: int, worker_id: str, **options: Any
+    ) -> ShardLeases:
+        """``worker_id``'s leases on ``dataset``'s ``epoch``: iterate to drain the epoch.
+
+        ``options`` are those of ``ShardLeases`` (``ttl``, ``steal``, ``on_lost``).
+
+        Raises:
+            DatasetNotFoundError: the dataset is not registered.
+        """
+        from .datasets import ShardManager
+        from .leases import ShardLeases
+
+        params = ShardManager(self).get_dataset(dataset)
+        return ShardLeases(self, params, epoch, worker_id, **options)
+
+    # -- barriers and epochs ---------------------------------------------------------------
+    def barrier(
+        self, name: str, expected: int | str = "live", *, timeout: float = 300.0
+    ) -> Barrier:
+        """A named, reusable barrier: ``job.barrier("step-100", expected=4).wait("w-01")``.
+
+        Args:
+            name: the barrier's name (names starting with ``strata:`` are reserved).
+            expected: a count of workers, or ``"live"``: every live registered worker.
+            timeout: the default timeout of ``wait``, seconds.
+
+        Returns:
+            The barrier handle (see ``strata_redis.barrier.Barrier``).
+        """
+        from .barrier import Barrier
+
+        return Barrier(self, name, expected, timeout=timeout)
+
+    def advance_epoch(self, worker_id: str, timeout: float = 60.0) -> int:
+        """Meet every live worker and move to the next epoch; returns it (the same for all).
+
+        See ``strata_redis.barrier.advance_epoch``.
+        """
+        from .barrier import advance_epoch
+
+        return advance_epoch(self, worker_id, timeout)
+
+    def current_epoch(self) -> int:
+        """The job's epoch: 0 until the first ``advance_epoch``."""
+        from .barrier import current_epoch
+
+        return current_epoch(self)
+
+    def epoch_barrier(self, timeout: float = 60.0) -> Barrier:
+        """The barrier behind ``advance_epoch``, e.g. to ``reset(err.generation)`` it."""
+        from .barrier import epoch_barrier
+
+        return epoch_barrier(self, timeout)
+
+    def barrier_latencies(self, count: int = 1000) -> list[BarrierLatency]:
+        """The newest barrier releases with their release latency, oldest first."""
+        from .barrier import barrier_latencies
+
+        return barrier_latencies(self, count)
 
 
 def connect(

@@ -62,9 +62,88 @@ class Keys:
         """STREAM membership events (join/leave/fail), capped; waiters block on it."""
         return f"{self.base}:events"
 
+    # -- barriers and epochs -------------------------------------------------------------
+    def barrier(self, name: str) -> str:
+        """HASH a barrier's state: gen, expected, first_us, ev, r:<gen> recent outcomes."""
+        return f"{self.base}:barrier:{name}"
 
-def job_keys_pattern(job_id: str | None = None) -> str:
-    """A ``SCAN`` pattern for the keys of one job, or of every job when ``job_id`` is None."""
-    if job_id is None:
-        return f"{PREFIX}:*"
-    return f"{Keys(job_id).base}:*"
+    def barrier_arrived(self, name: str) -> str:
+        """SET the workers that arrived in a barrier's current generation."""
+        return f"{self.base}:barrier_arrived:{name}"
+
+    def barrier_tickets(self, name: str) -> str:
+        """HASH worker id -> "<generation> <ticket>": its latest arrival, for retries."""
+        return f"{self.base}:barrier_tickets:{name}"
+
+    def barrier_release(self, name: str, generation: int) -> str:
+        """LIST one release token per arrival of a generation; its waiters BLPOP it."""
+        return f"{self.base}:barrier_release:{generation}:{name}"
+
+    def barrier_wake(self, name: str) -> str:
+        """STREAM a barrier's outcomes (released/broken), capped; its watchers XREAD it."""
+        return f"{self.base}:barrier_wake:{name}"
+
+    @property
+    def epoch(self) -> str:
+        """STRING the job's epoch: +1 per release of the epoch barrier; never expires."""
+        return f"{self.base}:epoch"
+
+    @property
+    def barrier_latency(self) -> str:
+        """STREAM one entry per barrier release (its latency), capped, for the dashboard."""
+        return f"{self.base}:barrier_latency"
+
+    # -- datasets and shard leases -------------------------------------------------------
+    @property
+    def datasets(self) -> str:
+        """HASH dataset name -> JSON params {total_samples, samples_per_shard, shuffle, seed}."""
+        return f"{self.base}:datasets"
+
+    @property
+    def fence(self) -> str:
+        """STRING fencing-token counter: +1 per lease grant, never expires, never goes back."""
+        return f"{self.base}:fence"
+
+    def lease_keys(self, dataset: str, epoch: int) -> LeaseKeys:
+        """The keys of one dataset epoch's shard leases."""
+        return LeaseKeys(self, dataset, epoch)
+
+
+@dataclass(frozen=True)
+class LeaseKeys:
+    """The keys of one (dataset, epoch): ``strata:{J}:<what>:<epoch>:<dataset>``.
+
+    The epoch (digits) comes before the dataset name, which comes last.
+    """
+
+    keys: Keys
+    dataset: str
+    epoch: int
+
+    def _key(self, what: str) -> str:
+        return f"{self.keys.base}:{what}:{self.epoch}:{self.dataset}"
+
+    @property
+    def meta(self) -> str:
+        """HASH num_shards, initialized_ms, swept generation."""
+        return self._key("epoch_meta")
+
+    @property
+    def todo(self) -> str:
+        """ZSET shard id -> steal priority: shards neither leased nor completed."""
+        return self._key("shards_todo")
+
+    @property
+    def holders(self) -> str:
+        """HASH shard id -> "<token> <expires_ms> <priority> <worker id>" for leased shards."""
+        return self._key("shard_leases")
+
+    @property
+    def expiry(self) -> str:
+        """ZSET shard id -> lease expiry, ms on Redis' clock."""
+        return self._key("lease_expiry")
+
+    @property
+    def done(self) -> str:
+        """HASH shard id -> "<token> <ms> <worker id>": the exactly-once completion record."""
+        return self._key("shards_done")

@@ -43,6 +43,37 @@ STATUS: dict[int, Callable[[Context], errors.StrataError]] = {
         errors.WorkerExistsError, "is already registered and alive (pass replace=True to take it)"
     ),
     6: _worker(errors.WorkerReplacedError, "was replaced by a newer registration of the same id"),
+    # 10-19: barriers (payload: the script's reply after the code)
+    10: lambda c: errors.BarrierError(
+        f"barrier {c['barrier']!r} of job {c['job_id']!r} moved to generation "
+        f"{c['payload'][0]} while worker {c['worker_id']!r} was arriving (retry the call)",
+        job_id=c["job_id"],
+        barrier=c["barrier"],
+    ),
+    11: lambda c: errors.BarrierError(
+        f"barrier {c['barrier']!r} of job {c['job_id']!r} generation {c['payload'][0]} was "
+        f"opened with expected={c['payload'][1]!r}; worker {c['worker_id']!r} passed "
+        f"expected={c['expected']!r} (every participant must pass the same)",
+        job_id=c["job_id"],
+        barrier=c["barrier"],
+    ),
+    # 20-29: shard leases
+    20: lambda c: errors.LeaseLostError(
+        f"lease on shard {c['shard_id']} of dataset {c['dataset']!r} epoch {c['epoch']} "
+        f"(token {c['token']}) was lost: it expired and was taken back, or was re-granted",
+        job_id=c["job_id"], dataset=c["dataset"], epoch=c["epoch"], shard_id=c["shard_id"],
+    ),
+    22: lambda c: errors.DatasetConflictError(
+        f"epoch {c['epoch']} of dataset {c['dataset']!r} in job {c['job_id']!r} was started "
+        f"with a different number of shards than the dataset has now",
+        job_id=c["job_id"], dataset=c["dataset"],
+    ),
+    # 30-39: datasets
+    30: lambda c: errors.DatasetConflictError(
+        f"dataset {c['dataset']!r} of job {c['job_id']!r} is registered with other parameters "
+        f"(pass replace=True to replace them)",
+        job_id=c["job_id"], dataset=c["dataset"],
+    ),
 }
 
 

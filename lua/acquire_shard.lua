@@ -1,0 +1,71 @@
+-- acquire_shard: lease one shard of a (dataset, epoch) to a live worker: the first of its
+-- own candidates still in the pool, else (if allowed) the pool's highest-priority shard
+-- (stealing another worker's unstarted shard). Before choosing, expired leases, and leases
+-- of workers that are no longer live (checked once per membership generation), go back
+-- to the pool. Every grant carries a new fencing token from a counter that never expires.
+-- KEYS[1] = epoch meta HASH   KEYS[2] = todo ZSET      KEYS[3] = holders HASH
+-- KEYS[4] = expiry ZSET       KEYS[5] = done HASH      KEYS[6] = fence STRING
+-- KEYS[7] = heartbeats ZSET   KEYS[8] = status HASH    KEYS[9] = generation STRING
+-- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms   ARGV[3] = "1" to steal, else "0"
+-- ARGV[4..] = the worker's own candidate shard ids, in its order
+-- returns {0, shard id, token, expires_ms, candidates consumed}
+--       | {0, -1, shards done, shards leased, candidates consumed}: nothing to lease now
+--       | {0, -2}: the epoch was not initialized (call init_epoch first)
+--       | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT: only live workers lease
+local id = ARGV[1]
+if not redis.call('ZSCORE', KEYS[7], id) then
+  local status = redis.call('HGET', KEYS[8], id)
+  if not status then return {1} end
+  if status == 'failed' then return {3} end
+  return {4}
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, -2} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function back_to_pool(shard)
+  local held = redis.call('HGET', KEYS[3], shard)
+  if held then
+    local prio = string.match(held, '^%d+ %d+ (%S+) ')
+    redis.call('ZADD', KEYS[2], prio, shard)
+    redis.call('HDEL', KEYS[3], shard)
+  end
+  redis.call('ZREM', KEYS[4], shard)
+end
+
+for _, shard in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
+  back_to_pool(shard)
+end
+local gen = redis.call('GET', KEYS[9]) or '0'
+if redis.call('HGET', KEYS[1], 'swept') ~= gen then
+  local held = redis.call('HGETALL', KEYS[3])
+  for i = 1, #held, 2 do
+    local holder = string.match(held[i + 1], '^%d+ %d+ %S+ (.*)$')
+    if not redis.call('ZSCORE', KEYS[7], holder) then back_to_pool(held[i]) end
+  end
+  redis.call('HSET', KEYS[1], 'swept', gen)
+end
+
+local pick, prio
+local consumed = #ARGV - 3
+for i = 4, #ARGV do
+  prio = redis.call('ZSCORE', KEYS[2], ARGV[i])
+  if prio then
+    pick = ARGV[i]
+    consumed = i - 3
+    break
+  end
+end
+if not pick and ARGV[3] == '1' then
+  local top = redis.call('ZRANGE', KEYS[2], 0, 0, 'REV', 'WITHSCORES')
+  if #top > 0 then pick, prio = top[1], top[2] end
+end
+if not pick then
+  return {0, -1, redis.call('HLEN', KEYS[5]), redis.call('HLEN', KEYS[3]), consumed}
+end
+redis.call('ZREM', KEYS[2], pick)
+local token = redis.call('INCR', KEYS[6])
+local expires = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[3], pick, token .. ' ' .. expires .. ' ' .. prio .. ' ' .. id)
+redis.call('ZADD', KEYS[4], expires, pick)
+return {0, tonumber(pick), token, expires, consumed}

@@ -1,0 +1,13 @@
+-- register_dataset: store a dataset's parameters under its name, once.
+-- Registering the same name with the same parameters again is a no-op; with different
+-- parameters it is refused unless replace is asked for.
+-- KEYS[1] = datasets HASH
+-- ARGV[1] = dataset name   ARGV[2] = canonical params JSON   ARGV[3] = "1" to replace, else "0"
+-- returns {0, 1} created | {0, 0} already registered, same params | {0, 2} replaced
+--       | {30} DATASET_CONFLICT: registered with other params
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old == ARGV[2] then return {0, 0} end
+if old and ARGV[3] ~= '1' then return {30} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if old then return {0, 2} end
+return {0, 1}

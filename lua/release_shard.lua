@@ -1,0 +1,12 @@
+-- release_shard: give a leased shard back to the pool without completing it.
+-- KEYS[1] = holders HASH   KEYS[2] = expiry ZSET   KEYS[3] = todo ZSET
+-- ARGV[1] = shard id   ARGV[2] = fencing token
+-- returns {0} | {20} LEASE_LOST: the caller no longer holds it
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held then return {20} end
+local token, prio = string.match(held, '^(%d+) %d+ (%S+) ')
+if token ~= ARGV[2] then return {20} end
+redis.call('ZADD', KEYS[3], prio, ARGV[1])
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return {0}

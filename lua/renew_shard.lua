@@ -1,0 +1,14 @@
+-- renew_shard: extend a lease the caller holds. The token stays the same. A lease is held
+-- until it is taken back (after expiry, by the next acquire, or when its worker fails).
+-- KEYS[1] = holders HASH   KEYS[2] = expiry ZSET
+-- ARGV[1] = shard id   ARGV[2] = fencing token   ARGV[3] = lease time-to-live, ms
+-- returns {0, expires_ms} | {20} LEASE_LOST: taken back, re-granted, or completed
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held then return {20} end
+local token, _, rest = string.match(held, '^(%d+) (%d+) (.*)$')
+if token ~= ARGV[2] then return {20} end
+local t = redis.call('TIME')
+local expires = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], token .. ' ' .. expires .. ' ' .. rest)
+redis.call('ZADD', KEYS[2], expires, ARGV[1])
+return {0, expires}

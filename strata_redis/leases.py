@@ -1,0 +1,345 @@
+"""Shard leases: dynamic, exactly-once draining of a dataset epoch, fenced and resumable.
+
+Each shard of a (dataset, epoch) is a lease target. A worker leases its own shards (from the
+static assignment) first, then steals other workers' unstarted shards. Every grant carries
+a fencing token from a counter that never goes back; renewals keep it, a new grant raises
+it, and ``complete`` with a stale token is refused (``LeaseLostError``). A lease is held
+until it is taken back: by the next ``acquire`` of any worker once it has expired, or once
+its worker is no longer live. The completion record lives in Redis, so a job restarted with
+any number of workers resumes the epoch with no shard recorded twice and none skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import redis
+
+from .errors import LeaseLostError
+from .sharding import DatasetParams, Shard, assign
+from .validate import check_id, check_int, check_seconds
+
+if TYPE_CHECKING:
+    from .job import Job
+
+log = logging.getLogger("strata_redis.leases")
+
+#: own candidates sent per acquire (bounds the script's arguments)
+CANDIDATES = 32
+#: how long a (dataset, epoch)'s record is kept in Redis
+RECORD_TTL_S = 30 * 86400
+
+
+@dataclass
+class Lease:
+    """A leased shard. ``complete()`` it when its samples are processed.
+
+    Attributes:
+        shard: the shard (ids, range, ``indices()`` in this epoch's order).
+        token: the fencing token of this grant.
+        lost: set (and the owner's ``on_lost`` called) when a renewal finds the lease gone.
+    """
+
+    shard: Shard
+    token: int
+    expires_ms: int
+    owner: ShardLeases = field(repr=False)
+    lost: LeaseLostError | None = None
+    finished: bool = False
+
+    @property
+    def shard_id(self) -> int:
+        return self.shard.shard_id
+
+    def indices(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """This shard's sample indices, in this epoch's order."""
+        return self.shard.indices()
+
+    def complete(self) -> bool:
+        """Record the shard as done, exactly once.
+
+        Returns:
+            Whether this call recorded it (False for a repeat with the same token).
+
+        Raises:
+            LeaseLostError: the lease was taken back or re-granted; someone else will do it.
+        """
+        return self.owner.complete(self)
+
+    def release(self) -> None:
+        """Give the shard back to the pool without completing it."""
+        self.owner.release(self)
+
+
+@dataclass(frozen=True)
+class EpochProgress:
+    """Where a (dataset, epoch) stands: shards done, leased now, and not yet leased."""
+
+    total: int
+    done: int
+    leased: int
+    todo: int
+
+    @property
+    def finished(self) -> bool:
+        return self.done == self.total
+
+
+class ShardLeases:
+    """One worker's leases on one (dataset, epoch). Iterate it to drain the epoch.
+
+    Args:
+        job: the job.
+        params: the dataset.
+        epoch: the epoch (0..2**31).
+        worker_id: a live registered worker of the job.
+        ttl: lease time-to-live in seconds; the background renewer renews at ``ttl / 3``.
+        steal: lease other workers' unstarted shards once this worker's own run out.
+        on_lost: called (from the renewer thread) with the error when a lease is lost.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        params: DatasetParams,
+        epoch: int,
+        worker_id: str,
+        *,
+        ttl: float = 30.0,
+        steal: bool = True,
+        on_lost: Callable[[LeaseLostError], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.params = params
+        self.epoch = check_int("epoch", epoch, low=0, high=2**31)
+        self.worker_id = check_id("worker_id", worker_id)
+        self.ttl = check_seconds("ttl", ttl, high=86400)
+        self.steal = steal
+        self.on_lost = on_lost
+        self.keys = job.keys.lease_keys(params.name, self.epoch)
+        self._shards: dict[int, Shard] | None = None
+        self._own: list[int] = []
+        self._held: dict[int, Lease] = {}
+        # Serializes renewals (renewer thread) with completions and releases (the loop),
+        # so a lease completed a moment ago is never reported lost by its renewal.
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _context(self, shard_id: int = -1, token: int = 0) -> dict[str, Any]:
+        return {
+            "job_id": self.job.job_id, "worker_id": self.worker_id, "dataset": self.params.name,
+            "epoch": self.epoch, "shard_id": shard_id, "token": token,
+        }  # fmt: skip
+
+    # -- setup ---------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        """Compute this epoch's shards and this worker's own order; create the pool once."""
+        workers = self.job.live_workers()
+        if self.worker_id not in workers:
+            workers = sorted([*workers, self.worker_id])  # acquire will refuse it clearly
+        plan = assign(self.params, workers, self.epoch)
+        self._shards = {s.shard_id: s for shards in plan.values() for s in shards}
+        self._own = [s.shard_id for s in plan.get(self.worker_id, [])]
+        pairs: list[int] = []
+        for shards in plan.values():
+            for position, shard in enumerate(shards):
+                pairs += [position, shard.shard_id]
+        k = self.keys
+        self.job.scripts.run(
+            "init_epoch", [k.meta, k.todo, k.done],
+            [self.params.num_shards, RECORD_TTL_S, *pairs], self._context(),
+        )  # fmt: skip
+
+    # -- the four lease calls --------------------------------------------------------------
+    def acquire(self) -> Lease | None:
+        """Lease the next shard: own shards first, then (if ``steal``) others' unstarted ones.
+
+        Returns:
+            The lease, or None when nothing can be leased now (all done, or all leased).
+
+        Raises:
+            WorkerNotRegisteredError, WorkerFailedError, WorkerLeftError: not a live worker.
+        """
+        if self._shards is None:
+            self._prepare()
+        assert self._shards is not None
+        k, jk = self.keys, self.job.keys
+        keys = [k.meta, k.todo, k.holders, k.expiry, k.done, jk.fence, jk.heartbeats,
+                jk.status, jk.generation]  # fmt: skip
+        args = [self.worker_id, int(self.ttl * 1000), "1" if self.steal else "0",
+                *self._own[:CANDIDATES]]  # fmt: skip
+        reply = self.job.scripts.run("acquire_shard", keys, args, self._context())
+        shard_id = int(reply[0])
+        if shard_id == -2:  # the pool was removed (expired record): create it again
+            self._shards = None
+            return self.acquire()
+        del self._own[: int(reply[-1])]
+        if shard_id == -1:
+            return None
+        lease = Lease(self._shards[shard_id], int(reply[1]), int(reply[2]), self)
+        with self._lock:
+            self._held[shard_id] = lease
+        return lease
+
+    def renew(self, lease: Lease) -> None:
+        """Extend ``lease`` by ``ttl`` (the background renewer does this for you).
+
+        Raises:
+            LeaseLostError: it was taken back or re-granted; ``lease.lost`` is set too.
+        """
+        try:
+            (expires,) = self.job.scripts.run(
+                "renew_shard", [self.keys.holders, self.keys.expiry],
+                [lease.shard_id, lease.token, int(self.ttl * 1000)],
+                self._context(lease.shard_id, lease.token),
+            )  # fmt: skip
+        except LeaseLostError as exc:
+            self._forget(lease, lost=exc)
+            raise
+        lease.expires_ms = int(expires)
+
+    def complete(self, lease: Lease) -> bool:
+        """Record ``lease``'s shard as done. Returns whether this call recorded it (False for
+        a repeated call with the same token, which records nothing twice).
+
+        Raises:
+            LeaseLostError: stale token; the shard is someone else's now.
+        """
+        if lease.lost is not None:
+            raise lease.lost
+        k = self.keys
+        with self._lock:
+            try:
+                _, recorded = self.job.scripts.run(
+                    "complete_shard", [k.holders, k.expiry, k.done],
+                    [lease.shard_id, lease.token, self.worker_id, RECORD_TTL_S],
+                    self._context(lease.shard_id, lease.token),
+                )  # fmt: skip
+            except LeaseLostError as exc:
+                self._forget(lease, lost=exc)
+                raise
+            self._forget(lease)
+        return bool(recorded)
+
+    def release(self, lease: Lease) -> None:
+        """Give ``lease``'s shard back to the pool, not completed.
+
+        Raises:
+            LeaseLostError: the caller no longer holds it.
+        """
+        k = self.keys
+        with self._lock:
+            try:
+                self.job.scripts.run(
+                    "release_shard", [k.holders, k.expiry, k.todo], [lease.shard_id, lease.token],
+                    self._context(lease.shard_id, lease.token),
+                )  # fmt: skip
+            finally:
+                self._forget(lease)
+
+    def _forget(self, lease: Lease, lost: LeaseLostError | None = None) -> None:
+        lease.finished = True
+        if lost is not None and lease.lost is None:
+            lease.lost = lost
+        with self._lock:
+            self._held.pop(lease.shard_id, None)
+
+    # -- reading the record ----------------------------------------------------------------
+    def progress(self) -> EpochProgress:
+        """Shards done, leased and waiting in this (dataset, epoch)."""
+        with self.job.client.pipeline(transaction=True) as pipe:
+            pipe.hlen(self.keys.done)
+            pipe.hlen(self.keys.holders)
+            pipe.zcard(self.keys.todo)
+            done, leased, todo = pipe.execute()
+        return EpochProgress(self.params.num_shards, done, leased, todo)
+
+    def completions(self) -> dict[int, tuple[str, int]]:
+        """The completion record: shard id -> (worker id, fencing token)."""
+        out = {}
+        for shard, value in self.job.client.hgetall(self.keys.done).items():
+            token, _ms, worker = value.split(" ", 2)
+            out[int(shard)] = (worker, int(token))
+        return out
+
+    # -- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Lease]:
+        """Lease shards until the epoch is done, renewing held leases in the background.
+
+        A lease neither completed nor released when the next one is asked for is released
+        back to the pool, with a warning. Leaving the loop early releases what is held.
+        """
+        self._start_renewer()
+        wait_ms = max(10, min(1000, int(self.ttl * 250)))
+        last_id = "$"
+        try:
+            previous: Lease | None = None
+            while True:
+                if previous is not None and not previous.finished:
+                    warnings.warn(
+                        f"shard {previous.shard_id} was neither completed nor released: "
+                        "releasing it back to the pool", RuntimeWarning, stacklevel=2,
+                    )  # fmt: skip
+                    self.release(previous)
+                lease = self.acquire()
+                if lease is not None:
+                    previous = lease
+                    yield lease
+                    continue
+                previous = None
+                if self.progress().finished:
+                    return
+                # Others hold the remaining leases: wait for a failure event (or a short
+                # while, for expiries and completions), reaping as a waiting caller may.
+                self.job.reap()
+                reply = self.job.client.xread({self.job.keys.events: last_id}, block=wait_ms)
+                if reply:
+                    last_id = reply[0][1][-1][0]
+        finally:
+            self._stop_renewer()
+            with self._lock:
+                held = list(self._held.values())
+            for lease in held:
+                try:
+                    self.release(lease)
+                except (LeaseLostError, redis.RedisError) as exc:
+                    log.warning("could not release shard %s: %s", lease.shard_id, exc)
+
+    def _start_renewer(self) -> None:
+        self._stop.clear()
+        self._renewer = threading.Thread(
+            target=self._renew_loop, name=f"strata-lease-renewer-{self.worker_id}", daemon=True
+        )
+        self._renewer.start()
+
+    def _stop_renewer(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(5)
+        self._renewer = None
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            with self._lock:
+                held = list(self._held.values())
+            for lease in held:
+                try:
+                    with self._lock:
+                        if lease.finished:
+                            continue
+                        self.renew(lease)
+                except LeaseLostError as exc:
+                    log.warning("worker %r lost its lease on shard %s: %s",
+                                self.worker_id, lease.shard_id, exc)  # fmt: skip
+                    if self.on_lost is not None:
+                        self.on_lost(exc)
+                except redis.RedisError as exc:
+                    log.warning("lease renewal of shard %s failed, retrying: %s",
+                                lease.shard_id, exc)  # fmt: skip

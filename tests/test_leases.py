@@ -1,0 +1,293 @@
+"""Dataset registry and fenced shard leases, against a real redis-server and real processes."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+import strata_redis
+from strata_redis.datasets import ShardManager
+
+from .procs import join_all, kill9, spawn
+
+DONE_LOG = "test:completions"  # processes append "<shard> <worker> <token>" per recorded completion
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def drainer(url: str, worker_id: str, dataset: str, epoch: int, work_s: float, limit: int) -> None:
+    """Register, wait for the go signal, drain the epoch through leases (at most ``limit``)."""
+    job = strata_redis.connect(url, "lease-job", heartbeat_timeout=1.0)
+    job.register_worker(worker_id, heartbeat_interval=0.2)
+    log = redis.Redis.from_url(url, decode_responses=True)
+    log.blpop(["test:go"], timeout=60)
+    done = 0
+    for lease in job.leases(dataset, epoch, worker_id, ttl=1.0):
+        time.sleep(work_s)
+        if lease.complete():
+            log.rpush(DONE_LOG, f"{lease.shard_id} {worker_id} {lease.token}")
+        done += 1
+        if done >= limit:
+            break
+
+
+def run_drainers(url: str, ids: list[str], dataset: str, work_s: float, limit: int = 10**9) -> list[Any]:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    job = strata_redis.connect(url, "lease-job", heartbeat_timeout=1.0)
+    procs = [spawn(drainer, url, wid, dataset, 0, work_s, limit) for wid in ids]
+    deadline = time.monotonic() + 120
+    while len(set(ids) & set(job.live_workers())) < len(ids):
+        assert time.monotonic() < deadline, "drainers did not register"
+        time.sleep(0.05)
+    client.rpush("test:go", *["go"] * len(ids))
+    return procs
+
+
+def check_exactly_once(url: str, manager: ShardManager, dataset: str, num_shards: int) -> None:
+    """The record holds every shard once, and each one was reported recorded by one worker."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    leases = manager.job.leases(dataset, 0, "checker")
+    record = leases.completions()
+    assert sorted(record) == list(range(num_shards)), "every shard completed, none skipped"
+    reported = [line.split(" ") for line in client.lrange(DONE_LOG, 0, -1)]
+    shards = [int(s) for s, _, _ in reported]
+    assert sorted(shards) == list(range(num_shards)), "no shard recorded twice"
+    for shard, worker, token in reported:
+        assert record[int(shard)] == (worker, int(token))
+
+
+@pytest.fixture
+def manager(redis_url: str) -> ShardManager:
+    return ShardManager(redis_url, job_id="lease-job", heartbeat_timeout=1.0)
+
+
+# -- multi-process ----------------------------------------------------------------------------
+
+
+def test_twenty_processes_drain_one_epoch_with_kills(redis_url: str, manager: ShardManager) -> None:
+    manager.register_dataset_params("ds", 3000, 10, True, 7)  # 300 shards
+    ids = [f"w{i:02d}" for i in range(20)]
+    procs = run_drainers(redis_url, ids, "ds", work_s=0.03)
+    time.sleep(0.4)
+    victims = random.Random(1).sample(range(20), 4)
+    for i in victims:
+        kill9(procs[i])  # mid-shard: they spend most of their time inside a lease
+    codes = join_all(procs, timeout=120)
+    assert [codes[i] for i in range(20) if i not in victims] == [0] * 16
+    check_exactly_once(redis_url, manager, "ds", 300)
+    grants = int(manager.job.client.get(manager.job.keys.fence))
+    assert grants > 300, "the victims' leases were granted again to others"
+
+
+def test_restart_mid_epoch_with_a_different_worker_count(
+    redis_url: str, manager: ShardManager
+) -> None:
+    manager.register_dataset_params("ds", 1200, 10, False, 0)  # 120 shards
+    first = run_drainers(redis_url, ["a0", "a1", "a2"], "ds", work_s=0.01, limit=15)
+    join_all(first)
+    progress = manager.job.leases("ds", 0, "x").progress()
+    assert progress.done == 45 and not progress.finished
+    # The whole job goes away (its workers leave), then 5 new workers resume the epoch.
+    second = run_drainers(redis_url, [f"b{i}" for i in range(5)], "ds", work_s=0.01)
+    assert join_all(second) == [0] * 5
+    check_exactly_once(redis_url, manager, "ds", 120)
+
+
+# -- one process ------------------------------------------------------------------------------
+
+
+def test_iteration_covers_every_sample_once(job: strata_redis.Job) -> None:
+    ShardManager(job).register_dataset_params("ds", 1003, 40, True, 5)
+    job.register_worker("w", heartbeat_interval=None)
+    seen = []
+    for lease in job.leases("ds", 0, "w"):
+        seen.append(lease.indices())
+        assert lease.complete() is True
+    allidx = np.concatenate(seen)
+    assert len(allidx) == 1003 and set(allidx.tolist()) == set(range(1003))
+    assert job.leases("ds", 0, "w").progress().finished
+
+
+def test_stale_token_refused_and_expired_lease_regranted_with_higher_token(
+    job: strata_redis.Job,
+) -> None:
+    ShardManager(job).register_dataset_params("one", 10, 10)
+    job.register_worker("a", heartbeat_interval=None)
+    job.register_worker("b", heartbeat_interval=None)
+    la = job.leases("one", 0, "a", ttl=0.2)
+    lb = job.leases("one", 0, "b", ttl=5)
+    old = la.acquire()
+    assert old is not None and lb.acquire() is None  # held by a
+    time.sleep(0.3)  # a pauses past its lease
+    new = lb.acquire()
+    assert new is not None and new.shard_id == old.shard_id and new.token > old.token
+    with pytest.raises(strata_redis.LeaseLostError, match="shard 0") as info:
+        old.complete()
+    assert (info.value.dataset, info.value.epoch, info.value.shard_id) == ("one", 0, 0)
+    with pytest.raises(strata_redis.LeaseLostError):
+        la.renew(old)
+    assert new.complete() is True
+    assert new.complete() is False  # a retry records nothing twice
+    assert lb.completions() == {0: ("b", new.token)}
+
+
+def test_renewal_keeps_token_and_loss_is_reported(job: strata_redis.Job) -> None:
+    ShardManager(job).register_dataset_params("one", 10, 10)
+    job.register_worker("a", heartbeat_interval=None)
+    job.register_worker("b", heartbeat_interval=None)
+    lost: list[strata_redis.LeaseLostError] = []
+    la = job.leases("one", 0, "a", ttl=0.3, on_lost=lost.append)
+    it = iter(la)
+    lease = next(it)
+    time.sleep(0.5)  # the renewer keeps it alive past its ttl
+    assert job.leases("one", 0, "b").acquire() is None
+    job.client.hset(la.keys.holders, "0", "999999 0 0 b")  # someone else holds it now
+    deadline = time.monotonic() + 3
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lost and lease.lost is lost[0]
+    with pytest.raises(strata_redis.LeaseLostError):
+        lease.complete()
+    it.close()
+
+
+def test_failed_workers_lease_goes_back_at_once(job: strata_redis.Job) -> None:
+    ShardManager(job).register_dataset_params("one", 10, 10)
+    job.register_worker("a", heartbeat_interval=None)
+    job.register_worker("b", heartbeat_interval=None)
+    held = job.leases("one", 0, "a", ttl=600).acquire()
+    assert held is not None
+    job.client.zadd(job.keys.heartbeats, {"a": 0})
+    assert job.reap() == ["a"]
+    again = job.leases("one", 0, "b", ttl=600).acquire()
+    assert again is not None and again.shard_id == held.shard_id and again.token > held.token
+
+
+def test_own_shards_first_then_steal(job: strata_redis.Job) -> None:
+    sm = ShardManager(job)
+    sm.register_dataset_params("ds", 200, 10)
+    job.register_worker("a", heartbeat_interval=None)
+    job.register_worker("b", heartbeat_interval=None)
+    own = [s.shard_id for s in sm.get_shard_for_worker("ds", "a", 0)]
+    la = job.leases("ds", 0, "a")
+    got = []
+    while (lease := la.acquire()) is not None:
+        got.append(lease.shard_id)
+        lease.complete()
+    assert got[: len(own)] == own, "own shards first, in this epoch's order"
+    assert sorted(got) == list(range(20)), "then every other worker's unstarted shards"
+    no_steal = job.leases("ds", 1, "a", steal=False)
+    taken = []
+    while (lease := no_steal.acquire()) is not None:
+        taken.append(lease.shard_id)
+        lease.complete()
+    assert sorted(taken) == sorted(s.shard_id for s in sm.get_shard_for_worker("ds", "a", 1))
+
+
+def test_only_live_workers_lease(job: strata_redis.Job) -> None:
+    ShardManager(job).register_dataset_params("ds", 100, 10)
+    with pytest.raises(strata_redis.WorkerNotRegisteredError):
+        job.leases("ds", 0, "ghost").acquire()
+    w = job.register_worker("w", heartbeat_interval=None)
+    w.deregister()
+    with pytest.raises(strata_redis.WorkerLeftError):
+        job.leases("ds", 0, "w").acquire()
+
+
+def test_fencing_tokens_only_grow(job: strata_redis.Job) -> None:
+    ShardManager(job).register_dataset_params("ds", 100, 10)
+    job.register_worker("w", heartbeat_interval=None)
+    tokens = []
+    for epoch in range(3):
+        for lease in job.leases("ds", epoch, "w"):
+            tokens.append(lease.token)
+            lease.complete()
+    assert tokens == sorted(tokens) and len(set(tokens)) == 30
+
+
+# -- the dataset registry and bad input -------------------------------------------------------
+
+
+def test_register_dataset_like_the_seeds(job: strata_redis.Job, raw: redis.Redis) -> None:
+    sm = ShardManager(job)
+    params = sm.register_dataset_params("imagenet-1k", 1281167, 10000, True, 42)
+    assert params.num_shards == 129
+    assert sm.register_dataset_params(
+        name="imagenet-1k", total_samples=1281167, samples_per_shard=10000, shuffle=True, seed=42
+    ) == params  # the same again: a no-op
+    with pytest.raises(strata_redis.DatasetConflictError, match="replace=True"):
+        sm.register_dataset_params("imagenet-1k", 1281167, 5000, True, 42)
+    assert sm.get_dataset("imagenet-1k") == params
+    sm.register_dataset_params("imagenet-1k", 1281167, 5000, True, 42, replace=True)
+    assert sm.get_dataset("imagenet-1k").num_shards == 257
+    assert [d.name for d in sm.list_datasets()] == ["imagenet-1k"]
+    assert raw.hkeys("strata:{test-job}:datasets") == ["imagenet-1k"]
+    assert sm.delete_dataset("imagenet-1k") and not sm.delete_dataset("imagenet-1k")
+    with pytest.raises(strata_redis.DatasetNotFoundError, match="imagenet-1k"):
+        sm.get_dataset("imagenet-1k")
+
+
+def test_seed_example_shard_for_worker(job: strata_redis.Job) -> None:
+    sm = ShardManager(job)
+    sm.register_dataset_params("imagenet-1k", 1281167, 10000, True, 42)
+    job.register_worker("worker-01", heartbeat_interval=None)
+    shards = sm.get_shard_for_worker("imagenet-1k", "worker-01", 0)
+    assert len(shards) == 129 and shards[-1].stop - shards[-1].start in (10000, 1167)
+    with pytest.raises(strata_redis.WorkerNotRegisteredError):
+        sm.get_shard_for_worker("imagenet-1k", "worker-99", 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "exc", "match"),
+    [
+        (("ds", 0, 10), ValueError, "total_samples"),
+        (("ds", -5, 10), ValueError, "total_samples"),
+        (("ds", 100, 0), ValueError, "samples_per_shard"),
+        (("ds", 100, -1), ValueError, "samples_per_shard"),
+        (("ds", "100", 10), TypeError, "total_samples"),
+        (("ds", 100.0, 10), TypeError, "total_samples"),
+        (("ds", 100, 10, "yes"), TypeError, "shuffle"),
+        (("ds", 100, 10, True, -1), ValueError, "seed"),
+        (("ds", 100, 10, True, 1.5), TypeError, "seed"),
+        (("", 100, 10), ValueError, "name"),
+        (("bad\nname", 100, 10), ValueError, "name"),
+    ],
+)
+def test_bad_dataset_params_refused_and_nothing_written(
+    job: strata_redis.Job, raw: redis.Redis, args: tuple[Any, ...], exc: type[Exception],
+    match: str,
+) -> None:
+    with pytest.raises(exc, match=match):
+        ShardManager(job).register_dataset_params(*args)
+    assert raw.keys("*") == []
+
+
+def test_fewer_shards_than_workers_is_allowed(job: strata_redis.Job) -> None:
+    sm = ShardManager(job)
+    sm.register_dataset_params("tiny", 30, 10)  # 3 shards
+    for i in range(5):
+        job.register_worker(f"w{i}", heartbeat_interval=None)
+    counts = [len(sm.get_shard_for_worker("tiny", f"w{i}", 0)) for i in range(5)]
+    assert sum(counts) == 3 and counts.count(0) == 2
+
+
+def test_bad_lease_arguments(job: strata_redis.Job, raw: redis.Redis) -> None:
+    ShardManager(job).register_dataset_params("ds", 100, 10)
+    before = sorted(raw.keys("*"))
+    with pytest.raises(strata_redis.DatasetNotFoundError):
+        job.leases("nope", 0, "w")
+    with pytest.raises(ValueError, match="epoch"):
+        job.leases("ds", -1, "w")
+    with pytest.raises(TypeError, match="epoch"):
+        job.leases("ds", "0", "w")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ttl"):
+        job.leases("ds", 0, "w", ttl=0)
+    with pytest.raises(ValueError, match="worker_id"):
+        job.leases("ds", 0, "")
+    assert sorted(raw.keys("*")) == before
