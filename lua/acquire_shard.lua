@@ -19,7 +19,8 @@ if not redis.call('ZSCORE', KEYS[7], id) then
   if status == 'failed' then return {3} end
   return {4}
 end
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, -2} end
+local swept = redis.call('HGET', KEYS[1], 'swept')
+if not swept then return {0, -2} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -37,7 +38,7 @@ for _, shard in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
   back_to_pool(shard)
 end
 local gen = redis.call('GET', KEYS[9]) or '0'
-if redis.call('HGET', KEYS[1], 'swept') ~= gen then
+if swept ~= gen then
   local held = redis.call('HGETALL', KEYS[3])
   for i = 1, #held, 2 do
     local holder = string.match(held[i + 1], '^%d+ %d+ %S+ (.*)$')

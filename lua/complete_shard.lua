@@ -4,22 +4,16 @@
 -- the same token (a retry after a network error) succeeds without recording twice.
 -- KEYS[1] = holders HASH   KEYS[2] = expiry ZSET   KEYS[3] = done HASH
 -- ARGV[1] = shard id   ARGV[2] = fencing token   ARGV[3] = worker id
--- ARGV[4] = seconds to keep the epoch's record
--- returns {0, shards done, 1 if this call recorded it else 0} | {20} LEASE_LOST
-local done = redis.call('HGET', KEYS[3], ARGV[1])
-if done then
-  if string.match(done, '^(%d+) ') == ARGV[2] then
-    return {0, redis.call('HLEN', KEYS[3]), 0}
-  end
+-- returns {0, 1} recorded now | {0, 0} already recorded with this token | {20} LEASE_LOST
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held or string.match(held, '^(%d+) ') ~= ARGV[2] then
+  local done = redis.call('HGET', KEYS[3], ARGV[1])
+  if done and string.match(done, '^(%d+) ') == ARGV[2] then return {0, 0} end
   return {20}
 end
-local held = redis.call('HGET', KEYS[1], ARGV[1])
-if not held or string.match(held, '^(%d+) ') ~= ARGV[2] then return {20} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. ' ' .. now .. ' ' .. ARGV[3])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-local n = redis.call('HLEN', KEYS[3])
-if n == 1 then redis.call('EXPIRE', KEYS[3], ARGV[4]) end
-return {0, n, 1}
+return {0, 1}

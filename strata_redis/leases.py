@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("strata_redis.leases")
 
 #: own candidates sent per acquire (bounds the script's arguments)
-CANDIDATES = 32
+CANDIDATES = 8
 #: how long a (dataset, epoch)'s record is kept in Redis
 RECORD_TTL_S = 30 * 86400
 
@@ -154,7 +154,7 @@ class ShardLeases:
         k = self.keys
         self.job.scripts.run(
             "init_epoch", [k.meta, k.todo, k.done],
-            [self.params.num_shards, RECORD_TTL_S, *pairs], self._context(),
+            [self.params.num_shards, *pairs], self._context(),
         )  # fmt: skip
 
     # -- the four lease calls --------------------------------------------------------------
@@ -217,9 +217,9 @@ class ShardLeases:
         k = self.keys
         with self._lock:
             try:
-                _, recorded = self.job.scripts.run(
+                (recorded,) = self.job.scripts.run(
                     "complete_shard", [k.holders, k.expiry, k.done],
-                    [lease.shard_id, lease.token, self.worker_id, RECORD_TTL_S],
+                    [lease.shard_id, lease.token, self.worker_id],
                     self._context(lease.shard_id, lease.token),
                 )  # fmt: skip
             except LeaseLostError as exc:
@@ -261,6 +261,14 @@ class ShardLeases:
             done, leased, todo = pipe.execute()
         return EpochProgress(self.params.num_shards, done, leased, todo)
 
+    def _keep_record(self) -> None:
+        # A finished epoch's record is kept RECORD_TTL_S more; an unfinished one stays
+        # until it is finished (a restarted job resumes from it).
+        with self.job.client.pipeline(transaction=False) as pipe:
+            pipe.expire(self.keys.done, RECORD_TTL_S)
+            pipe.expire(self.keys.meta, RECORD_TTL_S)
+            pipe.execute()
+
     def completions(self) -> dict[int, tuple[str, int]]:
         """The completion record: shard id -> (worker id, fencing token)."""
         out = {}
@@ -295,6 +303,7 @@ class ShardLeases:
                     continue
                 previous = None
                 if self.progress().finished:
+                    self._keep_record()
                     return
                 # Others hold the remaining leases: wait for a failure event (or a short
                 # while, for expiries and completions), reaping as a waiting caller may.

@@ -1,0 +1,114 @@
+"""Shard-lease throughput beside raw redis-py round trips and two Redis locks, same run.
+
+    python perf/bench_leases.py -o perf/results/leases.json
+
+One operation = take a lease and give it back: for strata, ``acquire`` + ``complete`` of a
+shard (two EVALSHA round trips, fenced, recorded exactly once); for raw redis-py, the same
+two round trips as ``SET NX PX`` + ``DEL``; for redis-py's ``Lock`` and python-redis-lock,
+``acquire`` + ``release``. Each runs on one connection, and again from 4 processes at once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redis_lock
+from common import make_runner
+
+import strata_redis
+from strata_redis.datasets import ShardManager
+
+PROCESSES = 4
+RATIOS = [
+    ("raw SET NX + DEL", "strata lease acquire + complete"),
+    ("raw SET NX + DEL", "redis-py Lock acquire + release"),
+    ("raw SET NX + DEL", "python-redis-lock acquire + release"),
+    ("raw SET NX + DEL x4 processes", "strata lease acquire + complete x4 processes"),
+]
+
+
+def raw_ops(loops: int, url: str, tag: str) -> float:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    key = f"bench:{{raw}}:{tag}"
+    start = time.perf_counter()
+    for _ in range(loops):
+        client.set(key, "1", nx=True, px=30_000)
+        client.delete(key)
+    return time.perf_counter() - start
+
+
+def lease_ops(loops: int, url: str, tag: str) -> float:
+    job = strata_redis.connect(url, "bench-leases", heartbeat_timeout=3600)
+    worker = f"worker-{tag}"
+    job.register_worker(worker, replace=True, heartbeat_interval=None)
+    # A fresh epoch of `loops` shards, its pool created before the clock starts.
+    params = ShardManager(job).register_dataset_params(f"bench-{tag}-{loops}", loops, 1)
+    epoch = int(job.client.incr("bench:{leases}:epoch"))  # fresh in every process
+    leases = strata_redis.ShardLeases(job, params, epoch, worker)
+    leases._prepare()
+    start = time.perf_counter()
+    for _ in range(loops):
+        lease = leases.acquire()
+        assert lease is not None
+        lease.complete()
+    return time.perf_counter() - start
+
+
+def redispy_lock_ops(loops: int, url: str, tag: str) -> float:
+    client = redis.Redis.from_url(url)
+    lock = client.lock(f"bench:{{lock}}:{tag}", timeout=30)
+    start = time.perf_counter()
+    for _ in range(loops):
+        lock.acquire()
+        lock.release()
+    return time.perf_counter() - start
+
+
+def python_redis_lock_ops(loops: int, url: str, tag: str) -> float:
+    client = redis.Redis.from_url(url)
+    lock = redis_lock.Lock(client, f"prl-{tag}", expire=30)
+    start = time.perf_counter()
+    for _ in range(loops):
+        lock.acquire()
+        lock.release()
+    return time.perf_counter() - start
+
+
+def _one(args: tuple[str, str, int, str]) -> float:
+    name, url, loops, tag = args
+    return OPS[name](loops, url, tag)
+
+
+OPS: dict[str, Callable[[int, str, str], float]] = {"raw": raw_ops, "lease": lease_ops}
+
+
+def in_processes(name: str) -> Callable[[int, str], float]:
+    """Time ``loops`` operations spread over PROCESSES processes running at once."""
+    pool: Any = None
+
+    def bench(loops: int, url: str) -> float:
+        nonlocal pool
+        if pool is None:
+            pool = multiprocessing.get_context("spawn").Pool(PROCESSES)
+        per = max(1, loops // PROCESSES)
+        tags = [f"p{i}" for i in range(PROCESSES)]
+        start = time.perf_counter()
+        pool.map(_one, [(name, url, per, tag) for tag in tags])
+        return time.perf_counter() - start
+
+    return bench
+
+
+if __name__ == "__main__":
+    runner = make_runner()
+    url = runner.args.redis_url
+    runner.bench_time_func("raw SET NX + DEL", raw_ops, url, "one")
+    runner.bench_time_func("strata lease acquire + complete", lease_ops, url, "one")
+    runner.bench_time_func("redis-py Lock acquire + release", redispy_lock_ops, url, "one")
+    runner.bench_time_func("python-redis-lock acquire + release", python_redis_lock_ops, url, "one")
+    runner.bench_time_func("raw SET NX + DEL x4 processes", in_processes("raw"), url)
+    runner.bench_time_func("strata lease acquire + complete x4 processes", in_processes("lease"), url)
