@@ -1,5 +1,7 @@
 """strata_redis: coordination for distributed ML training through Redis."""
 
+from .barrier import LIVE, Barrier, BarrierLatency, BarrierState, Release
+from .datasets import ShardManager
 from .errors import (
     BarrierBrokenError,
     BarrierError,
@@ -24,13 +26,19 @@ from .errors import (
 )
 from .job import Job, connect
 from .keys import Keys
+from .leases import EpochProgress, Lease, ShardLeases
+from .sharding import DatasetParams, Shard
 from .workers import Worker, WorkerInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LIVE",
+    "Barrier",
     "BarrierBrokenError",
     "BarrierError",
+    "BarrierLatency",
+    "BarrierState",
     "BarrierTimeoutError",
     "CheckpointAbortedError",
     "CheckpointError",
@@ -38,10 +46,17 @@ __all__ = [
     "DatasetConflictError",
     "DatasetError",
     "DatasetNotFoundError",
+    "DatasetParams",
+    "EpochProgress",
     "Job",
     "Keys",
+    "Lease",
     "LeaseError",
     "LeaseLostError",
+    "Release",
+    "Shard",
+    "ShardLeases",
+    "ShardManager",
     "StorageError",
     "StorageNotFoundError",
     "StrataError",

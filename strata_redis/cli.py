@@ -58,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=4,
-        choices=range(2, 33),
+        choices=range(3, 33),
         metavar="N",
-        help="worker processes (2..32, default 4)",
+        help="worker processes (3..32, default 4)",
     )
     demo.set_defaults(func=_demo)
 

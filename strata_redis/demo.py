@@ -1,21 +1,36 @@
-"""``strata demo``: a simulated training cluster of real worker processes on one Redis."""
+"""``strata demo``: a simulated training cluster of real worker processes on one Redis.
+
+The story: workers register and heartbeat; they drain epoch 0 of a dataset through shard
+leases; one is killed with SIGKILL mid-shard, is declared failed, and its shards are
+finished by the others, exactly once; the survivors meet at the epoch barrier and all
+advance to the same epoch; in epoch 1 a straggler is killed while the others wait at the
+barrier, which breaks at once (naming it) instead of hanging, and the survivors reset it
+and carry on.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
-from types import FrameType
+from typing import Any
 
+from .barrier import epoch_barrier
+from .datasets import ShardManager
+from .errors import BarrierBrokenError
 from .job import Job, connect
 from .server import RedisServer
 
 CTX = multiprocessing.get_context("spawn")
+DATASET = "demo-images"
+#: the epoch-1 straggler sleeps this long before the barrier (it is killed meanwhile)
+STRAGGLE_S = 30.0
 
 
 def say(text: str = "") -> None:
@@ -23,28 +38,43 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def _worker_main(url: str, job_id: str, worker_id: str, interval: float, timeout: float) -> None:
-    """A demo worker process: register, train (heartbeat), leave on SIGTERM."""
-    job = connect(url, job_id, heartbeat_timeout=timeout)
+# -- the worker process ---------------------------------------------------------------------
+
+
+def _worker_main(
+    url: str, job_id: str, worker_id: str, cfg: dict[str, Any], out: Any, go: Any
+) -> None:
+    """A demo worker: register, drain each epoch through leases, meet at the epoch barrier."""
+    job = connect(url, job_id, heartbeat_timeout=cfg["timeout"])
     worker = job.register_worker(
-        worker_id,
-        host=os.uname().nodename,
-        address=f"127.0.0.1:{29500 + os.getpid() % 1000}",
-        gpu_count=8,
-        labels={"role": "demo"},
-        heartbeat_interval=interval,
-    )
-    stop = False
-
-    def on_term(_sig: int, _frame: FrameType | None) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
+        worker_id, host=os.uname().nodename, address=f"127.0.0.1:{29500 + os.getpid() % 1000}",
+        gpu_count=8, labels={"role": "demo"}, heartbeat_interval=cfg["interval"],
+    )  # fmt: skip
+    out.put(("ready", worker_id))
+    go.wait(120)
     worker.set_status("training")
-    while not stop:
-        time.sleep(0.05)
+    epoch = job.current_epoch()
+    while epoch < cfg["epochs"]:
+        for lease in job.leases(DATASET, epoch, worker_id, ttl=cfg["lease_ttl"]):
+            time.sleep(cfg["work_s"])  # "train" on lease.indices()
+            if lease.complete():
+                out.put(("done", worker_id, epoch, lease.shard_id, lease.token))
+        if worker_id == cfg["straggler"] and epoch == 1:
+            out.put(("straggling", worker_id))
+            time.sleep(STRAGGLE_S)
+        while True:
+            try:
+                new = job.advance_epoch(worker_id, timeout=cfg["barrier_timeout"])
+                break
+            except BarrierBrokenError as err:
+                out.put(("broken", worker_id, epoch, err.culprit, err.reason))
+                epoch_barrier(job).reset(err.generation)
+        out.put(("epoch", worker_id, new))
+        epoch = new
     worker.deregister()
+
+
+# -- the story, told by the main process ----------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -66,82 +96,165 @@ def _table(job: Job) -> None:
         say(f"  {w.worker_id:<12}{w.status:<15}{seen:>10}  {w.host or '-'}")
 
 
-def _wait(job: Job, what: str, predicate: object, timeout: float) -> float:
-    """Poll (reaping as a waiting caller may) until ``predicate()`` holds; return the seconds."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        job.reap()
-        if predicate():  # type: ignore[operator]
-            return time.monotonic() - start
-        time.sleep(0.02)
-    raise TimeoutError(f"demo: {what} did not happen within {timeout}s")
+class _Inbox:
+    """Messages from the workers, kept by kind."""
+
+    def __init__(self, q: Any) -> None:
+        self.q = q
+        self.seen: list[tuple[Any, ...]] = []
+
+    def drain(self, timeout: float = 0.05) -> None:
+        with contextlib.suppress(queue.Empty):
+            self.seen.append(self.q.get(timeout=timeout))
+            while True:
+                self.seen.append(self.q.get_nowait())
+
+    def of(self, kind: str) -> list[tuple[Any, ...]]:
+        return [m for m in self.seen if m[0] == kind]
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float) -> float:
+        start = time.monotonic()
+        while not predicate():
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"demo: {what} did not happen within {timeout}s")
+            self.drain()
+        return time.monotonic() - start
 
 
 def run_demo(
-    redis_url: str | None = None,
-    *,
-    workers: int = 4,
-    job_id: str = "demo",
-    heartbeat_interval: float = 0.5,
-    heartbeat_timeout: float = 2.0,
-) -> int:
+    redis_url: str | None = None, *, workers: int = 4, job_id: str = "demo",
+    heartbeat_interval: float = 0.25, heartbeat_timeout: float = 2.0,
+) -> int:  # fmt: skip
     """Run the demo; return the process exit code (0 when every check held)."""
+    ids = [f"worker-{i:02d}" for i in range(1, workers + 1)]
+    victim, straggler = ids[-1], ids[0]
+    cfg = {"interval": heartbeat_interval, "timeout": heartbeat_timeout, "epochs": 3,
+           "lease_ttl": 5.0, "work_s": 0.04, "barrier_timeout": 60.0, "straggler": straggler}
+    checks: list[tuple[str, bool]] = []
     with _redis(redis_url) as url:
         job = connect(url, job_id, heartbeat_timeout=heartbeat_timeout)
-        ids = [f"worker-{i:02d}" for i in range(1, workers + 1)]
+        if job.live_workers():
+            say(f"job {job_id!r} already has live workers in this Redis: pick another --job")
+            return 2
+        params = ShardManager(job).register_dataset_params(DATASET, 12_000, 100, True, 42)
         say(f"\n== 1. {workers} worker processes register and heartbeat (job {job_id!r})")
+        say(f"  dataset {DATASET!r}: {params.total_samples} samples in {params.num_shards} "
+            f"shards of {params.samples_per_shard}, shuffled per epoch (seed 42)")  # fmt: skip
+        inbox = _Inbox(CTX.Queue())
+        go = CTX.Event()
         procs: dict[str, BaseProcess] = {}
         for wid in ids:
             proc: BaseProcess = CTX.Process(
-                target=_worker_main, args=(url, job_id, wid, heartbeat_interval, heartbeat_timeout)
+                target=_worker_main, args=(url, job_id, wid, cfg, inbox.q, go), daemon=True
             )
             proc.start()
             procs[wid] = proc
         try:
-            _wait(job, "registration", lambda: len(job.live_workers()) == workers, 60)
-            _wait(
-                job,
-                "training status",
-                lambda: all(w.status == "training" for w in job.workers() if w.worker_id in ids),
-                30,
-            )
+            inbox.wait("registration", lambda: len(inbox.of("ready")) == workers, 120)
             _table(job)
             say(f"  membership generation: {job.membership_generation()}")
-
-            victim = ids[-1]
-            say(f"\n== 2. kill -9 {victim} (pid {procs[victim].pid}): no goodbye, heartbeats stop")
-            gen_before = job.membership_generation()
-            os.kill(procs[victim].pid or 0, signal.SIGKILL)
-            procs[victim].join(10)
-            detected = _wait(
-                job,
-                "failure detection",
-                lambda: {w.worker_id: w.status for w in job.workers()}[victim] == "failed",
-                heartbeat_timeout * 3,
-            )
-            say(
-                f"  {victim} declared failed after {detected:.2f}s "
-                f"(heartbeat timeout {heartbeat_timeout}s, bar: timeout + 1s)"
-            )
-            _table(job)
-            say(f"  membership generation: {gen_before} -> {job.membership_generation()}")
-            ok = detected <= heartbeat_timeout + 1.0
+            go.set()
+            checks += _epoch0(job, inbox, procs, victim, params.num_shards, heartbeat_timeout)
+            checks += _epoch1(job, inbox, procs, straggler, heartbeat_timeout)
+            last = (workers - 1) + 2 * (workers - 2)  # "epoch" messages of epochs 1, 2 and 3
+            inbox.wait("the last epoch", lambda: len(inbox.of("epoch")) >= last, 120)
+            for proc in procs.values():
+                proc.join(30)
         finally:
             for proc in procs.values():
                 if proc.is_alive():
-                    proc.terminate()
-            for proc in procs.values():
-                proc.join(10)
+                    proc.kill()
+                    proc.join(10)
         say("\n== summary")
         statuses = {w.worker_id: w.status for w in job.workers()}
         say(f"  workers: {', '.join(f'{k}={v}' for k, v in sorted(statuses.items()))}")
-        say(f"  failure of {victim} detected in {detected:.2f}s: {'OK' if ok else 'TOO SLOW'}")
-        say(
-            f"  membership events: {len(job.events(1000))}, "
-            f"final generation {job.membership_generation()}"
-        )
+        say(f"  epoch: {job.current_epoch()}, membership generation "
+            f"{job.membership_generation()}")  # fmt: skip
+        for what, ok in checks:
+            say(f"  [{'OK' if ok else 'FAILED'}] {what}")
         job.close()
-    return 0 if ok else 1
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+def _kill(procs: dict[str, BaseProcess], wid: str) -> None:
+    os.kill(procs[wid].pid or 0, signal.SIGKILL)
+    procs[wid].join(10)
+
+
+def _epoch0(
+    job: Job, inbox: _Inbox, procs: dict[str, BaseProcess], victim: str, num_shards: int,
+    timeout: float,
+) -> list[tuple[str, bool]]:  # fmt: skip
+    say("\n== 2. epoch 0: the workers drain the dataset through fenced shard leases")
+    leases = job.leases(DATASET, 0, victim)
+    inbox.wait("a quarter of epoch 0", lambda: leases.progress().done >= num_shards // 4, 60)
+    held: list[int] = []
+
+    def holding() -> bool:  # kill it mid-shard, not in the instant between two leases
+        holders = job.client.hgetall(leases.keys.holders)
+        held[:] = sorted(int(s) for s, v in holders.items() if v.split(" ", 3)[3] == victim)
+        return bool(held)
+
+    inbox.wait(f"{victim} to hold a lease", holding, 30)
+    say(f"  progress: {leases.progress().done}/{num_shards} shards; {victim} holds {held}")
+    say(f"  kill -9 {victim} (pid {procs[victim].pid}) mid-shard: no goodbye, no release")
+    _kill(procs, victim)
+
+    def failed() -> bool:
+        return {w.worker_id: w.status for w in job.workers()}[victim] == "failed"
+
+    detected = inbox.wait("failure detection", failed, timeout * 4)
+    say(f"  {victim} declared failed {detected:.2f}s after the kill (timeout {timeout}s) "
+        "by the survivors' heartbeat threads; its leases went back to the pool")  # fmt: skip
+    survivors = [w for w in procs if w != victim]
+    inbox.wait("epoch 0 to end", lambda: len(inbox.of("epoch")) >= len(survivors), 120)
+    done = [m for m in inbox.of("done") if m[2] == 0]
+    record = leases.completions()
+    redone = [s for s in held if s in record and record[s][0] != victim]
+    once = sorted(m[3] for m in done) == sorted(record) == list(range(num_shards))
+    same = all(record[m[3]] == (m[1], m[4]) for m in done)
+    say(f"  epoch 0 record: {len(record)}/{num_shards} shards, each recorded once "
+        f"({len(done)} completions reported by the workers, {len(set(m[3] for m in done))} "
+        f"distinct); {victim}'s in-flight shards {redone} finished by others")  # fmt: skip
+    epochs = {m[2] for m in inbox.of("epoch")}
+    say(f"  the survivors met at the epoch barrier and all advanced to epoch {sorted(epochs)}")
+    _table(job)
+    return [
+        (f"{victim} declared failed within timeout + 1s ({detected:.2f}s)", detected <= timeout + 1),
+        ("epoch 0: every shard completed exactly once", once and same),
+        (f"{victim}'s leased shards finished by the others", redone == held and bool(held)),
+        ("survivors agree on the new epoch", epochs == {1}),
+    ]
+
+
+def _epoch1(
+    job: Job, inbox: _Inbox, procs: dict[str, BaseProcess], straggler: str, timeout: float
+) -> list[tuple[str, bool]]:
+    say(f"\n== 3. epoch 1: {straggler} straggles before the barrier; the others wait in it")
+    inbox.wait("the straggler", lambda: bool(inbox.of("straggling")), 120)
+    waiting = [w for w in procs if procs[w].is_alive() and w != straggler]
+    barrier = epoch_barrier(job)
+    inbox.wait("the others to arrive", lambda: len(barrier.state().arrived) >= len(waiting), 60)
+    say(f"  {len(waiting)} workers wait at the epoch barrier; kill -9 {straggler}")
+    _kill(procs, straggler)
+    killed = time.monotonic()
+
+    def broken() -> list[tuple[Any, ...]]:
+        return [m for m in inbox.of("broken") if m[2] == 1]
+
+    inbox.wait("the barrier to break", lambda: len(broken()) >= len(waiting), 60)
+    broke = time.monotonic() - killed
+    culprits = {m[3] for m in broken()}
+    say(f"  every waiter got BarrierBrokenError naming {sorted(culprits)} {broke:.2f}s after "
+        f"the kill (the barrier timeout is 60s): no hang")  # fmt: skip
+    inbox.wait("epoch 1 to end", lambda: len(inbox.of("epoch")) >= 2 * len(waiting) + 1, 60)
+    epochs = sorted({m[2] for m in inbox.of("epoch")})
+    say(f"  the survivors reset the barrier and advanced together: epochs seen {epochs}")
+    return [
+        (f"barrier broken at once naming {straggler} ({broke:.2f}s)",
+         culprits == {straggler} and broke <= timeout + 1),
+        ("survivors continued after the reset", 2 in epochs),
+    ]  # fmt: skip
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -47,7 +47,8 @@ def test_bad_job_id_is_a_clear_error(redis_url: str) -> None:
 def test_demo_on_a_private_redis_detects_the_killed_worker() -> None:
     out = strata("demo")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "declared failed after" in out.stdout
+    assert "worker-04 declared failed" in out.stdout
+    assert "[FAILED]" not in out.stdout and out.stdout.count("[OK]") >= 6, out.stdout
     assert "private redis-server stopped" in out.stdout
 
 
@@ -55,4 +56,6 @@ def test_demo_on_a_given_redis(redis_url: str) -> None:
     out = strata("demo", "--redis-url", redis_url, "--workers", "3")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "worker-03 declared failed" in out.stdout
+    assert "BarrierBrokenError naming ['worker-01']" in out.stdout
+    assert "[FAILED]" not in out.stdout
     assert "private redis-server" not in out.stdout
