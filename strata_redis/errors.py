@@ -101,15 +101,26 @@ class BarrierTimeoutError(BarrierError):
     """The barrier did not release within the timeout.
 
     Attributes:
-        missing: ids of the workers that had not arrived.
+        missing: ids of the live workers that had not arrived.
+        missing_count: how many arrivals were missing (a count barrier may miss workers
+            that are not registered yet, so this can exceed ``len(missing)``).
+        generation: the barrier generation that timed out (pass it to ``reset``).
     """
 
     def __init__(
-        self, message: str, *, job_id: str, barrier: str, missing: list[str], generation: int
+        self,
+        message: str,
+        *,
+        job_id: str,
+        barrier: str,
+        missing: list[str],
+        generation: int,
+        missing_count: int | None = None,
     ) -> None:
         super().__init__(message, job_id=job_id, barrier=barrier)
         self.missing = missing
         self.generation = generation
+        self.missing_count = len(missing) if missing_count is None else missing_count
 
 
 class BarrierBrokenError(BarrierError):
@@ -118,6 +129,7 @@ class BarrierBrokenError(BarrierError):
     Attributes:
         culprit: the worker that failed or aborted.
         reason: why (``"failed"`` for a worker the reaper declared failed, else the abort reason).
+        generation: the barrier generation that broke (pass it to ``reset``).
     """
 
     def __init__(

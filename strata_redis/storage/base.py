@@ -113,7 +113,7 @@ def as_byte_view(data: object, *, arg: str = "data") -> memoryview:
         # and structured numpy dtypes need a format-blind view of the same memory.
         import numpy as np
 
-        return memoryview(np.frombuffer(view, dtype=np.uint8)).toreadonly()
+        return np.frombuffer(view, dtype=np.uint8).data.toreadonly()
 
 
 class Storage(abc.ABC):

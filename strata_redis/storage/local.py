@@ -1,0 +1,272 @@
+"""LocalStorage: objects as files under one root directory, each write atomic and durable."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pathlib
+import secrets
+import stat
+
+from ..errors import StorageError, StorageExistsError, StorageNotFoundError
+from .base import TMP_PREFIX, Storage, as_byte_view, check_path, check_prefix
+
+__all__ = ["LocalStorage"]
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# The errors that mean "no object here": a missing file, a path through a file, a directory.
+_ABSENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+class LocalStorage(Storage):
+    """Objects as files under ``root``, one file per path.
+
+    A write goes to a temporary file in the target's directory, is fsynced, renamed over the
+    target and the directory is fsynced: a reader sees the old object or the new one, never
+    part of one, and a completed write survives a power cut. Missing parent directories are
+    created (and made durable). Deleting the last object of a directory removes the empty
+    directory. A writer killed mid-write leaves a hidden ``.strata-tmp-*`` file that
+    :meth:`list` never shows.
+
+    Example::
+
+        LocalStorage("/mnt/nvme/checkpoints").write("epoch_1/model.bin", bytes(1024))
+
+    Args:
+        root: the directory holding the objects; made absolute at once, created on the
+            first write.
+
+    Raises:
+        TypeError: ``root`` is not a ``str`` or ``os.PathLike``.
+        ValueError: ``root`` is empty or holds a NUL.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"root must be a str or os.PathLike, got {type(root).__name__}")
+        text = os.fspath(root)
+        if not isinstance(text, str):
+            raise TypeError(f"root must be a text path, got {type(text).__name__} {text!r}")
+        if not text or "\x00" in text:
+            raise ValueError(f"root must be a non-empty path without NUL, got {text!r}")
+        self._root = os.path.abspath(os.path.expanduser(text))
+
+    @property
+    def root(self) -> str:
+        """The absolute root directory."""
+        return self._root
+
+    def describe(self) -> str:
+        """Return ``file:///<root>``."""
+        return pathlib.PurePosixPath(self._root).as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalStorage(root={self._root!r})"
+
+    # -- the interface -----------------------------------------------------------------
+    def write(self, path: str, data: object) -> None:
+        """Store ``data`` at ``path`` atomically, replacing any previous object.
+
+        Raises:
+            TypeError, ValueError: a bad path or a non-buffer ``data``.
+            StorageError: the filesystem refused (full disk, permissions, a file where a
+                directory should be); the previous object is untouched.
+        """
+        self._put(check_path(path), as_byte_view(data), replace=True)
+
+    def write_if_absent(self, path: str, data: object) -> None:
+        """Store ``data`` at ``path`` only if no file is there, atomically (a hard link).
+
+        Raises:
+            StorageExistsError: a file already exists at ``path``; it is untouched.
+            StorageError: the filesystem refused.
+        """
+        self._put(check_path(path), as_byte_view(data), replace=False)
+
+    def read(self, path: str) -> bytes:
+        """Return the whole file at ``path``.
+
+        Raises:
+            StorageNotFoundError: no file at ``path``.
+            StorageError: the filesystem refused.
+        """
+        path = check_path(path)
+        try:
+            with open(self._full(path), "rb", buffering=0) as file:
+                return file.readall()
+        except _ABSENT:
+            raise self._not_found(path) from None
+        except OSError as exc:
+            raise self._error("read", path, exc) from exc
+
+    def exists(self, path: str) -> bool:
+        """Return whether a regular file exists at ``path``."""
+        path = check_path(path)
+        try:
+            return stat.S_ISREG(os.stat(self._full(path)).st_mode)
+        except _ABSENT:
+            return False
+        except OSError as exc:
+            raise self._error("stat", path, exc) from exc
+
+    def delete(self, path: str) -> None:
+        """Delete the file at ``path`` (a no-op if missing) and its emptied directories."""
+        path = check_path(path)
+        full = self._full(path)
+        try:
+            os.unlink(full)
+        except _ABSENT:
+            return
+        except OSError as exc:
+            raise self._error("delete", path, exc) from exc
+        directory = os.path.dirname(full)
+        try:
+            _fsync_dir(directory)
+        except OSError as exc:
+            raise self._error("delete", path, exc) from exc
+        self._prune(directory)
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Return the sorted paths of the files whose path starts with ``prefix``."""
+        prefix = check_prefix(prefix)
+        parent = prefix.rpartition("/")[0]
+        start = self._full(parent) if parent else self._root
+        found: list[str] = []
+
+        def fail(exc: OSError) -> None:
+            if not isinstance(exc, _ABSENT):
+                raise exc
+
+        try:
+            for dirpath, dirnames, filenames in os.walk(start, onerror=fail):
+                rel = os.path.relpath(dirpath, self._root).replace(os.sep, "/")
+                here = "" if rel == "." else rel + "/"
+                # Descend only into directories that can hold a match.
+                dirnames[:] = [
+                    d
+                    for d in dirnames
+                    if (here + d + "/").startswith(prefix) or prefix.startswith(here + d + "/")
+                ]
+                found.extend(
+                    here + name
+                    for name in filenames
+                    if not name.startswith(TMP_PREFIX) and (here + name).startswith(prefix)
+                )
+        except OSError as exc:
+            raise self._error("list", prefix, exc) from exc
+        found.sort()
+        return found
+
+    # -- helpers -----------------------------------------------------------------------
+    def _full(self, path: str) -> str:
+        return os.path.join(self._root, *path.split("/"))
+
+    def _put(self, path: str, view: memoryview, *, replace: bool) -> None:
+        target = self._full(path)
+        directory = os.path.dirname(target)
+        tmp: str | None = None
+        try:
+            tmp = self._write_temp(directory, view)
+            if replace:
+                os.replace(tmp, target)
+            else:
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    raise StorageExistsError(
+                        f"{self.describe()}: {path!r} already exists; it was not overwritten",
+                        backend=self.describe(),
+                        path=path,
+                    ) from None
+                os.unlink(tmp)
+            tmp = None
+            _fsync_dir(directory)
+        except OSError as exc:
+            raise self._error("write", path, exc) from exc
+        finally:
+            if tmp is not None:
+                _unlink_quietly(tmp)
+
+    def _write_temp(self, directory: str, view: memoryview) -> str:
+        """Write ``view`` to a new fsynced temporary file in ``directory``; return its path."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+        for attempt in range(3):
+            self._makedirs(directory)
+            tmp = os.path.join(directory, TMP_PREFIX + secrets.token_hex(8))
+            try:
+                fd = os.open(tmp, flags, 0o666)
+                break
+            except FileNotFoundError:
+                # A concurrent delete pruned the directory we just made: make it again.
+                if attempt == 2:
+                    raise
+        try:
+            try:
+                written = 0
+                while written < len(view):
+                    written += os.write(fd, view[written:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        return tmp
+
+    def _makedirs(self, directory: str) -> None:
+        """Create ``directory`` and its missing parents, each made durable in its parent."""
+        missing: list[str] = []
+        current = directory
+        while not os.path.isdir(current):
+            missing.append(current)
+            parent = os.path.dirname(current)
+            if parent == current:
+                break
+            current = parent
+        for new in reversed(missing):
+            # Made concurrently, or a file is in the way and the open below will say so.
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(new)
+            _fsync_dir(os.path.dirname(new))
+
+    def _prune(self, directory: str) -> None:
+        """Remove ``directory`` and its parents up to the root while they are empty."""
+        while directory != self._root and directory.startswith(self._root + os.sep):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                return  # not empty (or already gone): stop
+            directory = os.path.dirname(directory)
+
+    def _not_found(self, path: str) -> StorageNotFoundError:
+        return StorageNotFoundError(
+            f"{self.describe()}: no object at {path!r}", backend=self.describe(), path=path
+        )
+
+    def _error(self, op: str, path: str, exc: OSError) -> StorageError:
+        reason = exc.strerror or str(exc)
+        return StorageError(
+            f"{self.describe()}: cannot {op} {path!r}: {reason}",
+            backend=self.describe(),
+            path=path,
+        )
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make the entries of ``directory`` (a rename, a new file) durable."""
+    fd = os.open(directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some filesystems cannot fsync a directory; their renames are as durable as they get.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -1,0 +1,96 @@
+"""S3 transfer mechanics: S3's size limits, part sizing, a zero-copy reader over a buffer."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+__all__ = [
+    "MAX_OBJECT_SIZE",
+    "MAX_PARTS",
+    "MAX_PART_SIZE",
+    "MAX_PUT_SIZE",
+    "MIN_PART_SIZE",
+    "ByteReader",
+    "KnownObject",
+    "MiB",
+    "part_size_for",
+]
+
+MiB = 1024 * 1024
+# S3's multipart limits: at most 10,000 parts of 5 MiB to 5 GiB (the last may be smaller),
+# objects up to 5 TiB; a single PutObject carries at most 5 GiB.
+MIN_PART_SIZE = 5 * MiB
+MAX_PART_SIZE = 5 * 1024 * MiB
+MAX_PARTS = 10_000
+MAX_OBJECT_SIZE = 5 * 1024 * 1024 * MiB
+MAX_PUT_SIZE = MAX_PART_SIZE
+
+
+def part_size_for(size: int, part_size: int) -> int:
+    """Return the multipart part size for an object of ``size`` bytes.
+
+    ``part_size`` grown (in whole MiB) so the object needs at most 10,000 parts.
+
+    Raises:
+        ValueError: ``size`` is beyond S3's 5 TiB object limit.
+    """
+    if size > MAX_OBJECT_SIZE:
+        raise ValueError(f"an S3 object holds at most {MAX_OBJECT_SIZE} bytes, got {size}")
+    needed = -(-size // MAX_PARTS)
+    if needed <= part_size:
+        return part_size
+    return min(-(-needed // MiB) * MiB, MAX_PART_SIZE)
+
+
+class KnownObject:
+    """A transfer subscriber handing over the size and ETag we already know (no extra HEAD)."""
+
+    def __init__(self, size: int, etag: str) -> None:
+        self.size = size
+        self.etag = etag
+
+    def on_queued(self, future: Any, **kwargs: Any) -> None:
+        future.meta.provide_transfer_size(self.size)
+        future.meta.provide_object_etag(self.etag)
+
+
+class ByteReader(io.RawIOBase):
+    """A seekable file over a byte view: reads copy only the slice asked for."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}.get(whence)
+        if base is None or base + offset < 0:
+            raise ValueError(f"invalid seek: offset={offset} whence={whence}")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else self._pos + size
+        chunk = self._view[self._pos : end].tobytes()
+        self._pos += len(chunk)
+        return chunk
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        chunk = self._view[self._pos : self._pos + len(out)]
+        out[: len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
