@@ -55,3 +55,21 @@ def test_two_jobs_on_one_fake_server_share_state() -> None:
     two = strata_redis.testing.connect("shared", server=server)
     one.register_worker("w", heartbeat_interval=None)
     assert two.live_workers() == ["w"]
+
+
+def test_lease_contract(any_job: strata_redis.Job) -> None:
+    strata_redis.ShardManager(any_job).register_dataset_params("ds", 50, 10)
+    any_job.register_worker("a", heartbeat_interval=None)
+    leases = any_job.leases("ds", 0, "a", ttl=60)
+    first = leases.acquire()
+    assert first is not None
+    leases.renew(first)
+    leases.release(first)
+    tokens = []
+    while (lease := leases.acquire()) is not None:
+        tokens.append(lease.token)
+        assert lease.complete() is True
+    assert tokens == sorted(tokens) and tokens[0] > first.token
+    assert sorted(leases.completions()) == list(range(5))
+    with pytest.raises(strata_redis.LeaseLostError):
+        first.complete()
