@@ -11,9 +11,7 @@ if not held or string.match(held, '^(%d+) ') ~= ARGV[2] then
   if done and string.match(done, '^(%d+) ') == ARGV[2] then return {0, 0} end
   return {20}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. ' ' .. now .. ' ' .. ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 return {0, 1}

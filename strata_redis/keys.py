@@ -145,5 +145,5 @@ class LeaseKeys:
 
     @property
     def done(self) -> str:
-        """HASH shard id -> "<token> <ms> <worker id>": the exactly-once completion record."""
+        """HASH shard id -> "<token> <worker id>": the exactly-once completion record."""
         return self._key("shards_done")

@@ -273,7 +273,7 @@ class ShardLeases:
         """The completion record: shard id -> (worker id, fencing token)."""
         out = {}
         for shard, value in self.job.client.hgetall(self.keys.done).items():
-            token, _ms, worker = value.split(" ", 2)
+            token, worker = value.split(" ", 1)
             out[int(shard)] = (worker, int(token))
         return out
 
