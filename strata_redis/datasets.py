@@ -39,7 +39,10 @@ class ShardManager:
     """
 
     def __init__(
-        self, redis: str | redis.Redis | Job | None = None, job_id: str | None = None, **options: Any
+        self,
+        redis: str | redis.Redis | Job | None = None,
+        job_id: str | None = None,
+        **options: Any,
     ) -> None:
         self.job = redis if isinstance(redis, Job) else Job(redis, job_id, **options)
 
@@ -51,7 +54,7 @@ class ShardManager:
         name: str,
         total_samples: int,
         samples_per_shard: int,
-        shuffle: bool = False,
+        shuffle: bool = True,
         seed: int = 0,
         *,
         replace: bool = False,

@@ -22,7 +22,7 @@ import numpy as np
 import redis
 
 from .errors import LeaseLostError
-from .sharding import DatasetParams, Shard, assign
+from .sharding import DatasetParams, Shard, assignment, shard_order
 from .validate import check_id, check_int, check_seconds
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class ShardLeases:
         self.steal = steal
         self.on_lost = on_lost
         self.keys = job.keys.lease_keys(params.name, self.epoch)
-        self._shards: dict[int, Shard] | None = None
+        self._prepared = False
         self._own: list[int] = []
         self._held: dict[int, Lease] = {}
         # Serializes renewals (renewer thread) with completions and releases (the loop),
@@ -140,22 +140,28 @@ class ShardLeases:
 
     # -- setup ---------------------------------------------------------------------------
     def _prepare(self) -> None:
-        """Compute this epoch's shards and this worker's own order; create the pool once."""
+        """Compute this worker's own shard order; create the epoch's pool once."""
         workers = self.job.live_workers()
         if self.worker_id not in workers:
             workers = sorted([*workers, self.worker_id])  # acquire will refuse it clearly
-        plan = assign(self.params, workers, self.epoch)
-        self._shards = {s.shard_id: s for shards in plan.values() for s in shards}
-        self._own = [s.shard_id for s in plan.get(self.worker_id, [])]
-        pairs: list[int] = []
-        for shards in plan.values():
-            for position, shard in enumerate(shards):
-                pairs += [position, shard.shard_id]
+        plan = assignment(self.params, workers)
+        self._own = plan.shard_ids(self.worker_id, self.epoch).tolist()
+        # Steal priority = a shard's position in its owner's order: thieves take the shards
+        # their owners would reach last.
+        order = shard_order(self.params, self.epoch)
+        owners = plan.owner[order]
+        grouped = np.argsort(owners, kind="stable")
+        sorted_owners = owners[grouped]
+        positions = np.arange(len(order)) - np.searchsorted(sorted_owners, sorted_owners)
+        pairs = np.empty(2 * len(order), dtype=np.int64)
+        pairs[0::2] = positions
+        pairs[1::2] = order[grouped]
         k = self.keys
         self.job.scripts.run(
             "init_epoch", [k.meta, k.todo, k.done],
-            [self.params.num_shards, *pairs], self._context(),
+            [self.params.num_shards, *pairs.tolist()], self._context(),
         )  # fmt: skip
+        self._prepared = True
 
     # -- the four lease calls --------------------------------------------------------------
     def acquire(self) -> Lease | None:
@@ -167,9 +173,8 @@ class ShardLeases:
         Raises:
             WorkerNotRegisteredError, WorkerFailedError, WorkerLeftError: not a live worker.
         """
-        if self._shards is None:
+        if not self._prepared:
             self._prepare()
-        assert self._shards is not None
         k, jk = self.keys, self.job.keys
         keys = [k.meta, k.todo, k.holders, k.expiry, k.done, jk.fence, jk.heartbeats,
                 jk.status, jk.generation]  # fmt: skip
@@ -178,12 +183,12 @@ class ShardLeases:
         reply = self.job.scripts.run("acquire_shard", keys, args, self._context())
         shard_id = int(reply[0])
         if shard_id == -2:  # the pool was removed (expired record): create it again
-            self._shards = None
+            self._prepared = False
             return self.acquire()
         del self._own[: int(reply[-1])]
         if shard_id == -1:
             return None
-        lease = Lease(self._shards[shard_id], int(reply[1]), int(reply[2]), self)
+        lease = Lease(self.params.shard(shard_id, self.epoch), int(reply[1]), int(reply[2]), self)
         with self._lock:
             self._held[shard_id] = lease
         return lease
