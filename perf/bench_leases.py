@@ -111,4 +111,6 @@ if __name__ == "__main__":
     runner.bench_time_func("redis-py Lock acquire + release", redispy_lock_ops, url, "one")
     runner.bench_time_func("python-redis-lock acquire + release", python_redis_lock_ops, url, "one")
     runner.bench_time_func("raw SET NX + DEL x4 processes", in_processes("raw"), url)
-    runner.bench_time_func("strata lease acquire + complete x4 processes", in_processes("lease"), url)
+    runner.bench_time_func(
+        "strata lease acquire + complete x4 processes", in_processes("lease"), url
+    )

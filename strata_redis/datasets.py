@@ -1,4 +1,4 @@
-"""The seeds' ``ShardManager``: datasets registered in Redis, shards assigned by consistent hashing."""
+"""The seeds' ``ShardManager``: datasets in Redis, shards assigned by consistent hashing."""
 
 from __future__ import annotations
 

@@ -128,8 +128,15 @@ def run_demo(
     """Run the demo; return the process exit code (0 when every check held)."""
     ids = [f"worker-{i:02d}" for i in range(1, workers + 1)]
     victim, straggler = ids[-1], ids[0]
-    cfg = {"interval": heartbeat_interval, "timeout": heartbeat_timeout, "epochs": 3,
-           "lease_ttl": 5.0, "work_s": 0.04, "barrier_timeout": 60.0, "straggler": straggler}
+    cfg = {
+        "interval": heartbeat_interval,
+        "timeout": heartbeat_timeout,
+        "epochs": 3,
+        "lease_ttl": 5.0,
+        "work_s": 0.04,
+        "barrier_timeout": 60.0,
+        "straggler": straggler,
+    }
     checks: list[tuple[str, bool]] = []
     with _redis(redis_url) as url:
         job = connect(url, job_id, heartbeat_timeout=heartbeat_timeout)
@@ -220,7 +227,10 @@ def _epoch0(
     say(f"  the survivors met at the epoch barrier and all advanced to epoch {sorted(epochs)}")
     _table(job)
     return [
-        (f"{victim} declared failed within timeout + 1s ({detected:.2f}s)", detected <= timeout + 1),
+        (
+            f"{victim} declared failed within timeout + 1s ({detected:.2f}s)",
+            detected <= timeout + 1,
+        ),
         ("epoch 0: every shard completed exactly once", once and same),
         (f"{victim}'s leased shards finished by the others", redone == held and bool(held)),
         ("survivors agree on the new epoch", epochs == {1}),

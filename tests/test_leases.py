@@ -27,17 +27,17 @@ def drainer(url: str, worker_id: str, dataset: str, epoch: int, work_s: float, l
     job.register_worker(worker_id, heartbeat_interval=0.2)
     log = redis.Redis.from_url(url, decode_responses=True)
     log.blpop(["test:go"], timeout=60)
-    done = 0
-    for lease in job.leases(dataset, epoch, worker_id, ttl=1.0):
+    for done, lease in enumerate(job.leases(dataset, epoch, worker_id, ttl=1.0), start=1):
         time.sleep(work_s)
         if lease.complete():
             log.rpush(DONE_LOG, f"{lease.shard_id} {worker_id} {lease.token}")
-        done += 1
         if done >= limit:
             break
 
 
-def run_drainers(url: str, ids: list[str], dataset: str, work_s: float, limit: int = 10**9) -> list[Any]:
+def run_drainers(
+    url: str, ids: list[str], dataset: str, work_s: float, limit: int = 10**9
+) -> list[Any]:
     client = redis.Redis.from_url(url, decode_responses=True)
     job = strata_redis.connect(url, "lease-job", heartbeat_timeout=1.0)
     procs = [spawn(drainer, url, wid, dataset, 0, work_s, limit) for wid in ids]
@@ -218,9 +218,16 @@ def test_register_dataset_like_the_seeds(job: strata_redis.Job, raw: redis.Redis
     sm = ShardManager(job)
     params = sm.register_dataset_params("imagenet-1k", 1281167, 10000, True, 42)
     assert params.num_shards == 129
-    assert sm.register_dataset_params(
-        name="imagenet-1k", total_samples=1281167, samples_per_shard=10000, shuffle=True, seed=42
-    ) == params  # the same again: a no-op
+    assert (
+        sm.register_dataset_params(
+            name="imagenet-1k",
+            total_samples=1281167,
+            samples_per_shard=10000,
+            shuffle=True,
+            seed=42,
+        )
+        == params
+    )  # the same again: a no-op
     with pytest.raises(strata_redis.DatasetConflictError, match="replace=True"):
         sm.register_dataset_params("imagenet-1k", 1281167, 5000, True, 42)
     assert sm.get_dataset("imagenet-1k") == params
@@ -260,7 +267,10 @@ def test_seed_example_shard_for_worker(job: strata_redis.Job) -> None:
     ],
 )
 def test_bad_dataset_params_refused_and_nothing_written(
-    job: strata_redis.Job, raw: redis.Redis, args: tuple[Any, ...], exc: type[Exception],
+    job: strata_redis.Job,
+    raw: redis.Redis,
+    args: tuple[Any, ...],
+    exc: type[Exception],
     match: str,
 ) -> None:
     with pytest.raises(exc, match=match):

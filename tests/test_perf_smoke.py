@@ -11,9 +11,18 @@ PERF = Path(__file__).resolve().parent.parent / "perf"
 
 def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, str(PERF / "run.py"), "--smoke", "--results", str(tmp_path),
-         "--redis-url", redis_url],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            str(PERF / "run.py"),
+            "--smoke",
+            "--results",
+            str(tmp_path),
+            "--redis-url",
+            redis_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     for bench in PERF.glob("bench_*.py"):

@@ -21,6 +21,12 @@ def test_readme_has_examples() -> None:
 @pytest.mark.parametrize("code", EXAMPLES, ids=[f"example-{i}" for i in range(len(EXAMPLES))])
 def test_readme_example_runs(code: str, redis_url: str, tmp_path: Path) -> None:
     env = {**os.environ, "STRATA_REDIS_URL": redis_url, "LOCAL_STORAGE_PATH": str(tmp_path)}
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
