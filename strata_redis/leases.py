@@ -122,7 +122,11 @@ class ShardLeases:
         self.ttl = check_seconds("ttl", ttl, high=86400)
         self.steal = steal
         self.on_lost = on_lost
-        self.keys = job.keys.lease_keys(params.name, self.epoch)
+        self.keys = k = job.keys.lease_keys(params.name, self.epoch)
+        jk = job.keys
+        self._acquire_keys = [k.meta, k.todo, k.holders, k.expiry, k.done, jk.fence,
+                              jk.heartbeats, jk.status, jk.generation]  # fmt: skip
+        self._acquire_args = [self.worker_id, int(self.ttl * 1000), "1" if steal else "0"]
         self._prepared = False
         self._own: list[int] = []
         self._held: dict[int, Lease] = {}
@@ -175,12 +179,8 @@ class ShardLeases:
         """
         if not self._prepared:
             self._prepare()
-        k, jk = self.keys, self.job.keys
-        keys = [k.meta, k.todo, k.holders, k.expiry, k.done, jk.fence, jk.heartbeats,
-                jk.status, jk.generation]  # fmt: skip
-        args = [self.worker_id, int(self.ttl * 1000), "1" if self.steal else "0",
-                *self._own[:CANDIDATES]]  # fmt: skip
-        reply = self.job.scripts.run("acquire_shard", keys, args, self._context())
+        args = [*self._acquire_args, *self._own[:CANDIDATES]]
+        reply = self.job.scripts.run("acquire_shard", self._acquire_keys, args, self._context)
         shard_id = int(reply[0])
         if shard_id == -2:  # the pool was removed (expired record): create it again
             self._prepared = False
@@ -203,7 +203,7 @@ class ShardLeases:
             (expires,) = self.job.scripts.run(
                 "renew_shard", [self.keys.holders, self.keys.expiry],
                 [lease.shard_id, lease.token, int(self.ttl * 1000)],
-                self._context(lease.shard_id, lease.token),
+                lambda: self._context(lease.shard_id, lease.token),
             )  # fmt: skip
         except LeaseLostError as exc:
             self._forget(lease, lost=exc)
@@ -225,7 +225,7 @@ class ShardLeases:
                 (recorded,) = self.job.scripts.run(
                     "complete_shard", [k.holders, k.expiry, k.done],
                     [lease.shard_id, lease.token, self.worker_id],
-                    self._context(lease.shard_id, lease.token),
+                    lambda: self._context(lease.shard_id, lease.token),
                 )  # fmt: skip
             except LeaseLostError as exc:
                 self._forget(lease, lost=exc)
@@ -244,7 +244,7 @@ class ShardLeases:
             try:
                 self.job.scripts.run(
                     "release_shard", [k.holders, k.expiry, k.todo], [lease.shard_id, lease.token],
-                    self._context(lease.shard_id, lease.token),
+                    lambda: self._context(lease.shard_id, lease.token),
                 )  # fmt: skip
             finally:
                 self._forget(lease)

@@ -61,18 +61,60 @@ STATUS: dict[int, Callable[[Context], errors.StrataError]] = {
     20: lambda c: errors.LeaseLostError(
         f"lease on shard {c['shard_id']} of dataset {c['dataset']!r} epoch {c['epoch']} "
         f"(token {c['token']}) was lost: it expired and was taken back, or was re-granted",
-        job_id=c["job_id"], dataset=c["dataset"], epoch=c["epoch"], shard_id=c["shard_id"],
+        job_id=c["job_id"],
+        dataset=c["dataset"],
+        epoch=c["epoch"],
+        shard_id=c["shard_id"],
     ),
     22: lambda c: errors.DatasetConflictError(
         f"epoch {c['epoch']} of dataset {c['dataset']!r} in job {c['job_id']!r} was started "
         f"with a different number of shards than the dataset has now",
-        job_id=c["job_id"], dataset=c["dataset"],
+        job_id=c["job_id"],
+        dataset=c["dataset"],
     ),
     # 30-39: datasets
     30: lambda c: errors.DatasetConflictError(
         f"dataset {c['dataset']!r} of job {c['job_id']!r} is registered with other parameters "
         f"(pass replace=True to replace them)",
-        job_id=c["job_id"], dataset=c["dataset"],
+        job_id=c["job_id"],
+        dataset=c["dataset"],
+    ),
+    # 40-49: checkpoints (payload: the script's reply after the code)
+    40: lambda c: errors.CheckpointError(
+        f"step {c['step']} of job {c['job_id']!r} is not after the newest committed step "
+        f"{c['payload'][0]}: steps must go forward",
+        job_id=c["job_id"],
+        step=c["step"],
+    ),
+    41: lambda c: errors.CheckpointAbortedError(
+        f"step {c['step']} of job {c['job_id']!r} was aborted by worker {c['payload'][0]!r}: "
+        f"{c['payload'][1]}",
+        job_id=c["job_id"],
+        step=c["step"],
+    ),
+    42: lambda c: errors.CheckpointError(
+        f"step {c['step']} of job {c['job_id']!r} was opened with world_size="
+        f"{c['payload'][0]} and epoch={c['payload'][1] or None}; worker {c['worker_id']!r} "
+        f"passed world_size={c['world_size']} and epoch={c['epoch']} (all must pass the same)",
+        job_id=c["job_id"],
+        step=c["step"],
+    ),
+    43: lambda c: errors.CheckpointError(
+        f"rank {c['rank']} of step {c['step']} of job {c['job_id']!r} is not worker "
+        f"{c['worker_id']!r}'s: it is held by {c['payload'][0] or 'nobody (the step expired)'!r}",
+        job_id=c["job_id"],
+        step=c["step"],
+    ),
+    44: lambda c: errors.CheckpointError(
+        f"step {c['step']} of job {c['job_id']!r} is already committed",
+        job_id=c["job_id"],
+        step=c["step"],
+    ),
+    45: lambda c: errors.CheckpointError(
+        f"step {c['step']} of job {c['job_id']!r} is being committed by leader "
+        f"{c['payload'][0]!r}; worker {c['worker_id']!r} cannot abort or commit it",
+        job_id=c["job_id"],
+        step=c["step"],
     ),
 }
 
@@ -92,8 +134,10 @@ def sources() -> dict[str, str]:
     return {path.stem: path.read_text(encoding="utf-8") for path in sorted(lua_dir().glob("*.lua"))}
 
 
-def check(reply: Sequence[Any], context: Context) -> list[Any]:
+def check(reply: Sequence[Any], context: Context | Callable[[], Context]) -> list[Any]:
     """Raise the exception for a non-zero status code; return the rest of the reply.
+
+    ``context`` (a dict of ids, or a function returning one) fills the exception.
 
     Raises:
         StrataError: the mapped exception.
@@ -105,7 +149,7 @@ def check(reply: Sequence[Any], context: Context) -> list[Any]:
     factory = STATUS.get(code)
     if factory is None:
         raise RuntimeError(f"unknown status code {code} from a strata_redis script: {reply!r}")
-    raise factory(context)
+    raise factory(context() if callable(context) else context)
 
 
 class Scripts:
@@ -129,11 +173,20 @@ class Scripts:
         name: str,
         keys: Sequence[str],
         args: Sequence[Any],
-        context: Context,
-        client: redis.Redis | None = None,
+        context: Context | Callable[[], Context],
     ) -> list[Any]:
-        """Run one script, map its status code, return the payload after the code."""
-        reply = self._scripts[name](keys=list(keys), args=list(args), client=client)
+        """Run one script, map its status code, return the payload after the code.
+
+        ``context`` (the ids for an error message) may be a function, called only on error.
+        EVALSHA is sent directly (cheaper than ``Script.__call__`` on this hot path); after a
+        ``SCRIPT FLUSH`` the script is loaded and sent once more.
+        """
+        script = self._scripts[name]
+        try:
+            reply = self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self._client.script_load(script.script)
+            reply = self._client.evalsha(script.sha, len(keys), *keys, *args)
         return check(reply, context)
 
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
