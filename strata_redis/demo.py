@@ -218,8 +218,13 @@ def _epoch0(
     done = [m for m in inbox.of("done") if m[2] == 0]
     record = leases.completions()
     redone = [s for s in held if s in record and record[s][0] != victim]
-    once = sorted(m[3] for m in done) == sorted(record) == list(range(num_shards))
-    same = all(record[m[3]] == (m[1], m[4]) for m in done)
+    reported = [m[3] for m in done]
+    # The record holds each shard once; a worker's report matches it; only the killed
+    # worker may have recorded a shard and died before reporting it.
+    once = sorted(record) == list(range(num_shards)) and len(reported) == len(set(reported))
+    same = all(record[m[3]] == (m[1], m[4]) for m in done) and all(
+        record[s][0] == victim for s in set(record) - set(reported)
+    )
     say(f"  epoch 0 record: {len(record)}/{num_shards} shards, each recorded once "
         f"({len(done)} completions reported by the workers, {len(set(m[3] for m in done))} "
         f"distinct); {victim}'s in-flight shards {redone} finished by others")  # fmt: skip
