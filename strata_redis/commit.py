@@ -1,0 +1,303 @@
+"""The all-or-nothing commit of one checkpoint step: begin, ack, lead or wait, commit or abort.
+
+Each participant (rank) of a step runs ``begin`` (Lua: the step must go forward and be
+open), uploads its parts, then ``ack``\\ s them with their sizes and checksums (Lua). The
+ack that brings the step to ``world_size`` acks makes its sender the one leader: it writes
+``metadata.json`` with a create-only write — the commit point in storage — and then marks
+the step committed in Redis (Lua), waking every waiter. A participant whose upload fails
+aborts the step (Lua): the step's waiters block on one list per step, so the abort wakes
+them at once, and the step never becomes visible. A waiter also aborts a step whose missing
+participant the registry declared failed, or that outlived its timeout; a committing step
+whose leader vanished is finished by a waiter (the metadata is the same bytes either way).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .errors import (
+    CheckpointAbortedError,
+    CheckpointError,
+    StorageError,
+    StorageExistsError,
+)
+from .manifest import (
+    METADATA,
+    CheckpointInfo,
+    FileEntry,
+    decode_metadata,
+    encode_metadata,
+    step_dir,
+)
+from .scripts import check
+
+if TYPE_CHECKING:
+    from .job import Job
+    from .storage import Storage
+
+__all__ = ["StepProtocol"]
+
+log = logging.getLogger("strata_redis.checkpoint")
+
+#: a step's Redis keys live this long after their last use (ms); the index never expires
+STEP_TTL_MS = 86_400_000
+#: a finished (committed) step's keys linger this long for late waiters (ms)
+DONE_TTL_MS = 3_600_000
+#: save records kept in the capped stream (approximately)
+RECORDS_CAP = 10_000
+#: a waiter looks at the step (failed participants, its timeout) this often (seconds)
+CHECK_EVERY_S = 1.0
+
+
+class StepProtocol:
+    """One participant's side of the commit protocol, for every step it saves.
+
+    Args:
+        job: the job (Redis client, keys, scripts).
+        storage: where the parts and metadata.json go.
+        worker_id: this participant's worker id.
+        rank: its rank in ``[0, world_size)``.
+        world_size: how many ranks must ack a step before it commits.
+    """
+
+    def __init__(
+        self, job: Job, storage: Storage, *, worker_id: str, rank: int, world_size: int
+    ) -> None:
+        self.job = job
+        self.storage = storage
+        self.worker_id = worker_id
+        self.rank = rank
+        self.world_size = world_size
+
+    # -- the scripts -------------------------------------------------------------------------
+    def _run(self, name: str, step: int, keys: list[str], args: list[Any], **ctx: Any) -> list[Any]:
+        reply = self.job.scripts[name](keys=keys, args=args)
+        context = {
+            "job_id": self.job.job_id, "step": step, "worker_id": self.worker_id,
+            "rank": self.rank, "world_size": self.world_size, "epoch": ctx.get("epoch"),
+            "payload": list(reply[1:]),
+        }  # fmt: skip
+        return check(reply, context)
+
+    def begin(self, step: int, epoch: int | None) -> None:
+        """Open (or join) ``step`` as this rank's worker.
+
+        Raises:
+            CheckpointError: the step is committed, not after the newest committed step, was
+                opened with another world size or epoch, or the rank is another worker's.
+            CheckpointAbortedError: another participant already aborted it.
+        """
+        k = self.job.keys
+        self._run(
+            "begin_checkpoint", step, [k.checkpoint_step(step), k.checkpoints],
+            [step, "" if epoch is None else epoch, self.world_size, self.rank, self.worker_id,
+             STEP_TTL_MS], epoch=epoch,
+        )  # fmt: skip
+
+    def ack(
+        self, step: int, files: dict[str, FileEntry], nbytes: int, seconds: float
+    ) -> tuple[int, dict[int, dict[str, Any]]] | None:
+        """Ack this rank's uploaded ``files``; also records the save (bytes, seconds, MB/s).
+
+        Returns:
+            ``(acked_ms, every rank's ack)`` if this call made the caller the leader, else None.
+
+        Raises:
+            CheckpointError, CheckpointAbortedError: as ``begin``, or the step was superseded.
+        """
+        k = self.job.keys
+        doc = {
+            "worker": self.worker_id,
+            "files": {p: {"name": f.name, "size": f.size, "checksum": f.checksum}
+                      for p, f in files.items()},
+        }  # fmt: skip
+        mb_s = nbytes / 1e6 / seconds if seconds > 0 else 0.0
+        reply = self._run(
+            "ack_checkpoint", step,
+            [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
+             k.checkpoints, k.checkpoint_records],
+            [step, self.rank, self.worker_id, orjson.dumps(doc), STEP_TTL_MS, RECORDS_CAP,
+             nbytes, f"{seconds:.6f}", f"{mb_s:.3f}"],
+        )  # fmt: skip
+        if int(reply[0]) != 1:
+            return None
+        return int(reply[1]), _acks(reply[2:])
+
+    def abort(self, step: int, reason: str, nbytes: int = 0, seconds: float = 0.0) -> bool:
+        """Abort ``step`` naming this worker as the culprit; wake its waiters at once.
+
+        Returns:
+            Whether the step is aborted now (False: it committed or is being committed).
+        """
+        k = self.job.keys
+        try:
+            self._run(
+                "abort_checkpoint", step,
+                [k.checkpoint_step(step), k.checkpoint_wake(step), k.checkpoint_records],
+                [step, self.worker_id, reason[:1000], self.rank, self.world_size, STEP_TTL_MS,
+                 RECORDS_CAP, nbytes, f"{seconds:.6f}"],
+            )  # fmt: skip
+        except CheckpointError as exc:
+            log.warning("could not abort step %s: %s", step, exc)
+            return False
+        return True
+
+    # -- leading -----------------------------------------------------------------------------
+    def commit(
+        self, step: int, epoch: int | None, acked_ms: int, acks: dict[int, dict[str, Any]],
+        *, takeover: bool = False,
+    ) -> CheckpointInfo:  # fmt: skip
+        """Write metadata.json (create-only), then mark ``step`` committed in Redis.
+
+        Raises:
+            CheckpointAbortedError: metadata.json could not be written; the step is aborted.
+            CheckpointError: a different metadata.json is already there (never overwritten).
+        """
+        info = build_info(self.job.job_id, step, epoch, acked_ms, acks)
+        info = _with_location(info, self.storage)
+        raw = encode_metadata(info)
+        path = f"{step_dir(self.job.job_id, step)}/{METADATA}"
+        try:
+            self.storage.write_if_absent(path, raw)
+        except StorageExistsError:
+            if self.storage.read(path) != raw:
+                self.abort(step, f"{path} already exists with other contents")
+                raise CheckpointError(
+                    f"step {step} of job {self.job.job_id!r}: {self.storage.describe()}/{path} "
+                    "already exists with other contents; it was not overwritten",
+                    job_id=self.job.job_id,
+                    step=step,
+                ) from None
+            # The same bytes: an earlier leader (or our own earlier try) wrote it.
+        except StorageError as exc:
+            if not self._written(path, raw):
+                reason = f"writing {METADATA} failed: {exc}"
+                self.abort(step, reason)
+                raise CheckpointAbortedError(
+                    f"step {step} of job {self.job.job_id!r} was aborted by worker "
+                    f"{self.worker_id!r}: {reason}",
+                    job_id=self.job.job_id,
+                    step=step,
+                ) from exc
+        k = self.job.keys
+        self._run(
+            "commit_checkpoint", step,
+            [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
+             k.checkpoints, k.checkpoint_info],
+            [step, self.worker_id, raw, "1" if takeover else "0", DONE_TTL_MS],
+        )  # fmt: skip
+        return info
+
+    def _written(self, path: str, raw: bytes) -> bool:
+        """After a failed write: did it land anyway (a lost reply)?"""
+        try:
+            return self.storage.read(path) == raw
+        except StorageError:
+            return False
+
+    # -- waiting -----------------------------------------------------------------------------
+    def wait(self, step: int, epoch: int | None, timeout: float) -> CheckpointInfo:
+        """Wait until ``step`` commits (return its info) or aborts (raise), at most ``timeout``.
+
+        Raises:
+            CheckpointAbortedError: a participant aborted it, failed before acking, or the
+                wait timed out while acks were missing (then this waiter aborted it).
+            CheckpointError: its keys expired, or it stayed committing past the timeout and
+                could not be finished here.
+        """
+        k = self.job.keys
+        wake = k.checkpoint_wake(step)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            block = max(0.001, min(CHECK_EVERY_S, remaining))
+            popped = self.job.client.blpop([wake], timeout=block)
+            timed_out = popped is None and remaining <= CHECK_EVERY_S
+            state, who, reason = self._check(step, timed_out)
+            if state == "committed":
+                return self._committed_info(step, epoch)
+            if state == "aborted":
+                raise CheckpointAbortedError(
+                    f"step {step} of job {self.job.job_id!r} was aborted by worker {who!r}: "
+                    f"{reason}", job_id=self.job.job_id, step=step,
+                )  # fmt: skip
+            if state == "missing":
+                raise CheckpointError(
+                    f"step {step} of job {self.job.job_id!r} has no state in Redis any more "
+                    "(its keys expired or Redis lost them)", job_id=self.job.job_id, step=step,
+                )  # fmt: skip
+            if state == "committing" and timed_out:
+                log.warning("step %s: leader %r did not finish committing; finishing it", step, who)
+                return self._take_over(step, epoch)
+
+    def _check(self, step: int, timed_out: bool) -> tuple[str, str, str]:
+        k = self.job.keys
+        state, who, reason = self._run(
+            "check_checkpoint", step,
+            [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
+             k.heartbeats, k.status],
+            ["1" if timed_out else "0", self.worker_id, STEP_TTL_MS],
+        )  # fmt: skip
+        return str(state), str(who), str(reason)
+
+    def _acks(self, step: int) -> tuple[int, dict[int, dict[str, Any]]]:
+        k = self.job.keys
+        with self.job.client.pipeline(transaction=True) as pipe:
+            pipe.hget(k.checkpoint_step(step), "acked_ms")
+            pipe.hgetall(k.checkpoint_acks(step))
+            acked_ms, raw_acks = pipe.execute()
+        return int(acked_ms or 0), {int(r): orjson.loads(v) for r, v in raw_acks.items()}
+
+    def _take_over(self, step: int, epoch: int | None) -> CheckpointInfo:
+        acked_ms, acks = self._acks(step)
+        return self.commit(step, epoch, acked_ms, acks, takeover=True)
+
+    def _committed_info(self, step: int, epoch: int | None) -> CheckpointInfo:
+        try:
+            return self.info(step)
+        except CheckpointError:
+            # Retention already dropped it from the index (a newer step committed and
+            # keep_count is small): the acks say the same as its metadata.json did.
+            acked_ms, acks = self._acks(step)
+            info = build_info(self.job.job_id, step, epoch, acked_ms, acks)
+            return _with_location(info, self.storage)
+
+    def info(self, step: int) -> CheckpointInfo:
+        """The committed ``step``'s info from the Redis index.
+
+        Raises:
+            CheckpointError: ``step`` is not in the index.
+        """
+        raw = self.job.client.hget(self.job.keys.checkpoint_info, str(step))
+        if raw is None:
+            raise CheckpointError(
+                f"step {step} of job {self.job.job_id!r} is not in the index",
+                job_id=self.job.job_id, step=step,
+            )  # fmt: skip
+        return _with_location(decode_metadata(raw, self.job.job_id, step), self.storage)
+
+
+def build_info(
+    job_id: str, step: int, epoch: int | None, acked_ms: int, acks: dict[int, dict[str, Any]]
+) -> CheckpointInfo:
+    """The step's info from every rank's ack: what metadata.json will say."""
+    files: dict[str, FileEntry] = {}
+    workers: dict[int, str] = {}
+    for rank, ack in sorted(acks.items()):
+        workers[rank] = str(ack["worker"])
+        for path, f in ack["files"].items():
+            files[path] = FileEntry(path, str(f["name"]), rank, int(f["size"]), str(f["checksum"]))
+    return CheckpointInfo(job_id, step, epoch, len(acks), workers, files, acked_ms)
+
+
+def _with_location(info: CheckpointInfo, storage: Storage) -> CheckpointInfo:
+    return replace(info, location=f"{storage.describe()}/{step_dir(info.job_id, info.step)}")
+
+
+def _acks(flat: list[Any]) -> dict[int, dict[str, Any]]:
+    return {int(flat[i]): orjson.loads(flat[i + 1]) for i in range(0, len(flat), 2)}

@@ -1,0 +1,205 @@
+"""A checkpoint's layout in storage and its metadata.json: what was committed, sizes, checksums.
+
+Layout, under the storage root::
+
+    {job_id}/checkpoints/step_{N}/metadata.json        written last, by one leader
+    {job_id}/checkpoints/step_{N}/model.bin            world_size 1: parts by name
+    {job_id}/checkpoints/step_{N}/rank_{r}/model.bin   world_size > 1: parts per rank
+
+A step is committed exactly when its ``metadata.json`` exists; it lists every file of the
+step with its size and CRC-32, so a reader can verify what it reads without Redis.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .storage.base import check_path
+
+__all__ = [
+    "FORMAT",
+    "METADATA",
+    "CheckpointInfo",
+    "FileEntry",
+    "check_part_name",
+    "checkpoints_prefix",
+    "decode_metadata",
+    "encode_metadata",
+    "part_path",
+    "step_dir",
+    "step_of",
+]
+
+FORMAT = "strata-checkpoint/1"
+METADATA = "metadata.json"
+_STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
+_RANK_DIR = re.compile(r"rank_[0-9]+")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One committed file of a step.
+
+    Attributes:
+        path: its path inside the step directory (``model.bin``, ``rank_3/model.bin``).
+        name: the part name the saving worker gave (``model.bin``).
+        rank: the rank that saved it.
+        size: its size in bytes.
+        checksum: ``"crc32:<8 hex digits>"``.
+    """
+
+    path: str
+    name: str
+    rank: int
+    size: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint step, as its metadata.json describes it.
+
+    Attributes:
+        job_id: the job that saved it.
+        step: the training step.
+        epoch: the epoch passed to ``save`` (None if none was).
+        world_size: how many ranks saved parts of it.
+        workers: rank -> the worker id that saved it.
+        files: path inside the step directory -> the file's entry.
+        acked_ms: when the last rank acked, ms on Redis' clock.
+        location: where the step lives (``s3://bucket/prefix/job/checkpoints/step_N``).
+    """
+
+    job_id: str
+    step: int
+    epoch: int | None
+    world_size: int
+    workers: dict[int, str]
+    files: dict[str, FileEntry]
+    acked_ms: int
+    location: str = field(default="", compare=False)
+
+    @property
+    def nbytes(self) -> int:
+        """The total size of the step's files."""
+        return sum(f.size for f in self.files.values())
+
+    def entry(self, name: str, rank: int) -> FileEntry | None:
+        """The entry of part ``name`` of ``rank``, or None."""
+        for entry in self.files.values():
+            if entry.name == name and entry.rank == rank:
+                return entry
+        return None
+
+    def part_names(self) -> list[str]:
+        """Every part name of the step, sorted."""
+        return sorted({f.name for f in self.files.values()})
+
+
+def checkpoints_prefix(job_id: str) -> str:
+    """``{job_id}/checkpoints/``: where a job's steps live."""
+    return f"{job_id}/checkpoints/"
+
+
+def step_dir(job_id: str, step: int) -> str:
+    """``{job_id}/checkpoints/step_{step}``."""
+    return f"{job_id}/checkpoints/step_{step}"
+
+
+def part_path(name: str, rank: int, world_size: int) -> str:
+    """A part's path inside its step directory: ``name``, or ``rank_{r}/name`` with ranks."""
+    return name if world_size == 1 else f"rank_{rank}/{name}"
+
+
+def step_of(relative: str) -> tuple[int, str] | None:
+    """``(step, rest)`` for ``step_{N}/rest`` (a path under the checkpoints prefix), else None."""
+    head, sep, rest = relative.partition("/")
+    match = _STEP_DIR.fullmatch(head)
+    if match is None or not sep:
+        return None
+    return int(match.group(1)), rest
+
+
+def check_part_name(name: object, *, arg: str = "name") -> str:
+    """Return ``name`` if it can name a part of a checkpoint, else raise naming ``arg``.
+
+    A part name is a valid storage path (``model.bin``, ``optim/adam.bin``) other than
+    ``metadata.json`` and not starting with a ``rank_<N>`` directory (those hold ranks' parts).
+
+    Raises:
+        TypeError: not a ``str``.
+        ValueError: an invalid path or a reserved name.
+    """
+    name = check_path(name, arg=arg)
+    if name == METADATA:
+        raise ValueError(f"{arg} {name!r} is reserved for the step's metadata")
+    if _RANK_DIR.fullmatch(name.split("/", 1)[0]):
+        raise ValueError(f"{arg} {name!r} must not start with a rank_<N> directory (reserved)")
+    return name
+
+
+def encode_metadata(info: CheckpointInfo) -> bytes:
+    """metadata.json's bytes: sorted keys, so every leader writes the same bytes."""
+    doc = {
+        "format": FORMAT,
+        "job_id": info.job_id,
+        "step": info.step,
+        "epoch": info.epoch,
+        "world_size": info.world_size,
+        "acked_ms": info.acked_ms,
+        "workers": {str(rank): worker for rank, worker in sorted(info.workers.items())},
+        "files": {
+            path: {"name": f.name, "rank": f.rank, "size": f.size, "checksum": f.checksum}
+            for path, f in sorted(info.files.items())
+        },
+    }
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
+
+
+def decode_metadata(raw: bytes | str, job_id: str, step: int, location: str = "") -> CheckpointInfo:
+    """Parse and check a metadata.json read for ``job_id``'s ``step``.
+
+    Raises:
+        ValueError: not valid metadata of that job and step (the message says why).
+    """
+    try:
+        doc = orjson.loads(raw)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} document")
+        if doc["job_id"] != job_id or doc["step"] != step:
+            raise ValueError(
+                f"it describes job {doc['job_id']!r} step {doc['step']}, not job {job_id!r} "
+                f"step {step}"
+            )
+        epoch = doc["epoch"]
+        world_size = _int(doc["world_size"], 1)
+        files = {}
+        for path, f in doc["files"].items():
+            check_path(path, arg="file path")
+            files[path] = FileEntry(
+                path, str(f["name"]), _int(f["rank"], 0), _int(f["size"], 0), str(f["checksum"])
+            )
+        if not files:
+            raise ValueError("it lists no files")
+        return CheckpointInfo(
+            job_id=job_id,
+            step=step,
+            epoch=None if epoch is None else _int(epoch, 0),
+            world_size=world_size,
+            workers={int(r): str(w) for r, w in doc["workers"].items()},
+            files=files,
+            acked_ms=_int(doc["acked_ms"], 0),
+            location=location,
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _int(value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"expected an int >= {low}, got {value!r}")
+    return value
