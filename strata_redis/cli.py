@@ -43,7 +43,7 @@ def _status(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(args.redis_url, workers=args.workers)
+    return run_demo(args.redis_url, workers=args.workers, checkpoint_path=args.checkpoint_path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,9 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=4,
-        choices=range(3, 33),
+        choices=range(4, 33),
         metavar="N",
-        help="worker processes (3..32, default 4)",
+        help="worker processes (4..32, default 4)",
+    )
+    demo.add_argument(
+        "--checkpoint-path", help="checkpoint storage (path or s3:// URL); default a temp dir"
     )
     demo.set_defaults(func=_demo)
 

@@ -5,25 +5,31 @@ leases; one is killed with SIGKILL mid-shard, is declared failed, and its shards
 finished by the others, exactly once; the survivors meet at the epoch barrier and all
 advance to the same epoch; in epoch 1 a straggler is killed while the others wait at the
 barrier, which breaks at once (naming it) instead of hanging, and the survivors reset it
-and carry on.
+and carry on. After every epoch the workers save their parts of a checkpoint; one of them
+is killed mid-save, that step never becomes visible, and the next one commits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import queue
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from .barrier import epoch_barrier
+import numpy as np
+
+from .checkpoint import CheckpointManager
 from .datasets import ShardManager
-from .errors import BarrierBrokenError
+from .errors import BarrierBrokenError, CheckpointAbortedError
 from .job import Job, connect
 from .server import RedisServer
 
@@ -31,6 +37,7 @@ CTX = multiprocessing.get_context("spawn")
 DATASET = "demo-images"
 #: the epoch-1 straggler sleeps this long before the barrier (it is killed meanwhile)
 STRAGGLE_S = 30.0
+MiB = 1024 * 1024
 
 
 def say(text: str = "") -> None:
@@ -45,6 +52,7 @@ def _worker_main(
     url: str, job_id: str, worker_id: str, cfg: dict[str, Any], out: Any, go: Any
 ) -> None:
     """A demo worker: register, drain each epoch through leases, meet at the epoch barrier."""
+    logging.basicConfig(level=logging.ERROR)  # the main process tells the story
     job = connect(url, job_id, heartbeat_timeout=cfg["timeout"])
     worker = job.register_worker(
         worker_id, host=os.uname().nodename, address=f"127.0.0.1:{29500 + os.getpid() % 1000}",
@@ -68,10 +76,32 @@ def _worker_main(
                 break
             except BarrierBrokenError as err:
                 out.put(("broken", worker_id, epoch, err.culprit, err.reason))
-                epoch_barrier(job).reset(err.generation)
+                job.epoch_barrier().reset(err.generation)
         out.put(("epoch", worker_id, new))
         epoch = new
+        worker.set_status("checkpointing")
+        _save(job, worker_id, cfg, epoch, out)
+        worker.set_status("training")
     worker.deregister()
+
+
+def _save(job: Job, worker_id: str, cfg: dict[str, Any], epoch: int, out: Any) -> None:
+    """Save this worker's part of the epoch's checkpoint (rank = place among the live)."""
+    live = job.live_workers()
+    rank, step = live.index(worker_id), epoch * 100
+    big = worker_id == cfg["save_victim"] and epoch == 2  # slow enough to be killed mid-save
+    data = np.full((cfg["victim_part_mb"] if big else cfg["part_mb"]) * MiB, rank, np.uint8)
+    with CheckpointManager(
+        cfg["checkpoint_path"], keep_count=2, redis=job, worker_id=worker_id, rank=rank,
+        world_size=len(live), commit_timeout=60,
+    ) as ckpt:  # fmt: skip
+        future = ckpt.save(data, step=step, epoch=epoch, copy=False)
+        out.put(("saving", worker_id, step))
+        try:
+            info = future.result()
+            out.put(("saved", worker_id, step, info.world_size))
+        except CheckpointAbortedError as err:
+            out.put(("save-aborted", worker_id, step, str(err)))
 
 
 # -- the story, told by the main process ----------------------------------------------------
@@ -123,20 +153,38 @@ class _Inbox:
 
 def run_demo(
     redis_url: str | None = None, *, workers: int = 4, job_id: str = "demo",
-    heartbeat_interval: float = 0.25, heartbeat_timeout: float = 2.0,
+    checkpoint_path: str | None = None, heartbeat_interval: float = 0.25,
+    heartbeat_timeout: float = 2.0,
 ) -> int:  # fmt: skip
-    """Run the demo; return the process exit code (0 when every check held)."""
+    """Run the demo; return the process exit code (0 when every check held).
+
+    Args:
+        redis_url: a Redis to use; default a private ``redis-server``.
+        workers: worker processes (at least 4: three are killed on the way).
+        job_id: the job's id.
+        checkpoint_path: where checkpoints go (a path or ``s3://`` URL); default a temporary
+            directory, removed at the end.
+        heartbeat_interval, heartbeat_timeout: the workers' heartbeats.
+    """
+    if workers < 4:
+        raise ValueError(f"workers must be at least 4 (three are killed), got {workers}")
     ids = [f"worker-{i:02d}" for i in range(1, workers + 1)]
-    victim, straggler = ids[-1], ids[0]
-    cfg = {
-        "interval": heartbeat_interval,
-        "timeout": heartbeat_timeout,
-        "epochs": 3,
-        "lease_ttl": 5.0,
-        "work_s": 0.04,
-        "barrier_timeout": 60.0,
-        "straggler": straggler,
-    }
+    with contextlib.ExitStack() as stack:
+        if checkpoint_path is None:
+            checkpoint_path = tempfile.mkdtemp(prefix="strata-demo-checkpoints-")
+            stack.callback(shutil.rmtree, checkpoint_path, ignore_errors=True)
+        cfg = {
+            "interval": heartbeat_interval, "timeout": heartbeat_timeout, "epochs": 3,
+            "lease_ttl": 5.0, "work_s": 0.04, "barrier_timeout": 60.0,
+            "victim": ids[-1], "straggler": ids[0], "save_victim": ids[-2],
+            "part_mb": 8, "victim_part_mb": 384, "checkpoint_path": checkpoint_path,
+        }  # fmt: skip
+        return _run(redis_url, job_id, ids, cfg)
+
+
+def _run(redis_url: str | None, job_id: str, ids: list[str], cfg: dict[str, Any]) -> int:
+    workers, victim, straggler = len(ids), cfg["victim"], cfg["straggler"]
+    heartbeat_timeout = cfg["timeout"]
     checks: list[tuple[str, bool]] = []
     with _redis(redis_url) as url:
         job = connect(url, job_id, heartbeat_timeout=heartbeat_timeout)
@@ -163,8 +211,10 @@ def run_demo(
             go.set()
             checks += _epoch0(job, inbox, procs, victim, params.num_shards, heartbeat_timeout)
             checks += _epoch1(job, inbox, procs, straggler, heartbeat_timeout)
-            last = (workers - 1) + 2 * (workers - 2)  # "epoch" messages of epochs 1, 2 and 3
+            checks += _mid_save(job, inbox, procs, cfg["save_victim"], heartbeat_timeout)
+            last = (workers - 1) + (workers - 2) + (workers - 3)  # "epoch" messages, epochs 1-3
             inbox.wait("the last epoch", lambda: len(inbox.of("epoch")) >= last, 120)
+            inbox.wait("the last save", lambda: any(m[2] == 300 for m in inbox.of("saved")), 60)
             for proc in procs.values():
                 proc.join(30)
         finally:
@@ -177,6 +227,7 @@ def run_demo(
         say(f"  workers: {', '.join(f'{k}={v}' for k, v in sorted(statuses.items()))}")
         say(f"  epoch: {job.current_epoch()}, membership generation "
             f"{job.membership_generation()}")  # fmt: skip
+        checks += _checkpoints(job, cfg["checkpoint_path"])
         for what, ok in checks:
             say(f"  [{'OK' if ok else 'FAILED'}] {what}")
         job.close()
@@ -248,7 +299,7 @@ def _epoch1(
     say(f"\n== 3. epoch 1: {straggler} straggles before the barrier; the others wait in it")
     inbox.wait("the straggler", lambda: bool(inbox.of("straggling")), 120)
     waiting = [w for w in procs if procs[w].is_alive() and w != straggler]
-    barrier = epoch_barrier(job)
+    barrier = job.epoch_barrier()
     inbox.wait("the others to arrive", lambda: len(barrier.state().arrived) >= len(waiting), 60)
     say(f"  {len(waiting)} workers wait at the epoch barrier; kill -9 {straggler}")
     _kill(procs, straggler)
@@ -270,6 +321,51 @@ def _epoch1(
          culprits == {straggler} and broke <= timeout + 1),
         ("survivors continued after the reset", 2 in epochs),
     ]  # fmt: skip
+
+
+def _mid_save(
+    job: Job, inbox: _Inbox, procs: dict[str, BaseProcess], victim: str, timeout: float
+) -> list[tuple[str, bool]]:
+    say(f"\n== 4. checkpoint of epoch 2 (step 200): kill -9 {victim} in the middle of its upload")
+    step_key = job.keys.checkpoint_step(200)
+    inbox.wait(f"{victim}'s upload", lambda: victim in job.client.hvals(step_key), 60)
+    _kill(procs, victim)
+    killed = time.monotonic()
+    others = [w for w in procs if procs[w].is_alive()]
+
+    def aborted() -> list[tuple[Any, ...]]:
+        return [m for m in inbox.of("save-aborted") if m[2] == 200]
+
+    inbox.wait("the abort", lambda: len(aborted()) >= len(others), 60)
+    took = time.monotonic() - killed
+    say(
+        f"  {victim} was declared failed and the other ranks were told at once: step 200 "
+        f"aborted {took:.2f}s after the kill (commit timeout 60s):"
+    )
+    say(f"    {aborted()[0][3]}")
+    return [(f"step 200 aborted at once when {victim} died mid-save ({took:.2f}s)",
+             took <= timeout + 2)]  # fmt: skip
+
+
+def _checkpoints(job: Job, path: str) -> list[tuple[str, bool]]:
+    say("\n== checkpoints")
+    with CheckpointManager(path, keep_count=2, redis=job, worker_id="demo-reader") as ckpt:
+        kept = ckpt.list()
+        for info in kept:
+            ranks = sorted(info.workers.values())
+            say(f"  step {info.step:>4} (epoch {info.epoch}): {info.world_size} ranks {ranks}, "
+                f"{info.nbytes / MiB:.0f} MiB, verified")  # fmt: skip
+        latest = ckpt.latest()
+        say(f"  would resume from: step {latest.step if latest else None} at {path}")
+        loaded = ckpt.load_checkpoint(rank=0) if latest else None
+    steps = sorted(info.step for info in kept)
+    return [
+        ("checkpoints kept: steps 100 and 300 (200 never became visible)", steps == [100, 300]),
+        (
+            "resume point step 300 loads and verifies",
+            loaded is not None and loaded.info.step == 300,
+        ),
+    ]
 
 
 if __name__ == "__main__":  # pragma: no cover

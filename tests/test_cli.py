@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import strata_redis
 
@@ -48,14 +49,17 @@ def test_demo_on_a_private_redis_detects_the_killed_worker() -> None:
     out = strata("demo")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "worker-04 declared failed" in out.stdout
-    assert "[FAILED]" not in out.stdout and out.stdout.count("[OK]") >= 6, out.stdout
+    assert "[FAILED]" not in out.stdout and out.stdout.count("[OK]") == 9, out.stdout
     assert "private redis-server stopped" in out.stdout
 
 
-def test_demo_on_a_given_redis(redis_url: str) -> None:
-    out = strata("demo", "--redis-url", redis_url, "--workers", "3")
+def test_demo_on_a_given_redis(redis_url: str, tmp_path: Path) -> None:
+    out = strata("demo", "--redis-url", redis_url, "--workers", "5", "--checkpoint-path",
+                 str(tmp_path))  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "worker-03 declared failed" in out.stdout
+    assert "worker-05 declared failed" in out.stdout
     assert "BarrierBrokenError naming ['worker-01']" in out.stdout
+    assert "kill -9 worker-04 in the middle of its upload" in out.stdout
+    assert (tmp_path / "demo" / "checkpoints" / "step_300" / "metadata.json").exists()
     assert "[FAILED]" not in out.stdout
     assert "private redis-server" not in out.stdout
