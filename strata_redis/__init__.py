@@ -1,6 +1,7 @@
 """strata_redis: coordination for distributed ML training through Redis."""
 
 from .barrier import LIVE, Barrier, BarrierLatency, BarrierState, Release
+from .checkpoint import CheckpointManager, SaveFuture
 from .datasets import ShardManager
 from .errors import (
     BarrierBrokenError,
@@ -15,6 +16,7 @@ from .errors import (
     LeaseError,
     LeaseLostError,
     StorageError,
+    StorageExistsError,
     StorageNotFoundError,
     StrataError,
     WorkerError,
@@ -27,7 +29,18 @@ from .errors import (
 from .job import Job, connect
 from .keys import Keys
 from .leases import EpochProgress, Lease, ShardLeases
+from .manifest import CheckpointInfo, FileEntry
+from .reader import CheckpointSkippedWarning, LoadedCheckpoint
+from .records import SaveRecord
 from .sharding import DatasetParams, Shard
+from .storage import (
+    LocalStorage,
+    S3Storage,
+    Storage,
+    open_storage,
+    storage_from_env,
+    storage_from_url,
+)
 from .workers import Worker, WorkerInfo
 
 __version__ = "0.1.0"
@@ -42,22 +55,33 @@ __all__ = [
     "BarrierTimeoutError",
     "CheckpointAbortedError",
     "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointManager",
     "CheckpointNotFoundError",
+    "CheckpointSkippedWarning",
     "DatasetConflictError",
     "DatasetError",
     "DatasetNotFoundError",
     "DatasetParams",
     "EpochProgress",
+    "FileEntry",
     "Job",
     "Keys",
     "Lease",
     "LeaseError",
     "LeaseLostError",
+    "LoadedCheckpoint",
+    "LocalStorage",
     "Release",
+    "S3Storage",
+    "SaveFuture",
+    "SaveRecord",
     "Shard",
     "ShardLeases",
     "ShardManager",
+    "Storage",
     "StorageError",
+    "StorageExistsError",
     "StorageNotFoundError",
     "StrataError",
     "Worker",
@@ -70,4 +94,7 @@ __all__ = [
     "WorkerReplacedError",
     "__version__",
     "connect",
+    "open_storage",
+    "storage_from_env",
+    "storage_from_url",
 ]

@@ -47,7 +47,8 @@ class Job:
         events_cap: int = 10_000,
     ) -> None:
         if job_id is None:
-            job_id = os.environ.get(JOB_ENV) or DEFAULT_JOB
+            job_id = redis.job_id if isinstance(redis, Job) else os.environ.get(JOB_ENV)
+            job_id = job_id or DEFAULT_JOB
         self.job_id = check_id("job_id", job_id, job=True)
         self.heartbeat_timeout = check_seconds("heartbeat_timeout", heartbeat_timeout, high=86400)
         self.events_cap = check_int("events_cap", events_cap, low=100, high=10_000_000)
@@ -203,9 +204,7 @@ class Job:
         return [{"id": entry_id, **fields} for entry_id, fields in reversed(entries)]
 
     # -- datasets and shard leases ---------------------------------------------------------
-    def leases(
-        self, dataset: str, epoch: int, worker_id: str, **options: Any
-    ) -> ShardLeases:
+    def leases(self, dataset: str, epoch: int, worker_id: str, **options: Any) -> ShardLeases:
         """``worker_id``'s leases on ``dataset``'s ``epoch``: iterate to drain the epoch.
 
         ``options`` are those of ``ShardLeases`` (``ttl``, ``steal``, ``on_lost``).
@@ -240,21 +239,21 @@ class Job:
     def advance_epoch(self, worker_id: str, timeout: float = 60.0) -> int:
         """Meet every live worker and move to the next epoch; returns it (the same for all).
 
-        See ``strata_redis.barrier.advance_epoch``.
+        See ``strata_redis.epochs.advance_epoch``.
         """
-        from .barrier import advance_epoch
+        from .epochs import advance_epoch
 
         return advance_epoch(self, worker_id, timeout)
 
     def current_epoch(self) -> int:
         """The job's epoch: 0 until the first ``advance_epoch``."""
-        from .barrier import current_epoch
+        from .epochs import current_epoch
 
         return current_epoch(self)
 
     def epoch_barrier(self, timeout: float = 60.0) -> Barrier:
         """The barrier behind ``advance_epoch``, e.g. to ``reset(err.generation)`` it."""
-        from .barrier import epoch_barrier
+        from .epochs import epoch_barrier
 
         return epoch_barrier(self, timeout)
 

@@ -108,6 +108,39 @@ class Keys:
         """The keys of one dataset epoch's shard leases."""
         return LeaseKeys(self, dataset, epoch)
 
+    # -- checkpoints -----------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> str:
+        """ZSET the committed checkpoint steps (score = step): the index, newest last."""
+        return f"{self.base}:checkpoints"
+
+    @property
+    def checkpoint_info(self) -> str:
+        """HASH step -> JSON summary of a committed step {epoch, world_size, bytes, files}."""
+        return f"{self.base}:checkpoint_info"
+
+    @property
+    def checkpoint_indexed(self) -> str:
+        """STRING ms when the index was rebuilt from storage; missing: rebuild it."""
+        return f"{self.base}:checkpoint_indexed"
+
+    @property
+    def checkpoint_records(self) -> str:
+        """STREAM one entry per save (step, rank, bytes, seconds, MB/s, outcome), capped."""
+        return f"{self.base}:checkpoint_records"
+
+    def checkpoint_step(self, step: int) -> str:
+        """HASH a step being saved: state, world_size, epoch, leader, r:<rank> -> worker, ..."""
+        return f"{self.base}:checkpoint_step:{step}"
+
+    def checkpoint_acks(self, step: int) -> str:
+        """HASH rank -> JSON {worker, files} of the ranks that uploaded and acked a step."""
+        return f"{self.base}:checkpoint_acks:{step}"
+
+    def checkpoint_wake(self, step: int) -> str:
+        """LIST tokens pushed when a step commits or aborts; its waiters BLPOP it."""
+        return f"{self.base}:checkpoint_wake:{step}"
+
 
 @dataclass(frozen=True)
 class LeaseKeys:

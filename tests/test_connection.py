@@ -45,6 +45,7 @@ def test_job_shares_another_jobs_client(redis_url: str) -> None:
     a = strata_redis.connect(redis_url, "a")
     b = strata_redis.connect(a, "b")
     assert b.client is a.client and b.job_id == "b"
+    assert strata_redis.connect(b).job_id == "b", "a Job's id is kept when none is given"
 
 
 def test_environment_defaults(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

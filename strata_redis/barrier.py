@@ -1,0 +1,609 @@
+"""Barriers: named, reusable, released at once; they time out and fail fast, never hang."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import redis
+
+from .errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
+from .scripts import check
+from .validate import check_id, check_int, check_seconds
+
+if TYPE_CHECKING:
+    from .job import Job
+
+log = logging.getLogger("strata_redis.barrier")
+
+#: ``expected=LIVE``: the barrier releases when every live registered worker has arrived.
+LIVE: Final = "live"
+#: names starting with this are the library's own (``epochs.EPOCH_BARRIER``).
+RESERVED_PREFIX: Final = "strata:"
+MAX_EXPECTED: Final = 100_000
+MAX_TIMEOUT: Final = 7 * 86400.0
+#: the first arrivals of a generation block on the wake stream and the membership events,
+#: so a failure wakes them (and they wake everyone); the rest block on the release list,
+#: the cheapest broadcast Redis has (one RPUSH of N tokens serves N BLPOPs).
+WATCHERS: Final = 2
+#: outcomes of finished generations kept in the state hash, for late waiters and retries.
+KEEP_OUTCOMES: Final = 64
+WAKE_CAP: Final = 32
+#: barrier keys live at least this long after their last use (seconds).
+MIN_KEY_TTL: Final = 3600.0
+#: release tokens outlive a release this long (ms); a waiter that comes later reads the
+#: outcome from the state hash instead, after at most one blocking slice.
+RELEASE_TTL_MS: Final = 60_000
+LATENCY_CAP: Final = 10_000
+EVENTS_SCANNED: Final = 10_000
+
+
+@dataclass(frozen=True)
+class Release:
+    """A released barrier generation, as every participant sees it.
+
+    Attributes:
+        barrier: the barrier's name.
+        generation: the generation that released.
+        participants: how many workers arrived in it.
+        epoch: the job's new epoch (the epoch barrier only), else None.
+        released_us: the release time, microseconds on Redis' clock.
+        first_us: the first arrival's time, microseconds on Redis' clock.
+    """
+
+    barrier: str
+    generation: int
+    participants: int
+    epoch: int | None
+    released_us: int
+    first_us: int
+
+
+@dataclass(frozen=True)
+class BarrierLatency:
+    """One release in the job's latency record (``barrier_latencies``).
+
+    Attributes:
+        barrier: the barrier's name.
+        generation: the generation that released.
+        participants: how many workers arrived.
+        release_ms: from the release (the last arrival, on Redis' clock) until the first
+            arrival's waiter woke: the broadcast latency a waiter sees.
+        wait_ms: from the first arrival to the release (how long the barrier stalled).
+        at_ms: when the release happened, ms on Redis' clock.
+    """
+
+    barrier: str
+    generation: int
+    participants: int
+    release_ms: float
+    wait_ms: float
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class BarrierState:
+    """A barrier's current generation, for people and dashboards (``Barrier.state``).
+
+    Attributes:
+        barrier: the barrier's name.
+        generation: the current generation.
+        expected: what it was opened with (a count or ``"live"``), None before any arrival.
+        arrived: the workers that arrived in it, sorted.
+        broken: whether it broke (arrivals are refused until ``reset``).
+    """
+
+    barrier: str
+    generation: int
+    expected: int | str | None
+    arrived: list[str]
+    broken: bool
+
+
+@dataclass(frozen=True)
+class _Arrival:
+    generation: int
+    index: int
+    #: Redis' clock minus the local monotonic clock, in microseconds (within half a round trip)
+    offset_us: float
+    outcome: str
+    wake_id: str
+    events_id: str
+
+
+class _Memo:
+    """Per job and process: each barrier's next generation, and the tickets of open waits."""
+
+    def __init__(self) -> None:
+        self.generations: dict[str, int] = {}
+        self.tickets: dict[tuple[str, str], str] = {}
+
+
+_MEMOS: weakref.WeakKeyDictionary[Job, _Memo] = weakref.WeakKeyDictionary()
+_MEMOS_LOCK = threading.Lock()
+
+
+def _memo(job: Job) -> _Memo:
+    with _MEMOS_LOCK:
+        memo = _MEMOS.get(job)
+        if memo is None:
+            memo = _MEMOS[job] = _Memo()
+        return memo
+
+
+def check_expected(expected: object) -> int | str:
+    """Return ``expected`` if it is ``LIVE`` or an int in ``[1, MAX_EXPECTED]``, else raise."""
+    if isinstance(expected, str):
+        if expected != LIVE:
+            raise ValueError(f"expected must be a count or {LIVE!r}, got {expected!r}")
+        return expected
+    return check_int("expected", expected, low=1, high=MAX_EXPECTED)
+
+
+def check_barrier_name(name: object) -> str:
+    """Return ``name`` if it is a valid barrier name (an id, not reserved), else raise."""
+    name = check_id("name", name)
+    if name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"name must not start with {RESERVED_PREFIX!r} (reserved), got {name!r}")
+    return name
+
+
+def _check_reason(reason: object) -> str:
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be a str, got {type(reason).__name__} {reason!r}")
+    if not reason or len(reason) > 1024 or not reason.isprintable():
+        raise ValueError(f"reason must be 1 to 1024 printable characters, got {reason!r}")
+    return reason
+
+
+class Barrier:
+    """A named, reusable barrier of a job. Made by ``Job.barrier``.
+
+    Each use is a *generation*: it opens at its first arrival and releases when ``expected``
+    workers have arrived (a count), or when every live registered worker has (``LIVE``,
+    judged at the moment of release). Then every waiter of that generation leaves at once
+    and the next arrival opens the next generation; slow waiters of the old one are not
+    confused with it.
+
+    A generation never hangs. It *breaks* — every waiter gets ``BarrierBrokenError`` at
+    once, naming the culprit — when a member is declared failed by the reaper, or calls
+    ``abort``. When a waiter's timeout passes it breaks too, and every waiter gets
+    ``BarrierTimeoutError`` naming the live workers that did not arrive. A broken generation
+    refuses arrivals until ``reset``, so nobody passes it alone; the survivors reset it (all
+    may call ``reset(err.generation)``: only the first moves it) and meet again.
+
+    Args:
+        job: the job.
+        name: the barrier's name (an id; names starting with ``strata:`` are reserved).
+        expected: how many workers must arrive, or ``LIVE`` (``"live"``) for every live
+            registered worker. Every participant must pass the same.
+        timeout: the default for ``wait``, in seconds.
+
+    Raises:
+        ValueError, TypeError: a bad argument, named in the message.
+    """
+
+    def __init__(
+        self, job: Job, name: str, expected: int | str = LIVE, *, timeout: float = 300.0
+    ) -> None:
+        self._init(job, check_barrier_name(name), expected, timeout, counter=None)
+
+    @classmethod
+    def _internal(
+        cls, job: Job, name: str, expected: int | str, timeout: float, counter: str | None
+    ) -> Barrier:
+        barrier = cls.__new__(cls)
+        barrier._init(job, name, expected, timeout, counter)
+        return barrier
+
+    def _init(
+        self, job: Job, name: str, expected: object, timeout: object, counter: str | None
+    ) -> None:
+        self.job = job
+        self.name = name
+        self.expected = check_expected(expected)
+        self.timeout = check_seconds("timeout", timeout, high=MAX_TIMEOUT)
+        self._counter = counter
+        k = job.keys
+        self._state, self._arrived = k.barrier(name), k.barrier_arrived(name)
+        self._tickets, self._wake = k.barrier_tickets(name), k.barrier_wake(name)
+
+    def __repr__(self) -> str:
+        return f"Barrier({self.name!r}, expected={self.expected!r}, job={self.job.job_id!r})"
+
+    # -- public API ----------------------------------------------------------------------
+    def wait(self, worker_id: str, timeout: float | None = None) -> Release:
+        """Arrive, and block (inside Redis) until this generation releases.
+
+        A retry after a connection error (by redis-py or by calling ``wait`` again from the
+        same process and job) is counted once: it is answered from the generation the first
+        attempt was counted in. While it waits, the caller runs the reaper step every
+        ``heartbeat_timeout / 2`` seconds, so a dead member is detected even when every
+        live worker is blocked here.
+
+        Args:
+            worker_id: the arriving worker; it must be registered and live.
+            timeout: seconds to wait (default: the barrier's).
+
+        Returns:
+            The release: generation, participants, and the new epoch for the epoch barrier.
+
+        Raises:
+            BarrierTimeoutError: the generation timed out (this or another waiter's timeout).
+            BarrierBrokenError: a member failed or aborted (``.culprit``, ``.reason``).
+            WorkerNotRegisteredError, WorkerFailedError, WorkerLeftError: refused arrival.
+            BarrierError: ``expected`` differs from the generation's, or its record expired.
+            ValueError, TypeError: a bad argument.
+        """
+        check_id("worker_id", worker_id)
+        if timeout is None:
+            timeout = self.timeout
+        timeout = check_seconds("timeout", timeout, high=MAX_TIMEOUT)
+        deadline = time.monotonic() + timeout
+        memo = _memo(self.job)
+        key = (self.name, worker_id)
+        ticket = memo.tickets.setdefault(key, uuid.uuid4().hex)
+        try:
+            arrival = self._arrive(worker_id, ticket, timeout)
+            release = self._await(worker_id, arrival, deadline, timeout)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise  # the ticket stays: calling again is a retry of this arrival
+        except BaseException:
+            memo.tickets.pop(key, None)
+            raise
+        memo.tickets.pop(key, None)
+        return release
+
+    def abort(self, worker_id: str, reason: str) -> int:
+        """Break the current generation: every waiter gets ``BarrierBrokenError`` at once.
+
+        Args:
+            worker_id: the aborting worker (registered; named as the culprit).
+            reason: why, for the waiters' error message (1 to 1024 printable characters).
+
+        Returns:
+            The generation that is now broken (pass it to ``reset``).
+
+        Raises:
+            WorkerNotRegisteredError: the worker is unknown to the job.
+            ValueError, TypeError: a bad argument.
+        """
+        check_id("worker_id", worker_id)
+        return self._break(worker_id, _check_reason(reason))
+
+    def reset(self, generation: int | None = None) -> int:
+        """Move a broken barrier on to a fresh generation, so the survivors can meet again.
+
+        Args:
+            generation: the generation that broke (``err.generation``): the call only moves
+                the barrier if that generation is current, so every survivor may call it.
+                None: the current generation, broken first (reason ``"reset"``) if workers
+                are waiting in it.
+
+        Returns:
+            The generation now current.
+        """
+        arg = "" if generation is None else check_int("generation", generation, low=1, high=2**53)
+        while True:
+            reply = self.job.scripts["reset_barrier"](
+                keys=[self._state, self._arrived], args=[arg, self._ttl_ms(self.timeout)]
+            )
+            current, what = check(reply, self._context(""))
+            if what == "open" and generation is None:
+                self._break("", "reset")
+                continue
+            _memo(self.job).generations[self.name] = int(current)
+            return int(current)
+
+    def generation(self) -> int:
+        """The current generation (1 before the barrier's first use)."""
+        return int(self.job.client.hget(self._state, "gen") or 1)
+
+    def state(self) -> BarrierState:
+        """The current generation: its number, expected, arrivals, and whether it broke."""
+        with self.job.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._state)
+            pipe.smembers(self._arrived)
+            fields, arrived = pipe.execute()
+        gen = int(fields.get("gen", 1))
+        raw = fields.get("expected")
+        expected: int | str | None = None if raw is None else raw if raw == LIVE else int(raw)
+        return BarrierState(self.name, gen, expected, sorted(arrived), f"r:{gen}" in fields)
+
+    # -- arrival -------------------------------------------------------------------------
+    def _context(self, worker_id: str, payload: list[Any] | None = None) -> dict[str, Any]:
+        return {
+            "job_id": self.job.job_id,
+            "barrier": self.name,
+            "worker_id": worker_id,
+            "expected": self.expected,
+            "payload": payload or [],
+        }
+
+    def _keys(self, generation: int) -> list[str]:
+        k = self.job.keys
+        keys = [
+            self._state, self._arrived, self._tickets,
+            k.barrier_release(self.name, generation), self._wake,
+            k.heartbeats, k.status, k.events,
+        ]  # fmt: skip
+        if self._counter is not None:
+            keys.append(self._counter)
+        return keys
+
+    @staticmethod
+    def _ttl_ms(timeout: float) -> int:
+        # outlive every waiter's timeout, so an open generation never expires under it
+        return int(max(MIN_KEY_TTL, 2 * timeout + 60) * 1000)
+
+    def _arrive_call(
+        self, worker_id: str, ticket: str, generation: int, timeout: float
+    ) -> tuple[list[str], list[str | int]]:
+        """The keys and args of one ``arrive_barrier`` call (perf/ sends it raw, too)."""
+        args: list[str | int] = [
+            worker_id, ticket, generation, str(self.expected), self._ttl_ms(timeout),
+            KEEP_OUTCOMES, WAKE_CAP, WATCHERS, RELEASE_TTL_MS,
+        ]  # fmt: skip
+        return self._keys(generation), args
+
+    def _arrive(self, worker_id: str, ticket: str, timeout: float) -> _Arrival:
+        memo = _memo(self.job)
+        guess = memo.generations.get(self.name, 1)
+        script = self.job.scripts["arrive_barrier"]
+        for _ in range(10):
+            # the release list's key names the generation, and keys go through KEYS only,
+            # so the caller names the generation it expects; the script says if it moved
+            keys, args = self._arrive_call(worker_id, ticket, guess, timeout)
+            sent = time.monotonic()
+            reply = script(keys=keys, args=args)
+            received = time.monotonic()
+            if int(reply[0]) == 10:
+                guess = memo.generations[self.name] = int(reply[1])
+                continue
+            gen, index, now_us, outcome, wake_id, events_id = check(
+                reply, self._context(worker_id, list(reply[1:]))
+            )
+            offset = int(now_us) - (sent + received) / 2 * 1e6
+            memo.generations[self.name] = int(gen)
+            return _Arrival(int(gen), int(index), offset, outcome, wake_id, events_id)
+        check(reply, self._context(worker_id, list(reply[1:])))  # raises: it kept moving
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- waiting -------------------------------------------------------------------------
+    def _await(self, worker_id: str, a: _Arrival, deadline: float, timeout: float) -> Release:
+        outcome = a.outcome
+        slice_s = self.job.heartbeat_timeout / 2
+        release_key = self.job.keys.barrier_release(self.name, a.generation)
+        events_key = self.job.keys.events
+        wake_id, events_id = a.wake_id, a.events_id
+        watcher = bool(wake_id)
+        client = self.job.client
+        while not outcome:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                outcome = self._check(a.generation, "timeout", worker_id, timeout, reap=True)
+                break
+            block = min(remaining, slice_s)
+            if watcher:
+                reply = client.xread(
+                    {self._wake: wake_id, events_key: events_id},
+                    count=100,
+                    block=max(1, int(block * 1000)),
+                )
+                entries = _stream_entries(reply)
+                for stream, entry_id, fields in entries:
+                    if stream == self._wake:
+                        wake_id = entry_id
+                        if fields.get("g") == str(a.generation):
+                            outcome = fields["o"]
+                    else:
+                        events_id = entry_id
+                if not outcome:
+                    # a membership event (or the slice's end): settle the generation now
+                    outcome = self._check(
+                        a.generation, "check", worker_id, timeout, reap=not entries
+                    )
+            else:
+                popped = client.blpop([release_key], timeout=max(block, 0.001))
+                if popped is not None and popped[1].startswith("R "):
+                    outcome = popped[1]
+                else:  # the slice ended, or a "broken" token: read the record
+                    outcome = self._check(
+                        a.generation, "check", worker_id, timeout, reap=popped is None
+                    )
+        return self._settle(worker_id, a, outcome)
+
+    def _check(
+        self, generation: int, action: str, worker_id: str, timeout: float, *,
+        reason: str = "", reap: bool = False,
+    ) -> str:  # fmt: skip
+        args: list[str | int] = [
+            generation, action, worker_id, reason, self._ttl_ms(timeout), KEEP_OUTCOMES,
+            WAKE_CAP, EVENTS_SCANNED, RELEASE_TTL_MS,
+        ]  # fmt: skip
+        call = ("check_barrier", self._keys(generation), args)
+        if reap:
+            # the reaper step first, in the same round trip, so the check sees its verdicts
+            reaped, reply = self.job.scripts.run_many([self.job.reap_call(), call])
+            self.job.check_reaped(reaped)
+        else:
+            reply = self.job.scripts["check_barrier"](keys=call[1], args=args)
+        (outcome,) = check(reply, self._context(worker_id))
+        return str(outcome)
+
+    def _break(self, worker_id: str, reason: str) -> int:
+        for _ in range(10):
+            gen = self.generation()
+            outcome = self._check(gen, "abort", worker_id, self.timeout, reason=reason)
+            if outcome.startswith("B\n") or outcome == "G":
+                return gen
+            # released (or moved on) just before the abort landed: break the next one
+        raise BarrierError(
+            f"barrier {self.name!r} of job {self.job.job_id!r} kept moving; abort not recorded",
+            job_id=self.job.job_id,
+            barrier=self.name,
+        )
+
+    def _settle(self, worker_id: str, a: _Arrival, outcome: str) -> Release:
+        if outcome.startswith("R "):
+            release = self._release(outcome)
+            _memo(self.job).generations[self.name] = release.generation + 1
+            if a.index == 1:
+                self._record_latency(a, release)
+            return release
+        if outcome.startswith("B\n"):
+            raise self._broken(outcome)
+        what = "has expired" if outcome == "G" else "finished, but its outcome is no longer kept"
+        raise BarrierError(
+            f"barrier {self.name!r} of job {self.job.job_id!r} generation {a.generation} {what}",
+            job_id=self.job.job_id,
+            barrier=self.name,
+        )
+
+    def _release(self, outcome: str) -> Release:
+        _, gen, released, first, participants, counter = outcome.split(" ")
+        epoch = None if counter == "-" else int(counter)
+        return Release(self.name, int(gen), int(participants), epoch, int(released), int(first))
+
+    def _broken(self, outcome: str) -> BarrierError:
+        _, gen, culprit, reason, expected, arrived, *missing = outcome.split("\n")
+        g, n = int(gen), int(arrived)
+        where = f"barrier {self.name!r} of job {self.job.job_id!r} generation {g}"
+        if reason == "timeout":
+            if expected == LIVE:
+                count = len(missing)
+                what = f"live workers {missing} did not arrive"
+            else:
+                count = max(int(expected) - n, len(missing))
+                what = (
+                    f"{count} of {expected} arrivals missing; "
+                    f"live registered workers that did not arrive: {missing}"
+                )
+            return BarrierTimeoutError(
+                f"{where} timed out: {what} (reset it to meet again)",
+                job_id=self.job.job_id, barrier=self.name, missing=missing, generation=g,
+                missing_count=count,
+            )  # fmt: skip
+        if reason == "failed":
+            what = f"worker {culprit!r} was declared failed"
+        elif culprit:
+            what = f"worker {culprit!r} aborted it: {reason}"
+        else:
+            what = f"it was aborted: {reason}"
+        return BarrierBrokenError(
+            f"{where} is broken: {what} (reset it to meet again)",
+            job_id=self.job.job_id, barrier=self.name, culprit=culprit, reason=reason,
+            generation=g,
+        )  # fmt: skip
+
+    def _record_latency(self, a: _Arrival, release: Release) -> None:
+        # the first arrival waited longest and, as a watcher, is woken after the list
+        # waiters: its wake time bounds what the others saw
+        woke_us = time.monotonic() * 1e6 + a.offset_us
+        _RECORDER.put(
+            self.job,
+            {
+                "barrier": self.name,
+                "generation": release.generation,
+                "participants": release.participants,
+                "release_us": int(max(0.0, woke_us - release.released_us)),
+                "wait_us": release.released_us - release.first_us,
+                "at_ms": release.released_us // 1000,
+            },
+        )
+
+
+class _LatencyRecorder:
+    """Writes the latency record from a background thread, off every waiter's path.
+
+    A write on the waiter's path would hold the first arrival back by one more round trip
+    (with many threads in one process, behind all of their wake-ups). Records are dropped
+    when the queue is full (Redis unreachable); what is queued is written before exit.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Job, dict[str, Any]]] = queue.Queue(LATENCY_CAP)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def put(self, job: Job, fields: dict[str, Any]) -> None:
+        try:
+            self._queue.put_nowait((job, fields))
+        except queue.Full:
+            log.warning("barrier latency record full; dropping a record")
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="strata-barrier-latency", daemon=True
+                )
+                self._thread.start()
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout`` s) until every queued record is written."""
+        deadline = time.monotonic() + timeout
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return
+                self._queue.all_tasks_done.wait(left)
+
+    def _run(self) -> None:
+        while True:
+            job, fields = self._queue.get()
+            try:
+                job.client.xadd(
+                    job.keys.barrier_latency, fields, maxlen=LATENCY_CAP, approximate=True
+                )
+            except redis.RedisError as exc:  # a metric: the barrier itself did release
+                log.warning("barrier %r: latency not recorded: %s", fields["barrier"], exc)
+            finally:
+                self._queue.task_done()
+
+
+_RECORDER = _LatencyRecorder()
+atexit.register(_RECORDER.flush, 2.0)
+
+
+def _stream_entries(reply: Any) -> list[tuple[str, str, dict[str, str]]]:
+    """(stream, id, fields) of an XREAD reply, as redis-py gives it over RESP2 or RESP3."""
+    out = []
+    for stream, entries in reply.items() if isinstance(reply, dict) else reply or []:
+        if entries and isinstance(entries[0], list):  # RESP3 wraps the entries once more
+            entries = entries[0]
+        out += [(stream, entry_id, fields) for entry_id, fields in entries]
+    return out
+
+
+def barrier_latencies(job: Job, count: int = 1000) -> list[BarrierLatency]:
+    """The newest barrier releases with their latencies, oldest first (for the dashboard).
+
+    Args:
+        job: the job.
+        count: at most this many (the record keeps about the last 10,000).
+
+    Returns:
+        One ``BarrierLatency`` per release.
+    """
+    count = check_int("count", count, low=1, high=LATENCY_CAP)
+    _RECORDER.flush()  # this process's own records first
+    entries = job.client.xrevrange(job.keys.barrier_latency, count=count)
+    return [
+        BarrierLatency(
+            barrier=f["barrier"],
+            generation=int(f["generation"]),
+            participants=int(f["participants"]),
+            release_ms=int(f["release_us"]) / 1000,
+            wait_ms=int(f["wait_us"]) / 1000,
+            at_ms=int(f["at_ms"]),
+        )
+        for _, f in reversed(entries)
+    ]
