@@ -49,10 +49,10 @@ class Job:
         if job_id is None:
             job_id = redis.job_id if isinstance(redis, Job) else os.environ.get(JOB_ENV)
             job_id = job_id or DEFAULT_JOB
-        self.job_id = check_id("job_id", job_id, job=True)
+        self.job_id: str = check_id("job_id", job_id, job=True)
         self.heartbeat_timeout = check_seconds("heartbeat_timeout", heartbeat_timeout, high=86400)
         self.events_cap = check_int("events_cap", events_cap, low=100, high=10_000_000)
-        self.keys = Keys(self.job_id)
+        self.keys: Keys = Keys(self.job_id)
         if isinstance(redis, Job):
             self.client: Any = redis.client
             self.scripts: Scripts = redis.scripts
