@@ -47,6 +47,7 @@ from common import (
     s3_client,
     storage_runner,
     transfer_config,
+    write_fsync,
 )
 
 from strata_redis import CheckpointManager, LocalStorage, S3Storage
@@ -131,13 +132,7 @@ def bench_raw_write_new(loops: int, data: bytes, where: str, redis_url: str) -> 
     for _ in range(loops):
         step = next(STEPS)
         start = time.perf_counter()
-        fd = os.open(os.path.join(where, f"raw-{step}.bin"), os.O_WRONLY | os.O_CREAT, 0o666)
-        view = memoryview(data)
-        written = 0
-        while written < len(view):
-            written += os.write(fd, view[written:])
-        os.fsync(fd)
-        os.close(fd)
+        write_fsync(os.path.join(where, f"raw-{step}.bin"), data)
         elapsed += time.perf_counter() - start
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(where, f"raw-{step - 2}.bin"))

@@ -166,14 +166,19 @@ def bench_raw_write(loops: int, data: bytes, directory: str) -> float:
     path = os.path.join(directory, "raw.bin")
     start = time.perf_counter()
     for _ in range(loops):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        view = memoryview(data)
-        written = 0
-        while written < len(view):
-            written += os.write(fd, view[written:])
-        os.fsync(fd)
-        os.close(fd)
+        write_fsync(path, data)
     return time.perf_counter() - start
+
+
+def write_fsync(path: str, data: Any) -> None:
+    """The raw reference: ``write`` all of ``data`` to ``path`` (truncated), then ``fsync``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    view = memoryview(data)
+    written = 0
+    while written < len(view):
+        written += os.write(fd, view[written:])
+    os.fsync(fd)
+    os.close(fd)
 
 
 def bench_raw_upload(loops: int, data: bytes, endpoint_url: str) -> float:
