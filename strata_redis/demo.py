@@ -173,6 +173,9 @@ def run_demo(
         if checkpoint_path is None:
             checkpoint_path = tempfile.mkdtemp(prefix="strata-demo-checkpoints-")
             stack.callback(shutil.rmtree, checkpoint_path, ignore_errors=True)
+            stack.callback(
+                say, "temporary checkpoint directory removed (--checkpoint-path keeps one)"
+            )
         cfg = {
             "interval": heartbeat_interval, "timeout": heartbeat_timeout, "epochs": 3,
             "lease_ttl": 5.0, "work_s": 0.04, "barrier_timeout": 60.0,
