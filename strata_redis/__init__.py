@@ -1,6 +1,6 @@
 """strata_redis: coordination for distributed ML training through Redis."""
 
-from .barrier import LIVE, Barrier, BarrierLatency, BarrierState, Release
+from .barrier import LIVE, Barrier, BarrierState, Release
 from .checkpoint import CheckpointManager, SaveFuture
 from .datasets import ShardManager
 from .errors import (
@@ -28,6 +28,7 @@ from .errors import (
 )
 from .job import Job, connect
 from .keys import Keys
+from .latency import BarrierLatency
 from .leases import EpochProgress, Lease, ShardLeases
 from .manifest import CheckpointInfo, FileEntry
 from .reader import CheckpointSkippedWarning, LoadedCheckpoint

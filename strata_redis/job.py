@@ -17,7 +17,8 @@ from .validate import check_id, check_int, check_seconds
 from .workers import Worker, WorkerInfo
 
 if TYPE_CHECKING:
-    from .barrier import Barrier, BarrierLatency
+    from .barrier import Barrier
+    from .latency import BarrierLatency
     from .leases import ShardLeases
 
 JOB_ENV = "STRATA_JOB_ID"
@@ -259,7 +260,7 @@ class Job:
 
     def barrier_latencies(self, count: int = 1000) -> list[BarrierLatency]:
         """The newest barrier releases with their release latency, oldest first."""
-        from .barrier import barrier_latencies
+        from .latency import barrier_latencies
 
         return barrier_latencies(self, count)
 

@@ -175,7 +175,8 @@ def test_fifty_processes_twenty_rounds(redis_url: str, raw: redis.Redis) -> None
         assert {row[3] for row in rows} == {n}
         assert max(row[4] for row in rows) <= min(row[5] for row in rows)
     latencies = strata_redis.connect(redis_url, JOB).barrier_latencies()
-    assert [x.generation for x in latencies] == [first + r for r in range(rounds)]
+    # each release is recorded once; records of different processes may land out of order
+    assert sorted(x.generation for x in latencies) == [first + r for r in range(rounds)]
     assert all(x.participants == n and x.release_ms >= 0 for x in latencies)
 
 
