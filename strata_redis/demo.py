@@ -250,15 +250,21 @@ def _epoch0(
     leases = job.leases(DATASET, 0, victim)
     inbox.wait("a quarter of epoch 0", lambda: leases.progress().done >= num_shards // 4, 60)
     held: list[int] = []
+    pid = procs[victim].pid or 0
 
-    def holding() -> bool:  # kill it mid-shard, not in the instant between two leases
+    def holding() -> bool:
+        # Kill it mid-shard, not in the instant between two leases: stop it, look at what
+        # it holds (nothing can change while it is stopped), and let it go on if nothing.
+        os.kill(pid, signal.SIGSTOP)
         holders = job.client.hgetall(leases.keys.holders)
         held[:] = sorted(int(s) for s, v in holders.items() if v.split(" ", 3)[3] == victim)
+        if not held:
+            os.kill(pid, signal.SIGCONT)
         return bool(held)
 
     inbox.wait(f"{victim} to hold a lease", holding, 30)
     say(f"  progress: {leases.progress().done}/{num_shards} shards; {victim} holds {held}")
-    say(f"  kill -9 {victim} (pid {procs[victim].pid}) mid-shard: no goodbye, no release")
+    say(f"  kill -9 {victim} (pid {pid}) mid-shard: no goodbye, no release")
     _kill(procs, victim)
 
     def failed() -> bool:
