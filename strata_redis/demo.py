@@ -29,7 +29,7 @@ import numpy as np
 
 from .checkpoint import CheckpointManager
 from .datasets import ShardManager
-from .errors import BarrierBrokenError, CheckpointAbortedError
+from .errors import BarrierBrokenError, StrataError
 from .job import Job, connect
 from .server import RedisServer
 
@@ -100,8 +100,8 @@ def _save(job: Job, worker_id: str, cfg: dict[str, Any], epoch: int, out: Any) -
         try:
             info = future.result()
             out.put(("saved", worker_id, step, info.world_size))
-        except CheckpointAbortedError as err:
-            out.put(("save-aborted", worker_id, step, str(err)))
+        except StrataError as err:  # aborted (or refused): the main process tells the story
+            out.put(("save-aborted", worker_id, step, f"{type(err).__name__}: {err}"))
 
 
 # -- the story, told by the main process ----------------------------------------------------
@@ -180,7 +180,7 @@ def run_demo(
             "interval": heartbeat_interval, "timeout": heartbeat_timeout, "epochs": 3,
             "lease_ttl": 5.0, "work_s": 0.04, "barrier_timeout": 60.0,
             "victim": ids[-1], "straggler": ids[0], "save_victim": ids[-2],
-            "part_mb": 8, "victim_part_mb": 384, "checkpoint_path": checkpoint_path,
+            "part_mb": 8, "victim_part_mb": 768, "checkpoint_path": checkpoint_path,
         }  # fmt: skip
         return _run(redis_url, job_id, ids, cfg)
 
@@ -336,8 +336,14 @@ def _mid_save(
     job: Job, inbox: _Inbox, procs: dict[str, BaseProcess], victim: str, timeout: float
 ) -> list[tuple[str, bool]]:
     say(f"\n== 4. checkpoint of epoch 2 (step 200): kill -9 {victim} in the middle of its upload")
-    step_key = job.keys.checkpoint_step(200)
+    step_key, acks_key = job.keys.checkpoint_step(200), job.keys.checkpoint_acks(200)
+    pid = procs[victim].pid or 0
     inbox.wait(f"{victim}'s upload", lambda: victim in job.client.hvals(step_key), 60)
+    os.kill(pid, signal.SIGSTOP)  # frozen mid-upload: check it has not acked yet
+    if any(victim in v for v in job.client.hvals(acks_key)):
+        os.kill(pid, signal.SIGCONT)
+        say(f"  {victim} finished its upload before it could be stopped: nothing to show")
+        return [(f"{victim} killed mid-save", False)]
     _kill(procs, victim)
     killed = time.monotonic()
     others = [w for w in procs if procs[w].is_alive()]
