@@ -71,14 +71,19 @@ def bench_local_read(loops: int, data: bytes, directory: str) -> float:
 
 
 # -- S3 ------------------------------------------------------------------------------------
-def bench_s3_write(loops: int, data: bytes, endpoint_url: str) -> float:
+def _s3_storage(endpoint_url: str) -> S3Storage:
+    """The bucket (created if needed) behind an S3Storage tuned like the raw reference."""
     client = s3_client(endpoint_url)
     create_bucket(client)
     client.close()
-    storage = S3Storage(
+    return S3Storage(
         BUCKET, "us-east-1", endpoint_url, "strata", max_concurrency=CONCURRENCY,
         multipart_threshold=PART_SIZE, part_size=PART_SIZE,
     )  # fmt: skip
+
+
+def bench_s3_write(loops: int, data: bytes, endpoint_url: str) -> float:
+    storage = _s3_storage(endpoint_url)
     start = time.perf_counter()
     for _ in range(loops):
         storage.write("step_1/model.bin", data)
@@ -103,13 +108,7 @@ def bench_raw_download(loops: int, data: bytes, endpoint_url: str) -> float:
 
 
 def bench_s3_read(loops: int, data: bytes, endpoint_url: str) -> float:
-    client = s3_client(endpoint_url)
-    create_bucket(client)
-    client.close()
-    storage = S3Storage(
-        BUCKET, "us-east-1", endpoint_url, "strata", max_concurrency=CONCURRENCY,
-        multipart_threshold=PART_SIZE, part_size=PART_SIZE,
-    )  # fmt: skip
+    storage = _s3_storage(endpoint_url)
     storage.write("step_1/read.bin", data)
     start = time.perf_counter()
     for _ in range(loops):
