@@ -1,26 +1,67 @@
--- acquire_shard: lease one shard of a (dataset, epoch) to a live worker: the first of its
--- own candidates still in the pool, else (if allowed) the pool's highest-priority shard
+-- acquire_shard: the lease hand-off. Optionally record the shard the caller just finished,
+-- then (optionally) lease it the next one: one round trip per shard in a draining loop.
+-- Completing records a shard as done, exactly once, for the holder of its current lease. A
+-- stale token (the lease was taken back or re-granted) is refused, so a paused worker
+-- cannot record a shard another worker now owns; repeating a successful completion with the
+-- same token (a retry after a network error) succeeds without recording twice. Completing
+-- does not ask for liveness: a lease not yet taken back is still its holder's.
+-- Acquiring leases one shard of a (dataset, epoch) to a live worker: the first of its own
+-- candidates still in the pool, else (if allowed) the pool's highest-priority shard
 -- (stealing another worker's unstarted shard). Before choosing, expired leases, and leases
 -- of workers that are no longer live (checked once per membership generation), go back
 -- to the pool. Every grant carries a new fencing token from a counter that never expires.
 -- KEYS[1] = epoch meta HASH   KEYS[2] = todo ZSET      KEYS[3] = holders HASH
 -- KEYS[4] = expiry ZSET       KEYS[5] = done HASH      KEYS[6] = fence STRING
 -- KEYS[7] = heartbeats ZSET   KEYS[8] = status HASH    KEYS[9] = generation STRING
--- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms   ARGV[3] = "1" to steal, else "0"
--- ARGV[4..] = the worker's own candidate shard ids, in its order
--- returns {0, shard id, token, expires_ms, candidates consumed}
+-- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms
+-- ARGV[3] = "1" acquire, stealing if need be | "0" acquire own shards only | "" do not acquire
+-- ARGV[4] = shard id to complete first, or "" for none   ARGV[5] = its fencing token
+-- ARGV[6..] = the worker's own candidate shard ids, in its order
+-- returns, completing only: {0, 1} recorded now | {0, 0} already recorded with this token
+--       | {20} LEASE_LOST
+-- returns, acquiring only: {0, shard id, token, expires_ms, candidates consumed}
 --       | {0, -1, shards done, shards leased, candidates consumed}: nothing to lease now
 --       | {0, -2}: the epoch was not initialized (call init_epoch first)
 --       | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT: only live workers lease
+-- returns, both: {0, completion, <acquire reply without its leading 0>} where completion is
+--       1 recorded now | 0 already recorded | -1 lease lost; a worker that may not lease
+--       gets {0, completion, -3, status code}
 local id = ARGV[1]
+local completion
+if ARGV[4] ~= '' then
+  local shard, token = ARGV[4], ARGV[5]
+  local held = redis.call('HGET', KEYS[3], shard)
+  if held and string.match(held, '^(%d+) ') == token then
+    redis.call('HSET', KEYS[5], shard, token .. ' ' .. id)
+    redis.call('HDEL', KEYS[3], shard)
+    redis.call('ZREM', KEYS[4], shard)
+    completion = 1
+  else
+    local done = redis.call('HGET', KEYS[5], shard)
+    if done and string.match(done, '^(%d+) ') == token then completion = 0 else completion = -1 end
+  end
+  if ARGV[3] == '' then
+    if completion < 0 then return {20} end
+    return {0, completion}
+  end
+end
+
+-- the acquire reply, with the completion outcome after the status when there was one
+local function answer(reply)
+  if completion == nil then return reply end
+  if reply[1] ~= 0 then return {0, completion, -3, reply[1]} end
+  table.insert(reply, 2, completion)
+  return reply
+end
+
 if not redis.call('ZSCORE', KEYS[7], id) then
   local status = redis.call('HGET', KEYS[8], id)
-  if not status then return {1} end
-  if status == 'failed' then return {3} end
-  return {4}
+  if not status then return answer({1}) end
+  if status == 'failed' then return answer({3}) end
+  return answer({4})
 end
 local swept = redis.call('HGET', KEYS[1], 'swept')
-if not swept then return {0, -2} end
+if not swept then return answer({0, -2}) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -48,12 +89,12 @@ if swept ~= gen then
 end
 
 local pick, prio
-local consumed = #ARGV - 3
-for i = 4, #ARGV do
+local consumed = #ARGV - 5
+for i = 6, #ARGV do
   prio = redis.call('ZSCORE', KEYS[2], ARGV[i])
   if prio then
     pick = ARGV[i]
-    consumed = i - 3
+    consumed = i - 5
     break
   end
 end
@@ -62,11 +103,11 @@ if not pick and ARGV[3] == '1' then
   if #top > 0 then pick, prio = top[1], top[2] end
 end
 if not pick then
-  return {0, -1, redis.call('HLEN', KEYS[5]), redis.call('HLEN', KEYS[3]), consumed}
+  return answer({0, -1, redis.call('HLEN', KEYS[5]), redis.call('HLEN', KEYS[3]), consumed})
 end
 redis.call('ZREM', KEYS[2], pick)
 local token = redis.call('INCR', KEYS[6])
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[3], pick, token .. ' ' .. expires .. ' ' .. prio .. ' ' .. id)
 redis.call('ZADD', KEYS[4], expires, pick)
-return {0, tonumber(pick), token, expires, consumed}
+return answer({0, tonumber(pick), token, expires, consumed})

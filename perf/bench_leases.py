@@ -2,10 +2,18 @@
 
     python perf/bench_leases.py -o perf/results/leases.json
 
-One operation = take a lease and give it back: for strata, ``acquire`` + ``complete`` of a
-shard (two EVALSHA round trips, fenced, recorded exactly once); for raw redis-py, the same
-two round trips as ``SET NX PX`` + ``DEL``; for redis-py's ``Lock`` and python-redis-lock,
-``acquire`` + ``release``. Each runs on one connection, and again from 4 processes at once.
+One operation = take a lease and give it back:
+
+- strata, the training loop (``for lease in leases: lease.complete()``): each ``complete``
+  records the shard and leases the next one in one EVALSHA round trip (fenced, recorded
+  exactly once);
+- strata, ``acquire()`` + ``complete()`` called by hand: two EVALSHA round trips;
+- raw redis-py: ``SET NX PX`` + ``DEL``, two round trips; and the same two commands in one
+  pipelined round trip (``DEL`` of the last key + ``SET NX`` of the next), which is what
+  the loop's single round trip is up against;
+- redis-py's ``Lock`` and python-redis-lock: ``acquire`` + ``release``.
+
+Each runs on one connection, and again from 4 processes at once.
 """
 
 from __future__ import annotations
@@ -24,10 +32,13 @@ from strata_redis.datasets import ShardManager
 
 PROCESSES = 4
 RATIOS = [
+    ("raw SET NX + DEL", "strata lease loop"),
+    ("raw SET NX + DEL pipelined", "strata lease loop"),
     ("raw SET NX + DEL", "strata lease acquire + complete"),
     ("raw SET NX + DEL", "redis-py Lock acquire + release"),
     ("raw SET NX + DEL", "python-redis-lock acquire + release"),
-    ("raw SET NX + DEL x4 processes", "strata lease acquire + complete x4 processes"),
+    ("raw SET NX + DEL x4 processes", "strata lease loop x4 processes"),
+    ("raw SET NX + DEL pipelined x4 processes", "strata lease loop x4 processes"),
 ]
 
 
@@ -41,15 +52,43 @@ def raw_ops(loops: int, url: str, tag: str) -> float:
     return time.perf_counter() - start
 
 
-def lease_ops(loops: int, url: str, tag: str) -> float:
+def raw_pipelined_ops(loops: int, url: str, tag: str) -> float:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    keys = [f"bench:{{raw}}:{tag}:{i % 2}" for i in range(2)]
+    client.set(keys[1], "1")
+    start = time.perf_counter()
+    for i in range(loops):
+        with client.pipeline(transaction=False) as pipe:
+            pipe.delete(keys[(i + 1) % 2])  # give back the last one ...
+            pipe.set(keys[i % 2], "1", nx=True, px=30_000)  # ... and take the next
+            pipe.execute()
+    return time.perf_counter() - start
+
+
+def fresh_epoch(loops: int, url: str, tag: str) -> strata_redis.ShardLeases:
+    """A fresh epoch of ``loops`` shards for one worker, its pool created beforehand."""
     job = strata_redis.connect(url, "bench-leases", heartbeat_timeout=3600)
     worker = f"worker-{tag}"
     job.register_worker(worker, replace=True, heartbeat_interval=None)
-    # A fresh epoch of `loops` shards, its pool created before the clock starts.
     params = ShardManager(job).register_dataset_params(f"bench-{tag}-{loops}", loops, 1)
     epoch = int(job.client.incr("bench:{leases}:epoch"))  # fresh in every process
     leases = strata_redis.ShardLeases(job, params, epoch, worker)
     leases._prepare()
+    return leases
+
+
+def loop_ops(loops: int, url: str, tag: str) -> float:
+    leases = fresh_epoch(loops, url, tag)
+    start = time.perf_counter()
+    done = 0
+    for lease in leases:
+        done += lease.complete()
+    assert done == loops
+    return time.perf_counter() - start
+
+
+def lease_ops(loops: int, url: str, tag: str) -> float:
+    leases = fresh_epoch(loops, url, tag)
     start = time.perf_counter()
     for _ in range(loops):
         lease = leases.acquire()
@@ -83,7 +122,9 @@ def _one(args: tuple[str, str, int, str]) -> float:
     return OPS[name](loops, url, tag)
 
 
-OPS: dict[str, Callable[[int, str, str], float]] = {"raw": raw_ops, "lease": lease_ops}
+OPS: dict[str, Callable[[int, str, str], float]] = {
+    "raw": raw_ops, "pipelined": raw_pipelined_ops, "loop": loop_ops,
+}  # fmt: skip
 
 
 def in_processes(name: str) -> Callable[[int, str], float]:
@@ -107,10 +148,13 @@ if __name__ == "__main__":
     runner = make_runner()
     url = runner.args.redis_url
     runner.bench_time_func("raw SET NX + DEL", raw_ops, url, "one")
+    runner.bench_time_func("raw SET NX + DEL pipelined", raw_pipelined_ops, url, "one")
+    runner.bench_time_func("strata lease loop", loop_ops, url, "one")
     runner.bench_time_func("strata lease acquire + complete", lease_ops, url, "one")
     runner.bench_time_func("redis-py Lock acquire + release", redispy_lock_ops, url, "one")
     runner.bench_time_func("python-redis-lock acquire + release", python_redis_lock_ops, url, "one")
     runner.bench_time_func("raw SET NX + DEL x4 processes", in_processes("raw"), url)
     runner.bench_time_func(
-        "strata lease acquire + complete x4 processes", in_processes("lease"), url
+        "raw SET NX + DEL pipelined x4 processes", in_processes("pipelined"), url
     )
+    runner.bench_time_func("strata lease loop x4 processes", in_processes("loop"), url)

@@ -22,6 +22,7 @@ import numpy as np
 import redis
 
 from .errors import LeaseLostError
+from .scripts import LEASE_LOST, check
 from .sharding import DatasetParams, Shard, assignment, shard_order
 from .validate import check_id, check_int, check_seconds
 
@@ -130,6 +131,8 @@ class ShardLeases:
         self._prepared = False
         self._own: list[int] = []
         self._held: dict[int, Lease] = {}
+        self._next: Lease | None = None  # leased by the last complete(), for acquire()
+        self._iterating = False
         # Serializes renewals (renewer thread) with completions and releases (the loop),
         # so a lease completed a moment ago is never reported lost by its renewal.
         self._lock = threading.RLock()
@@ -171,23 +174,36 @@ class ShardLeases:
     def acquire(self) -> Lease | None:
         """Lease the next shard: own shards first, then (if ``steal``) others' unstarted ones.
 
+        Inside iteration, the previous ``complete()`` already leased it in the same round
+        trip; it is returned without another.
+
         Returns:
             The lease, or None when nothing can be leased now (all done, or all leased).
 
         Raises:
             WorkerNotRegisteredError, WorkerFailedError, WorkerLeftError: not a live worker.
         """
+        with self._lock:
+            lease, self._next = self._next, None
+        if lease is not None and lease.lost is None and not lease.finished:
+            return lease
         if not self._prepared:
             self._prepare()
-        args = [*self._acquire_args, *self._own[:CANDIDATES]]
+        args = [*self._acquire_args, "", "", *self._own[:CANDIDATES]]
         reply = self.job.scripts.run("acquire_shard", self._acquire_keys, args, self._context)
-        shard_id = int(reply[0])
-        if shard_id == -2:  # the pool was removed (expired record): create it again
+        if int(reply[0]) == -2:  # the pool was removed (expired record): create it again
             self._prepared = False
             return self.acquire()
-        del self._own[: int(reply[-1])]
-        if shard_id == -1:
+        return self._granted(reply)
+
+    def _granted(self, reply: list[Any]) -> Lease | None:
+        """The lease in an acquire reply (shard, token, expires, consumed), if any."""
+        shard_id = int(reply[0])
+        if shard_id < 0:
+            if shard_id == -1:
+                del self._own[: int(reply[-1])]
             return None
+        del self._own[: int(reply[-1])]
         lease = Lease(self.params.shard(shard_id, self.epoch), int(reply[1]), int(reply[2]), self)
         with self._lock:
             self._held[shard_id] = lease
@@ -214,24 +230,36 @@ class ShardLeases:
         """Record ``lease``'s shard as done. Returns whether this call recorded it (False for
         a repeated call with the same token, which records nothing twice).
 
+        Inside iteration, the same round trip also leases the next shard (the loop's next
+        ``acquire`` then costs nothing), even when this completion is refused.
+
         Raises:
             LeaseLostError: stale token; the shard is someone else's now.
         """
         if lease.lost is not None:
             raise lease.lost
-        k = self.keys
         with self._lock:
+            prefetch = self._iterating and self._next is None and self._prepared
+            if prefetch:
+                args = [*self._acquire_args, lease.shard_id, lease.token,
+                        *self._own[:CANDIDATES]]  # fmt: skip
+            else:
+                args = [self.worker_id, 0, "", lease.shard_id, lease.token]
+
+            def context() -> dict[str, Any]:
+                return self._context(lease.shard_id, lease.token)
+
             try:
-                (recorded,) = self.job.scripts.run(
-                    "complete_shard", [k.holders, k.expiry, k.done],
-                    [lease.shard_id, lease.token, self.worker_id],
-                    lambda: self._context(lease.shard_id, lease.token),
-                )  # fmt: skip
+                reply = self.job.scripts.run("acquire_shard", self._acquire_keys, args, context)
+                if prefetch:
+                    self._next = self._granted(reply[1:])
+                    if int(reply[0]) < 0:  # refused, but the next lease is ours
+                        check([LEASE_LOST], context)  # raises LeaseLostError
             except LeaseLostError as exc:
                 self._forget(lease, lost=exc)
                 raise
             self._forget(lease)
-        return bool(recorded)
+        return int(reply[0]) == 1
 
     def release(self, lease: Lease) -> None:
         """Give ``lease``'s shard back to the pool, not completed.
@@ -290,6 +318,7 @@ class ShardLeases:
         back to the pool, with a warning. Leaving the loop early releases what is held.
         """
         self._start_renewer()
+        self._iterating = True
         wait_ms = max(10, min(1000, int(self.ttl * 250)))
         last_id = "$"
         try:
@@ -319,6 +348,8 @@ class ShardLeases:
         finally:
             self._stop_renewer()
             with self._lock:
+                self._iterating = False
+                self._next = None
                 held = list(self._held.values())
             for lease in held:
                 try:

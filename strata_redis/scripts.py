@@ -34,6 +34,9 @@ def _worker(cls: type[errors.WorkerError], what: str) -> Callable[[Context], err
     return make
 
 
+#: the status of a refused lease (a stale fencing token), also raised from a hand-off's reply
+LEASE_LOST = 20
+
 #: status code -> a factory building the exception from the caller's context.
 STATUS: dict[int, Callable[[Context], errors.StrataError]] = {
     1: _worker(errors.WorkerNotRegisteredError, "is not registered"),
@@ -58,7 +61,7 @@ STATUS: dict[int, Callable[[Context], errors.StrataError]] = {
         barrier=c["barrier"],
     ),
     # 20-29: shard leases
-    20: lambda c: errors.LeaseLostError(
+    LEASE_LOST: lambda c: errors.LeaseLostError(
         f"lease on shard {c['shard_id']} of dataset {c['dataset']!r} epoch {c['epoch']} "
         f"(token {c['token']}) was lost: it expired and was taken back, or was re-granted",
         job_id=c["job_id"],

@@ -223,6 +223,81 @@ def test_fencing_tokens_only_grow(job: strata_redis.Job) -> None:
     assert tokens == sorted(tokens) and len(set(tokens)) == 30
 
 
+def evalsha_calls(raw: redis.Redis) -> int:
+    """Scripts run so far (a NOSCRIPT refusal, answered by loading and re-sending, is none)."""
+    stats = raw.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
+
+
+def test_loop_completes_and_leases_the_next_shard_in_one_round_trip(
+    job: strata_redis.Job, raw: redis.Redis
+) -> None:
+    ShardManager(job).register_dataset_params("ds", 400, 10)  # 40 shards
+    job.register_worker("w", heartbeat_interval=None)
+    leases = job.leases("ds", 0, "w")
+    before = evalsha_calls(raw)
+    tokens = []
+    for lease in leases:
+        tokens.append(lease.token)
+        assert lease.complete() is True
+    # init_epoch + the first acquire + one hand-off per shard + the acquire that finds none
+    assert evalsha_calls(raw) - before == 40 + 3
+    assert tokens == sorted(tokens) and len(tokens) == 40
+    assert sorted(leases.completions()) == list(range(40))
+
+
+def test_refused_completion_in_the_loop_still_hands_over_the_next_shard(
+    job: strata_redis.Job,
+) -> None:
+    ShardManager(job).register_dataset_params("ds", 50, 10)  # 5 shards
+    job.register_worker("w", heartbeat_interval=0.5)
+    job.register_worker("x", heartbeat_interval=0.5)
+    leases = job.leases("ds", 0, "w", ttl=600)
+    got: list[tuple[int, int]] = []
+    for lease in leases:
+        got.append((lease.shard_id, lease.token))
+        if len(got) == 2:  # re-granted to x meanwhile, and x's lease has already expired
+            job.client.hset(leases.keys.holders, str(lease.shard_id), "999999 0 0 x")
+            job.client.zadd(leases.keys.expiry, {str(lease.shard_id): 0})
+            with pytest.raises(strata_redis.LeaseLostError):
+                lease.complete()
+            continue
+        assert lease.complete() is True
+    refused, token = got[1]
+    again = [t for s, t in got if s == refused]
+    assert len(got) == 6 and again == [token, again[1]] and again[1] > token, (
+        "the loop went on; the refused shard came back to the pool and was leased again"
+    )
+    record = leases.completions()
+    assert sorted(record) == list(range(5)) and record[refused] == ("w", again[1])
+
+
+def test_leaving_the_loop_gives_back_the_shard_leased_ahead(job: strata_redis.Job) -> None:
+    ShardManager(job).register_dataset_params("ds", 50, 10)
+    job.register_worker("w", heartbeat_interval=None)
+    leases = job.leases("ds", 0, "w", ttl=600)
+    for lease in leases:
+        lease.complete()  # also leases the next shard ...
+        break  # ... which leaving the loop gives back
+    progress = leases.progress()
+    assert (progress.done, progress.leased, progress.todo) == (1, 0, 4)
+
+
+def test_worker_failed_mid_loop_keeps_its_completion_and_stops_leasing(
+    job: strata_redis.Job,
+) -> None:
+    ShardManager(job).register_dataset_params("ds", 50, 10)
+    job.register_worker("w", heartbeat_interval=None)
+    loop = iter(job.leases("ds", 0, "w", ttl=600))
+    lease = next(loop)
+    job.client.zadd(job.keys.heartbeats, {"w": 0})
+    assert job.reap() == ["w"]
+    assert lease.complete() is True  # its lease was not yet taken back: the record stands
+    with pytest.raises(strata_redis.WorkerFailedError):
+        next(loop)
+    assert job.leases("ds", 0, "x").completions() == {lease.shard_id: ("w", lease.token)}
+
+
 # -- the dataset registry and bad input -------------------------------------------------------
 
 
