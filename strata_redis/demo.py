@@ -14,14 +14,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
-import queue
 import shutil
 import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -49,16 +50,19 @@ def say(text: str = "") -> None:
 
 
 def _worker_main(
-    url: str, job_id: str, worker_id: str, cfg: dict[str, Any], out: Any, go: Any
+    url: str, job_id: str, worker_id: str, cfg: dict[str, Any], out: Connection, go: Any
 ) -> None:
-    """A demo worker: register, drain each epoch through leases, meet at the epoch barrier."""
+    """A demo worker: register, drain each epoch through leases, meet at the epoch barrier.
+
+    It tells the main process what happens on ``out``, its own pipe (see ``_Inbox``).
+    """
     logging.basicConfig(level=logging.ERROR)  # the main process tells the story
     job = connect(url, job_id, heartbeat_timeout=cfg["timeout"])
     worker = job.register_worker(
         worker_id, host=os.uname().nodename, address=f"127.0.0.1:{29500 + os.getpid() % 1000}",
         gpu_count=8, labels={"role": "demo"}, heartbeat_interval=cfg["interval"],
     )  # fmt: skip
-    out.put(("ready", worker_id))
+    out.send(("ready", worker_id))
     go.wait(120)
     worker.set_status("training")
     epoch = job.current_epoch()
@@ -66,18 +70,18 @@ def _worker_main(
         for lease in job.leases(DATASET, epoch, worker_id, ttl=cfg["lease_ttl"]):
             time.sleep(cfg["work_s"])  # "train" on lease.indices()
             if lease.complete():
-                out.put(("done", worker_id, epoch, lease.shard_id, lease.token))
+                out.send(("done", worker_id, epoch, lease.shard_id, lease.token))
         if worker_id == cfg["straggler"] and epoch == 1:
-            out.put(("straggling", worker_id))
+            out.send(("straggling", worker_id))
             time.sleep(STRAGGLE_S)
         while True:
             try:
                 new = job.advance_epoch(worker_id, timeout=cfg["barrier_timeout"])
                 break
             except BarrierBrokenError as err:
-                out.put(("broken", worker_id, epoch, err.culprit, err.reason))
+                out.send(("broken", worker_id, epoch, err.culprit, err.reason))
                 job.epoch_barrier().reset(err.generation)
-        out.put(("epoch", worker_id, new))
+        out.send(("epoch", worker_id, new))
         epoch = new
         worker.set_status("checkpointing")
         _save(job, worker_id, cfg, epoch, out)
@@ -85,7 +89,7 @@ def _worker_main(
     worker.deregister()
 
 
-def _save(job: Job, worker_id: str, cfg: dict[str, Any], epoch: int, out: Any) -> None:
+def _save(job: Job, worker_id: str, cfg: dict[str, Any], epoch: int, out: Connection) -> None:
     """Save this worker's part of the epoch's checkpoint (rank = place among the live)."""
     live = job.live_workers()
     rank, step = live.index(worker_id), epoch * 100
@@ -96,12 +100,12 @@ def _save(job: Job, worker_id: str, cfg: dict[str, Any], epoch: int, out: Any) -
         world_size=len(live), commit_timeout=60,
     ) as ckpt:  # fmt: skip
         future = ckpt.save(data, step=step, epoch=epoch, copy=False)
-        out.put(("saving", worker_id, step))
+        out.send(("saving", worker_id, step))
         try:
             info = future.result()
-            out.put(("saved", worker_id, step, info.world_size))
+            out.send(("saved", worker_id, step, info.world_size))
         except StrataError as err:  # aborted (or refused): the main process tells the story
-            out.put(("save-aborted", worker_id, step, f"{type(err).__name__}: {err}"))
+            out.send(("save-aborted", worker_id, step, f"{type(err).__name__}: {err}"))
 
 
 # -- the story, told by the main process ----------------------------------------------------
@@ -127,17 +131,42 @@ def _table(job: Job) -> None:
 
 
 class _Inbox:
-    """Messages from the workers, kept by kind."""
+    """Messages from the workers, in the order they are read; one pipe per worker.
 
-    def __init__(self, q: Any) -> None:
-        self.q = q
+    Each worker writes to a pipe of its own, from one thread, with no lock shared with
+    any other process: the demo kills workers with SIGKILL at arbitrary points, and a worker
+    killed in the middle of a send can break only its own channel. (A single shared
+    ``multiprocessing.Queue`` would not do: its writers' feeder threads share one lock, and a
+    worker killed while holding it silently blocks every other worker's messages for good.)
+    """
+
+    def __init__(self) -> None:
+        self.readers: dict[Connection, str] = {}
         self.seen: list[tuple[Any, ...]] = []
 
+    def channel(self, worker_id: str) -> Connection:
+        """A new pipe for ``worker_id``; returns its write end, for the worker."""
+        reader, writer = CTX.Pipe(duplex=False)
+        self.readers[reader] = worker_id
+        return writer
+
     def drain(self, timeout: float = 0.05) -> None:
-        with contextlib.suppress(queue.Empty):
-            self.seen.append(self.q.get(timeout=timeout))
-            while True:
-                self.seen.append(self.q.get_nowait())
+        if not self.readers:
+            time.sleep(timeout)
+            return
+        for ready in multiprocessing.connection.wait(list(self.readers), timeout):
+            assert isinstance(ready, Connection)
+            try:
+                while ready.poll():
+                    self.seen.append(ready.recv())
+            except (EOFError, OSError):  # the worker is gone (exited or killed)
+                self.close(ready)
+
+    def close(self, reader: Connection | None = None) -> None:
+        """Close ``reader``'s pipe, or every pipe."""
+        for conn in [reader] if reader is not None else list(self.readers):
+            conn.close()
+            self.readers.pop(conn, None)
 
     def of(self, kind: str) -> list[tuple[Any, ...]]:
         return [m for m in self.seen if m[0] == kind]
@@ -146,7 +175,12 @@ class _Inbox:
         start = time.monotonic()
         while not predicate():
             if time.monotonic() - start > timeout:
-                raise TimeoutError(f"demo: {what} did not happen within {timeout}s")
+                recent = "".join(f"\n  {m!r}" for m in self.seen[-12:]) or " none"
+                raise TimeoutError(
+                    f"demo: {what} did not happen within {timeout}s; the workers' latest "
+                    f"messages (of {len(self.seen)}; pipes still open: "
+                    f"{sorted(self.readers.values())}):{recent}"
+                )
             self.drain()
         return time.monotonic() - start
 
@@ -198,16 +232,18 @@ def _run(redis_url: str | None, job_id: str, ids: list[str], cfg: dict[str, Any]
         say(f"\n== 1. {workers} worker processes register and heartbeat (job {job_id!r})")
         say(f"  dataset {DATASET!r}: {params.total_samples} samples in {params.num_shards} "
             f"shards of {params.samples_per_shard}, shuffled per epoch (seed 42)")  # fmt: skip
-        inbox = _Inbox(CTX.Queue())
+        inbox = _Inbox()
         go = CTX.Event()
         procs: dict[str, BaseProcess] = {}
-        for wid in ids:
-            proc: BaseProcess = CTX.Process(
-                target=_worker_main, args=(url, job_id, wid, cfg, inbox.q, go), daemon=True
-            )
-            proc.start()
-            procs[wid] = proc
         try:
+            for wid in ids:
+                writer = inbox.channel(wid)
+                proc: BaseProcess = CTX.Process(
+                    target=_worker_main, args=(url, job_id, wid, cfg, writer, go), daemon=True
+                )
+                proc.start()
+                writer.close()  # the worker has its copy: its pipe ends when it does
+                procs[wid] = proc
             inbox.wait("registration", lambda: len(inbox.of("ready")) == workers, 120)
             _table(job)
             say(f"  membership generation: {job.membership_generation()}")
@@ -225,6 +261,7 @@ def _run(redis_url: str | None, job_id: str, ids: list[str], cfg: dict[str, Any]
                 if proc.is_alive():
                     proc.kill()
                     proc.join(10)
+            inbox.close()
         say("\n== summary")
         statuses = {w.worker_id: w.status for w in job.workers()}
         say(f"  workers: {', '.join(f'{k}={v}' for k, v in sorted(statuses.items()))}")
