@@ -197,13 +197,15 @@ class ShardLeases:
         return self._granted(reply)
 
     def _granted(self, reply: list[Any]) -> Lease | None:
-        """The lease in an acquire reply (shard, token, expires, consumed), if any."""
+        """The lease in an acquire reply (shard, token, expires, consumed), if any.
+
+        -1: nothing to lease now; -2: no pool (``acquire`` creates it); -3: not a live worker.
+        """
         shard_id = int(reply[0])
+        if shard_id >= -1:  # the own candidates the script looked at are spent
+            del self._own[: int(reply[-1])]
         if shard_id < 0:
-            if shard_id == -1:
-                del self._own[: int(reply[-1])]
             return None
-        del self._own[: int(reply[-1])]
         lease = Lease(self.params.shard(shard_id, self.epoch), int(reply[1]), int(reply[2]), self)
         with self._lock:
             self._held[shard_id] = lease
