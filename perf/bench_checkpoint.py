@@ -99,9 +99,8 @@ def _manager(kind: str, where: str, redis_url: str) -> CheckpointManager:
         if kind != "s3":
             # Leave the disk as this worker process found it: its last steps (keep_count)
             # would otherwise pile up over pyperf's worker processes (each is its own job),
-            # and every later save would land on blocks never written before, which costs
-            # several times a rewrite on a thin-provisioned disk; the raw references reuse
-            # their files, so without this the comparison would not be like for like.
+            # so the data on disk would keep growing (the slow case, see bench_save) while
+            # the raw references reuse their files: not like for like.
             atexit.register(_remove_job, manager, os.path.join(where, "ckpt"))
     cached: CheckpointManager = _CACHE[kind]
     return cached
