@@ -97,7 +97,8 @@ if #fails > 0 then
 end
 
 local n = redis.call('SCARD', KEYS[2])
-if expected == 'live' and #missing() == 0 and n > 0 then
+-- every live worker has arrived; the count comparison keeps this O(1) until it can hold
+if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and #missing() == 0 then
   local counter = '-'
   if KEYS[9] then counter = redis.call('INCR', KEYS[9]) end
   local t = redis.call('TIME')

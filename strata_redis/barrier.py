@@ -268,10 +268,10 @@ class Barrier:
         """
         arg = "" if generation is None else check_int("generation", generation, low=1, high=2**53)
         while True:
-            reply = self.job.scripts["reset_barrier"](
-                keys=[self._state, self._arrived], args=[arg, self._ttl_ms(self.timeout)]
-            )
-            current, what = check(reply, self._context(""))
+            current, what = self.job.scripts.run(
+                "reset_barrier", [self._state, self._arrived], [arg, self._ttl_ms(self.timeout)],
+                lambda: self._context(""),
+            )  # fmt: skip
             if what == "open" and generation is None:
                 self._break("", "reset")
                 continue
@@ -294,13 +294,12 @@ class Barrier:
         return BarrierState(self.name, gen, expected, sorted(arrived), f"r:{gen}" in fields)
 
     # -- arrival -------------------------------------------------------------------------
-    def _context(self, worker_id: str, payload: list[Any] | None = None) -> dict[str, Any]:
+    def _context(self, worker_id: str) -> dict[str, Any]:
         return {
             "job_id": self.job.job_id,
             "barrier": self.name,
             "worker_id": worker_id,
             "expected": self.expected,
-            "payload": payload or [],
         }
 
     def _keys(self, generation: int) -> list[str]:
@@ -332,24 +331,23 @@ class Barrier:
     def _arrive(self, worker_id: str, ticket: str, timeout: float) -> _Arrival:
         memo = _memo(self.job)
         guess = memo.generations.get(self.name, 1)
-        script = self.job.scripts["arrive_barrier"]
         for _ in range(10):
             # the release list's key names the generation, and keys go through KEYS only,
             # so the caller names the generation it expects; the script says if it moved
             keys, args = self._arrive_call(worker_id, ticket, guess, timeout)
             sent = time.monotonic()
-            reply = script(keys=keys, args=args)
+            reply = self.job.scripts.call("arrive_barrier", keys, args)
             received = time.monotonic()
             if int(reply[0]) == 10:
                 guess = memo.generations[self.name] = int(reply[1])
                 continue
             gen, index, now_us, outcome, wake_id, events_id = check(
-                reply, self._context(worker_id, list(reply[1:]))
+                reply, lambda: self._context(worker_id)
             )
             offset = int(now_us) - (sent + received) / 2 * 1e6
             memo.generations[self.name] = int(gen)
             return _Arrival(int(gen), int(index), offset, outcome, wake_id, events_id)
-        check(reply, self._context(worker_id, list(reply[1:])))  # raises: it kept moving
+        check(reply, self._context(worker_id))  # raises: it kept moving
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- waiting -------------------------------------------------------------------------
@@ -410,8 +408,8 @@ class Barrier:
             reaped, reply = self.job.scripts.run_many([self.job.reap_call(), call])
             self.job.check_reaped(reaped)
         else:
-            reply = self.job.scripts["check_barrier"](keys=call[1], args=args)
-        (outcome,) = check(reply, self._context(worker_id))
+            reply = self.job.scripts.call(*call)
+        (outcome,) = check(reply, lambda: self._context(worker_id))
         return str(outcome)
 
     def _break(self, worker_id: str, reason: str) -> int:

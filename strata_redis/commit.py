@@ -34,7 +34,6 @@ from .manifest import (
     encode_metadata,
     step_dir,
 )
-from .scripts import check
 
 if TYPE_CHECKING:
     from .job import Job
@@ -76,13 +75,13 @@ class StepProtocol:
 
     # -- the scripts -------------------------------------------------------------------------
     def _run(self, name: str, step: int, keys: list[str], args: list[Any], **ctx: Any) -> list[Any]:
-        reply = self.job.scripts[name](keys=keys, args=args)
-        context = {
-            "job_id": self.job.job_id, "step": step, "worker_id": self.worker_id,
-            "rank": self.rank, "world_size": self.world_size, "epoch": ctx.get("epoch"),
-            "payload": list(reply[1:]),
-        }  # fmt: skip
-        return check(reply, context)
+        def context() -> dict[str, Any]:
+            return {
+                "job_id": self.job.job_id, "step": step, "worker_id": self.worker_id,
+                "rank": self.rank, "world_size": self.world_size, "epoch": ctx.get("epoch"),
+            }  # fmt: skip
+
+        return self.job.scripts.run(name, keys, args, context)
 
     def begin(self, step: int, epoch: int | None) -> None:
         """Open (or join) ``step`` as this rank's worker.

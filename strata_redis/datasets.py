@@ -105,18 +105,10 @@ class ShardManager:
         check_id("name", name)
         return bool(self.job.client.hdel(self.job.keys.datasets, name))
 
-    def membership(self) -> tuple[int, list[str]]:
-        """The membership generation and its live workers, read atomically."""
-        with self.job.client.pipeline(transaction=True) as pipe:
-            pipe.get(self.job.keys.generation)
-            pipe.zrange(self.job.keys.heartbeats, 0, -1)
-            generation, workers = pipe.execute()
-        return int(generation or 0), sorted(workers)
-
     def assignment(self, dataset: str, epoch: int) -> dict[str, list[Shard]]:
         """Every live worker's shards for ``epoch``, in the order it should read them."""
         params = self.get_dataset(dataset)
-        _, workers = self.membership()
+        workers = self.job.live_workers()
         return assign(params, workers, epoch)
 
     def get_shard_for_worker(self, dataset: str, worker_id: str, epoch: int) -> list[Shard]:
@@ -128,7 +120,7 @@ class ShardManager:
         """
         params = self.get_dataset(dataset)
         check_id("worker_id", worker_id)
-        _, workers = self.membership()
+        workers = self.job.live_workers()
         if worker_id not in workers:
             raise WorkerNotRegisteredError(
                 f"worker {worker_id!r} is not a live worker of job {self.job.job_id!r}",

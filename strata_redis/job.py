@@ -190,10 +190,7 @@ class Job:
         """
         ids: list[str] = []
         while True:
-            name, keys, args = self.reap_call()
-            batch = [
-                str(x) for x in self.scripts.run(name, keys, args, {"job_id": self.job_id})[1:]
-            ]
+            batch = self.check_reaped(self.scripts.call(*self.reap_call()))
             ids += batch
             if len(batch) < REAP_BATCH:
                 return ids

@@ -132,6 +132,7 @@ class ShardLeases:
         self._own: list[int] = []
         self._held: dict[int, Lease] = {}
         self._next: Lease | None = None  # leased by the last complete(), for acquire()
+        self._done = -1  # shards done, as the last acquire that found nothing to lease saw
         self._iterating = False
         # Serializes renewals (renewer thread) with completions and releases (the loop),
         # so a lease completed a moment ago is never reported lost by its renewal.
@@ -204,6 +205,8 @@ class ShardLeases:
         shard_id = int(reply[0])
         if shard_id >= -1:  # the own candidates the script looked at are spent
             del self._own[: int(reply[-1])]
+        if shard_id == -1:
+            self._done = int(reply[1])
         if shard_id < 0:
             return None
         lease = Lease(self.params.shard(shard_id, self.epoch), int(reply[1]), int(reply[2]), self)
@@ -338,7 +341,7 @@ class ShardLeases:
                     yield lease
                     continue
                 previous = None
-                if self.progress().finished:
+                if self._done == self.params.num_shards:
                     self._keep_record()
                     return
                 # Others hold the remaining leases: wait for a failure event (or a short

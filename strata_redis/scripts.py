@@ -140,7 +140,8 @@ def sources() -> dict[str, str]:
 def check(reply: Sequence[Any], context: Context | Callable[[], Context]) -> list[Any]:
     """Raise the exception for a non-zero status code; return the rest of the reply.
 
-    ``context`` (a dict of ids, or a function returning one) fills the exception.
+    ``context`` (a dict of ids, or a function returning one) fills the exception, with the
+    reply after the code added as ``payload``.
 
     Raises:
         StrataError: the mapped exception.
@@ -152,7 +153,8 @@ def check(reply: Sequence[Any], context: Context | Callable[[], Context]) -> lis
     factory = STATUS.get(code)
     if factory is None:
         raise RuntimeError(f"unknown status code {code} from a strata_redis script: {reply!r}")
-    raise factory(context() if callable(context) else context)
+    ids = context() if callable(context) else context
+    raise factory({**ids, "payload": list(reply[1:])})
 
 
 class Scripts:
@@ -181,16 +183,21 @@ class Scripts:
         """Run one script, map its status code, return the payload after the code.
 
         ``context`` (the ids for an error message) may be a function, called only on error.
-        EVALSHA is sent directly (cheaper than ``Script.__call__`` on this hot path); after a
+        """
+        return check(self.call(name, keys, args), context)
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run one script and return its raw reply (the status code unchecked).
+
+        EVALSHA is sent directly (cheaper than ``Script.__call__`` on hot paths); after a
         ``SCRIPT FLUSH`` the script is loaded and sent once more.
         """
         script = self._scripts[name]
         try:
-            reply = self._client.evalsha(script.sha, len(keys), *keys, *args)
+            return self._client.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
             self._client.script_load(script.script)
-            reply = self._client.evalsha(script.sha, len(keys), *keys, *args)
-        return check(reply, context)
+            return self._client.evalsha(script.sha, len(keys), *keys, *args)
 
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """Run several scripts in one round trip; return their raw replies (codes unchecked).
