@@ -56,14 +56,16 @@ class SaveFuture(Future[CheckpointInfo]):
         started: when ``save`` was called (``time.monotonic()``).
     """
 
-    def __init__(self, step: int, nbytes: int) -> None:
+    def __init__(
+        self, step: int, nbytes: int, after: threading.Event, acked: threading.Event
+    ) -> None:
         super().__init__()
         self.step = step
         self.nbytes = nbytes
         self.phase = "queued"
         self.started = time.monotonic()
-        self._after = threading.Event()  # the previous save's "acked"
-        self._acked = threading.Event()
+        self._after = after  # the previous save's "acked"
+        self._acked = acked
 
 
 class CheckpointManager:
@@ -154,7 +156,6 @@ class CheckpointManager:
         self.storage = open_storage(path)
 
         self._hasher = ThreadPoolExecutor(hash_threads, thread_name_prefix="strata-ckpt-hash")
-        self._hash_parts = hash_threads
         self._uploads = ThreadPoolExecutor(max_in_flight, thread_name_prefix="strata-ckpt-save")
         self._retention = ThreadPoolExecutor(1, thread_name_prefix="strata-ckpt-retention")
         self._pool = BufferPool(max_in_flight)
@@ -245,8 +246,7 @@ class CheckpointManager:
             after, acked = self._previous_acked, threading.Event()
             self._previous_acked = acked
         nbytes = sum(len(v) for v, _ in views.values())
-        future = SaveFuture(step, nbytes)
-        future._after, future._acked = after, acked
+        future = SaveFuture(step, nbytes, after, acked)
         snapshots: dict[str, Snapshot] = {}
         room = False
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -32,6 +31,7 @@ from .manifest import (
     FileEntry,
     decode_metadata,
     encode_metadata,
+    located,
     step_dir,
 )
 
@@ -158,7 +158,7 @@ class StepProtocol:
             CheckpointError: a different metadata.json is already there (never overwritten).
         """
         info = build_info(self.job.job_id, step, epoch, acked_ms, acks)
-        info = _with_location(info, self.storage)
+        info = located(info, self.storage)
         raw = encode_metadata(info)
         path = f"{step_dir(self.job.job_id, step)}/{METADATA}"
         try:
@@ -216,6 +216,8 @@ class StepProtocol:
             remaining = deadline - time.monotonic()
             block = max(0.001, min(CHECK_EVERY_S, remaining))
             popped = self.job.client.blpop([wake], timeout=block)
+            if popped is not None and popped[1] == "committed":  # final: no check needed
+                return self._committed_info(step, epoch)
             timed_out = popped is None and remaining <= CHECK_EVERY_S
             state, who, reason = self._check(step, timed_out)
             if state == "committed":
@@ -264,7 +266,7 @@ class StepProtocol:
             # keep_count is small): the acks say the same as its metadata.json did.
             acked_ms, acks = self._acks(step)
             info = build_info(self.job.job_id, step, epoch, acked_ms, acks)
-            return _with_location(info, self.storage)
+            return located(info, self.storage)
 
     def info(self, step: int) -> CheckpointInfo:
         """The committed ``step``'s info from the Redis index.
@@ -278,7 +280,7 @@ class StepProtocol:
                 f"step {step} of job {self.job.job_id!r} is not in the index",
                 job_id=self.job.job_id, step=step,
             )  # fmt: skip
-        return _with_location(decode_metadata(raw, self.job.job_id, step), self.storage)
+        return located(decode_metadata(raw, self.job.job_id, step), self.storage)
 
 
 def build_info(
@@ -292,10 +294,6 @@ def build_info(
         for path, f in ack["files"].items():
             files[path] = FileEntry(path, str(f["name"]), rank, int(f["size"]), str(f["checksum"]))
     return CheckpointInfo(job_id, step, epoch, len(acks), workers, files, acked_ms)
-
-
-def _with_location(info: CheckpointInfo, storage: Storage) -> CheckpointInfo:
-    return replace(info, location=f"{storage.describe()}/{step_dir(info.job_id, info.step)}")
 
 
 def _acks(flat: list[Any]) -> dict[int, dict[str, Any]]:

@@ -13,12 +13,15 @@ step with its size and CRC-32, so a reader can verify what it reads without Redi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .storage.base import check_path
+
+if TYPE_CHECKING:
+    from .storage import Storage
 
 __all__ = [
     "FORMAT",
@@ -110,6 +113,11 @@ def step_dir(job_id: str, step: int) -> str:
     return f"{job_id}/checkpoints/step_{step}"
 
 
+def located(info: CheckpointInfo, storage: Storage) -> CheckpointInfo:
+    """``info`` with its ``location`` filled in: where its step lives in ``storage``."""
+    return replace(info, location=f"{storage.describe()}/{step_dir(info.job_id, info.step)}")
+
+
 def part_path(name: str, rank: int, world_size: int) -> str:
     """A part's path inside its step directory: ``name``, or ``rank_{r}/name`` with ranks."""
     return name if world_size == 1 else f"rank_{rank}/{name}"
@@ -160,7 +168,7 @@ def encode_metadata(info: CheckpointInfo) -> bytes:
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
 
 
-def decode_metadata(raw: bytes | str, job_id: str, step: int, location: str = "") -> CheckpointInfo:
+def decode_metadata(raw: bytes | str, job_id: str, step: int) -> CheckpointInfo:
     """Parse and check a metadata.json read for ``job_id``'s ``step``.
 
     Raises:
@@ -193,7 +201,6 @@ def decode_metadata(raw: bytes | str, job_id: str, step: int, location: str = ""
             workers={int(r): str(w) for r, w in doc["workers"].items()},
             files=files,
             acked_ms=_int(doc["acked_ms"], 0),
-            location=location,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed metadata ({type(exc).__name__}: {exc})") from None

@@ -14,12 +14,19 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .checksum import PendingCrc, format_checksum
+from .checksum import format_checksum, parallel_crc32
 from .errors import CheckpointError, CheckpointNotFoundError, StorageError, StorageNotFoundError
-from .manifest import METADATA, CheckpointInfo, decode_metadata, encode_metadata, step_dir
+from .manifest import (
+    METADATA,
+    CheckpointInfo,
+    decode_metadata,
+    encode_metadata,
+    located,
+    step_dir,
+)
 from .retention import scan
 from .validate import check_int
 
@@ -144,7 +151,7 @@ class CheckpointReader:
     def list(self) -> list[CheckpointInfo]:
         """Every committed step in the index, newest first, as the index describes it."""
         self.ensure_index()
-        return [self._located(info) for info in indexed_checkpoints(self.job, None)]
+        return [located(info, self.storage) for info in indexed_checkpoints(self.job, None)]
 
     def metadata(self, step: int) -> CheckpointInfo:
         """``step``'s metadata.json, read from storage and checked.
@@ -155,7 +162,7 @@ class CheckpointReader:
             StorageError: the storage failed.
         """
         raw = self.storage.read(f"{step_dir(self.job.job_id, step)}/{METADATA}")
-        return self._located(decode_metadata(raw, self.job.job_id, step))
+        return located(decode_metadata(raw, self.job.job_id, step), self.storage)
 
     def latest(self) -> CheckpointInfo | None:
         """The newest committed step whose metadata.json reads and whose files are all there.
@@ -265,15 +272,11 @@ class CheckpointReader:
         data = self.storage.read(f"{step_dir(info.job_id, info.step)}/{path}")
         if len(data) != entry.size:
             raise ValueError(f"{path}: {len(data)} bytes, metadata.json says {entry.size}")
-        crc = PendingCrc(memoryview(data), self._hasher, self._hash_parts).result()
-        checksum = format_checksum(crc)
+        checksum = format_checksum(parallel_crc32(memoryview(data), self._hasher, self._hash_parts))
         if checksum != entry.checksum:
             raise ValueError(f"{path}: checksum {checksum}, metadata.json says {entry.checksum}")
         return data
 
-    def _located(self, info: CheckpointInfo) -> CheckpointInfo:
-        where = f"{self.storage.describe()}/{step_dir(info.job_id, info.step)}"
-        return replace(info, location=where)
 
 
 def indexed_checkpoints(job: Job, count: int | None = 100) -> list[CheckpointInfo]:
