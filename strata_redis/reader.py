@@ -278,7 +278,6 @@ class CheckpointReader:
         return data
 
 
-
 def indexed_checkpoints(job: Job, count: int | None = 100) -> list[CheckpointInfo]:
     """The newest ``count`` (None: all) committed steps in ``job``'s Redis index, newest first.
 
