@@ -23,7 +23,7 @@ import redis
 
 from .errors import LeaseLostError
 from .scripts import LEASE_LOST, check
-from .sharding import DatasetParams, Shard, assignment, shard_order
+from .sharding import DatasetParams, Shard, assignment
 from .validate import check_id, check_int, check_seconds
 
 if TYPE_CHECKING:
@@ -153,17 +153,14 @@ class ShardLeases:
         if self.worker_id not in workers:
             workers = sorted([*workers, self.worker_id])  # acquire will refuse it clearly
         plan = assignment(self.params, workers)
-        self._own = plan.shard_ids(self.worker_id, self.epoch).tolist()
+        ids, owners = plan.grouped(self.epoch)
+        self._own = ids[owners == plan.index(self.worker_id)].tolist()
         # Steal priority = a shard's position in its owner's order: thieves take the shards
         # their owners would reach last.
-        order = shard_order(self.params, self.epoch)
-        owners = plan.owner[order]
-        grouped = np.argsort(owners, kind="stable")
-        sorted_owners = owners[grouped]
-        positions = np.arange(len(order)) - np.searchsorted(sorted_owners, sorted_owners)
-        pairs = np.empty(2 * len(order), dtype=np.int64)
+        positions = np.arange(len(ids)) - np.searchsorted(owners, owners)
+        pairs = np.empty(2 * len(ids), dtype=np.int64)
         pairs[0::2] = positions
-        pairs[1::2] = order[grouped]
+        pairs[1::2] = ids
         k = self.keys
         self.job.scripts.run(
             "init_epoch", [k.meta, k.todo, k.done],

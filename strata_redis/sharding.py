@@ -268,12 +268,18 @@ class Assignment:
         """The shards ``worker_id`` holds, in this epoch's order."""
         return _make_shards(self.params, self.shard_ids(worker_id, epoch), epoch)
 
-    def by_worker(self, epoch: int) -> dict[str, list[Shard]]:
-        """Every worker's shards in this epoch's order (workers with none map to ``[]``)."""
+    def grouped(self, epoch: int) -> tuple[I64Array, npt.NDArray[np.intp]]:
+        """Every shard id grouped by worker (in ``workers`` order), each group in this epoch's
+        order; and beside each id, its owner's index."""
         order = shard_order(self.params, epoch)
         owners = self.owner[order]
         grouped = np.argsort(owners, kind="stable")  # stable: keeps the epoch order per worker
-        shards = _make_shards(self.params, order[grouped], epoch)
+        return order[grouped], owners[grouped]
+
+    def by_worker(self, epoch: int) -> dict[str, list[Shard]]:
+        """Every worker's shards in this epoch's order (workers with none map to ``[]``)."""
+        ids, owners = self.grouped(epoch)
+        shards = _make_shards(self.params, ids, epoch)
         ends = np.cumsum(np.bincount(owners, minlength=len(self.workers))).tolist()
         result: dict[str, list[Shard]] = {}
         start = 0
