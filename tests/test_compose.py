@@ -25,6 +25,11 @@ def test_compose_file_is_consistent() -> None:
     assert "--appendonly" in services["redis"]["command"]
     demo = services["demo"]["environment"]
     assert demo["STRATA_REDIS_URL"].startswith("redis://redis:")
+    # the demo's checkpoints go to MinIO's bucket, which the create-bucket service makes
+    command = services["demo"]["command"]
+    path = command[command.index("--checkpoint-path") + 1]
+    assert path == f"s3://{demo['CHECKPOINT_BUCKET']}"
+    assert f"local/{demo['CHECKPOINT_BUCKET']}" in " ".join(services["create-bucket"]["command"])
 
 
 def test_dockerfile_copies_what_exists() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import pickle
@@ -329,15 +330,22 @@ def test_local_writer_killed_mid_write_leaves_old_or_new_never_half(tmp_path: Pa
     size = 32 * MiB
     storage.write("step/model.bin", bytes(size))
     target = tmp_path / "step/model.bin"
+
+    def partly_written(leftovers: set[str]) -> bool:
+        for name in set(os.listdir(tmp_path / "step")) - leftovers - {"model.bin"}:
+            with contextlib.suppress(FileNotFoundError):  # renamed in place meanwhile
+                if 0 < os.path.getsize(tmp_path / "step" / name) < size:
+                    return True
+        return False
+
     for _ in range(3):
+        # the temporary files of earlier killed writers stay: only this writer's count
+        leftovers = set(os.listdir(tmp_path / "step"))
         proc = spawn(_rewrite_forever, str(tmp_path), "step/model.bin", size)
         deadline = time.monotonic() + 30
         # Kill when the writer is seen holding a partly written file: mid-write by observation.
         # Meanwhile the target must always be whole.
-        while not any(
-            name != "model.bin" and 0 < os.path.getsize(tmp_path / "step" / name) < size
-            for name in os.listdir(tmp_path / "step")
-        ):
+        while not partly_written(leftovers):
             assert os.path.getsize(target) == size, "a reader saw a half-written file"
             assert time.monotonic() < deadline, "never saw a write in progress"
         kill9(proc)
