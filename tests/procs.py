@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -34,3 +35,19 @@ def join_all(procs: list[BaseProcess], timeout: float = 60.0) -> list[int | None
         if proc.is_alive():
             kill9(proc)
     return [proc.exitcode for proc in procs]
+
+
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float,
+    step: float = 0.02,
+    why: Callable[[], Any] = lambda: None,
+) -> float:
+    """Poll ``predicate`` (test-side only) until it holds; return the seconds it took. Fail
+    the test after ``timeout``, saying ``why()``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout}s: {why()}")
+        time.sleep(step)
+    return time.monotonic() - start

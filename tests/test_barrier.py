@@ -17,23 +17,9 @@ import strata_redis
 from strata_redis.barrier import KEEP_OUTCOMES, Barrier
 from strata_redis.epochs import EPOCH_BARRIER
 
-from .procs import CTX, join_all, kill9, spawn
+from .procs import CTX, join_all, kill9, spawn, wait_for
 
 JOB = "test-job"
-
-
-def wait_for(
-    predicate: Callable[[], bool],
-    timeout: float,
-    step: float = 0.02,
-    why: Callable[[], Any] = lambda: None,
-) -> None:
-    """Poll ``predicate`` (test-side only) until it holds; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {why()}")
-        time.sleep(step)
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
@@ -158,7 +144,7 @@ def epoch_participant(url: str, index: int, n: int, rounds: int, out: Queue[Any]
 
 
 @pytest.mark.slow
-def test_fifty_processes_twenty_rounds(redis_url: str, raw: redis.Redis) -> None:
+def test_fifty_processes_twenty_rounds(redis_url: str) -> None:
     n, rounds = 50, 20
     out: Queue[Any] = CTX.Queue()
     procs = [spawn(rounds_participant, redis_url, i, n, rounds, out) for i in range(n)]
@@ -292,7 +278,6 @@ def test_duplicate_arrival_counted_once(
 
 def test_retried_arrival_counted_once(
     job: strata_redis.Job,
-    raw: redis.Redis,
     monkeypatch: pytest.MonkeyPatch,
     register: Callable[[str], Any],
 ) -> None:

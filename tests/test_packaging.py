@@ -58,7 +58,7 @@ def test_wheel_carries_every_lua_script(wheel: Path) -> None:
 
 
 def test_installed_wheel_loads_scripts_outside_the_source_tree(
-    wheel: Path, tmp_path: Path, redis_url: str, raw: redis.Redis
+    wheel: Path, tmp_path: Path, redis_url: str
 ) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)

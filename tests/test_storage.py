@@ -614,7 +614,7 @@ def test_s3_no_credentials_is_a_storage_error(
         storage.write("m.bin", b"x")
 
 
-def test_s3_secret_never_shown(s3: S3Storage, s3_endpoint: str) -> None:
+def test_s3_secret_never_shown(s3: S3Storage) -> None:
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == SECRET
     with pytest.raises(StorageNotFoundError) as info:
         s3.read("missing")

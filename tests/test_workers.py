@@ -13,7 +13,7 @@ import redis
 import strata_redis
 from strata_redis.server import RedisServer
 
-from .procs import CTX, join_all, kill9, spawn
+from .procs import CTX, join_all, kill9, spawn, wait_for
 
 # -- processes ------------------------------------------------------------------------------
 
@@ -41,15 +41,6 @@ def reaper(url: str, start_at: float, out: Queue[Any]) -> None:
     job = strata_redis.connect(url, "test-job", heartbeat_timeout=0.5)
     time.sleep(max(0.0, start_at - time.time()))
     out.put(job.reap())
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def status_of(job: strata_redis.Job, worker_id: str) -> str:
