@@ -45,7 +45,7 @@ RATIOS = [
 def raw_ops(loops: int, url: str, tag: str) -> float:
     client = redis.Redis.from_url(url, decode_responses=True)
     key = f"bench:{{raw}}:{tag}"
-    start = time.perf_counter()
+    start = _go()
     for _ in range(loops):
         client.set(key, "1", nx=True, px=30_000)
         client.delete(key)
@@ -56,7 +56,7 @@ def raw_pipelined_ops(loops: int, url: str, tag: str) -> float:
     client = redis.Redis.from_url(url, decode_responses=True)
     keys = [f"bench:{{raw}}:{tag}:{i % 2}" for i in range(2)]
     client.set(keys[1], "1")
-    start = time.perf_counter()
+    start = _go()
     for i in range(loops):
         with client.pipeline(transaction=False) as pipe:
             pipe.delete(keys[(i + 1) % 2])  # give back the last one ...
@@ -79,7 +79,7 @@ def fresh_epoch(loops: int, url: str, tag: str) -> strata_redis.ShardLeases:
 
 def loop_ops(loops: int, url: str, tag: str) -> float:
     leases = fresh_epoch(loops, url, tag)
-    start = time.perf_counter()
+    start = _go()
     done = 0
     for lease in leases:
         done += lease.complete()
@@ -117,9 +117,22 @@ def python_redis_lock_ops(loops: int, url: str, tag: str) -> float:
     return time.perf_counter() - start
 
 
-def _one(args: tuple[str, str, int, str]) -> float:
-    name, url, loops, tag = args
-    return OPS[name](loops, url, tag)
+#: in a child of ``in_processes``: every child and the parent pass it before timing starts
+_START: Any = None
+
+
+def _go() -> float:
+    """Wait for the other processes (if any) to finish their setup; then start the clock."""
+    if _START is not None:
+        _START.wait()
+    return time.perf_counter()
+
+
+def _child(name: str, url: str, loops: int, tag: str, start: Any, done: Any) -> None:
+    global _START
+    _START = start
+    OPS[name](loops, url, tag)
+    done.put(tag)
 
 
 OPS: dict[str, Callable[[int, str, str], float]] = {
@@ -128,18 +141,28 @@ OPS: dict[str, Callable[[int, str, str], float]] = {
 
 
 def in_processes(name: str) -> Callable[[int, str], float]:
-    """Time ``loops`` operations spread over PROCESSES processes running at once."""
-    pool: Any = None
+    """Time ``loops`` operations spread over PROCESSES processes running at once: from the
+    moment all of them have finished their setup (connection, registration, a fresh epoch)
+    until the last one is done."""
+    ctx = multiprocessing.get_context("spawn")
 
     def bench(loops: int, url: str) -> float:
-        nonlocal pool
-        if pool is None:
-            pool = multiprocessing.get_context("spawn").Pool(PROCESSES)
         per = max(1, loops // PROCESSES)
-        tags = [f"p{i}" for i in range(PROCESSES)]
-        start = time.perf_counter()
-        pool.map(_one, [(name, url, per, tag) for tag in tags])
-        return time.perf_counter() - start
+        start, done = ctx.Barrier(PROCESSES + 1), ctx.Queue()
+        procs = [
+            ctx.Process(target=_child, args=(name, url, per, f"p{i}", start, done))
+            for i in range(PROCESSES)
+        ]
+        for proc in procs:
+            proc.start()
+        start.wait(timeout=120)
+        began = time.perf_counter()
+        for _ in procs:
+            done.get(timeout=600)
+        elapsed = time.perf_counter() - began
+        for proc in procs:
+            proc.join(10)
+        return elapsed
 
     return bench
 
