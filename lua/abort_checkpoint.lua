@@ -8,9 +8,9 @@
 -- ARGV[7] = records cap (approximate)   ARGV[8] = bytes   ARGV[9] = seconds taken
 -- returns {0} aborted (now or before) | {44} COMMITTED | {45, leader} COMMITTING
 local state = redis.call('HMGET', KEYS[1], 'state', 'world_size', 'leader')
-if state[1] == 'committed' then return {44} end
-if state[1] == 'committing' and state[3] ~= ARGV[2] then return {45, state[3] or ''} end
-if state[1] == 'aborted' then return {0} end
+if state[1] == 'committed' then return {S.STEP_COMMITTED} end
+if state[1] == 'committing' and state[3] ~= ARGV[2] then return {S.STEP_COMMITTING, state[3] or ''} end
+if state[1] == 'aborted' then return {S.OK} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'state', 'aborted', 'culprit', ARGV[2], 'reason', ARGV[3],
@@ -22,4 +22,4 @@ redis.call('PEXPIRE', KEYS[2], ARGV[6])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', 'step', ARGV[1], 'rank', ARGV[4],
   'worker', ARGV[2], 'bytes', ARGV[8], 'seconds', ARGV[9], 'mb_s', '0', 'outcome', 'aborted',
   'at_ms', now)
-return {0}
+return {S.OK}

@@ -13,18 +13,18 @@
 --       | {40, newest committed step} STALE | {41, culprit, reason} ABORTED
 --       | {43, holder}: the rank is not the caller's (another worker's, or the step expired)
 local state = redis.call('HMGET', KEYS[1], 'state', 'world_size', 'leader', 'culprit', 'reason')
-if state[1] == 'committed' then return {44} end
-if state[1] == 'aborted' then return {41, state[4] or '', state[5] or ''} end
+if state[1] == 'committed' then return {S.STEP_COMMITTED} end
+if state[1] == 'aborted' then return {S.STEP_ABORTED, state[4] or '', state[5] or ''} end
 local holder = redis.call('HGET', KEYS[1], 'r:' .. ARGV[2])
-if holder ~= ARGV[3] then return {43, holder or ''} end
+if holder ~= ARGV[3] then return {S.RANK_NOT_HELD, holder or ''} end
 if state[1] == 'committing' then
   if state[3] == ARGV[3] then
     local acked_ms = redis.call('HGET', KEYS[1], 'acked_ms')
-    local reply = {0, 1, tonumber(acked_ms)}
+    local reply = {S.OK, 1, tonumber(acked_ms)}
     for _, v in ipairs(redis.call('HGETALL', KEYS[2])) do reply[#reply + 1] = v end
     return reply
   end
-  return {0, 0}
+  return {S.OK, 0}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -35,7 +35,7 @@ if #newest > 0 and tonumber(newest[1]) >= tonumber(ARGV[1]) then
     'aborted_ms', now)
   for _ = 1, tonumber(state[2]) do redis.call('RPUSH', KEYS[3], 'aborted') end
   redis.call('PEXPIRE', KEYS[3], ARGV[5])
-  return {40, newest[1]}
+  return {S.STEP_NOT_FORWARD, newest[1]}
 end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
@@ -43,8 +43,8 @@ redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], '*', 'step', ARGV[1], 'rank', ARGV[2],
   'worker', ARGV[3], 'bytes', ARGV[7], 'seconds', ARGV[8], 'mb_s', ARGV[9],
   'outcome', 'uploaded', 'at_ms', now)
-if redis.call('HLEN', KEYS[2]) < tonumber(state[2]) then return {0, 0} end
+if redis.call('HLEN', KEYS[2]) < tonumber(state[2]) then return {S.OK, 0} end
 redis.call('HSET', KEYS[1], 'state', 'committing', 'leader', ARGV[3], 'acked_ms', now)
-local reply = {0, 1, now}
+local reply = {S.OK, 1, now}
 for _, v in ipairs(redis.call('HGETALL', KEYS[2])) do reply[#reply + 1] = v end
 return reply

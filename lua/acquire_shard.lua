@@ -17,15 +17,16 @@
 -- ARGV[3] = "1" acquire, stealing if need be | "0" acquire own shards only | "" do not acquire
 -- ARGV[4] = shard id to complete first, or "" for none   ARGV[5] = its fencing token
 -- ARGV[6..] = the worker's own candidate shard ids, in its order
--- returns, completing only: {0, 1} recorded now | {0, 0} already recorded with this token
---       | {20} LEASE_LOST
--- returns, acquiring only: {0, shard id, token, expires_ms, candidates consumed}
---       | {0, -1, shards done, shards leased, candidates consumed}: nothing to lease now
---       | {0, -2}: the epoch was not initialized (call init_epoch first)
---       | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT: only live workers lease
--- returns, both: {0, completion, <acquire reply without its leading 0>} where completion is
---       1 recorded now | 0 already recorded | -1 lease lost; a worker that may not lease
---       gets {0, completion, -3, status code}
+-- (S and A are the status prelude's tables: strata_redis/status.py)
+-- returns, completing only: {S.OK, 1} recorded now | {S.OK, 0} already recorded with this
+--       token | {S.LEASE_LOST}
+-- returns, acquiring only: {S.OK, shard id, token, expires_ms, candidates consumed}
+--       | {S.OK, A.NOTHING, shards done, shards leased, candidates consumed}: nothing to lease
+--       | {S.OK, A.NO_POOL}: the epoch was not initialized (call init_epoch first)
+--       | {S.WORKER_NOT_REGISTERED} | {S.WORKER_FAILED} | {S.WORKER_LEFT}: only live workers
+-- returns, both: {S.OK, completion, <acquire reply without its leading status>} where
+--       completion is 1 recorded now | 0 already recorded | -1 lease lost; a worker that may
+--       not lease gets {S.OK, completion, A.REFUSED, its status}
 local id = ARGV[1]
 local completion
 if ARGV[4] ~= '' then
@@ -41,27 +42,27 @@ if ARGV[4] ~= '' then
     if done and string.match(done, '^(%d+) ') == token then completion = 0 else completion = -1 end
   end
   if ARGV[3] == '' then
-    if completion < 0 then return {20} end
-    return {0, completion}
+    if completion < 0 then return {S.LEASE_LOST} end
+    return {S.OK, completion}
   end
 end
 
 -- the acquire reply, with the completion outcome after the status when there was one
 local function answer(reply)
   if completion == nil then return reply end
-  if reply[1] ~= 0 then return {0, completion, -3, reply[1]} end
+  if reply[1] ~= S.OK then return {S.OK, completion, A.REFUSED, reply[1]} end
   table.insert(reply, 2, completion)
   return reply
 end
 
 if not redis.call('ZSCORE', KEYS[7], id) then
   local status = redis.call('HGET', KEYS[8], id)
-  if not status then return answer({1}) end
-  if status == 'failed' then return answer({3}) end
-  return answer({4})
+  if not status then return answer({S.WORKER_NOT_REGISTERED}) end
+  if status == 'failed' then return answer({S.WORKER_FAILED}) end
+  return answer({S.WORKER_LEFT})
 end
 local swept = redis.call('HGET', KEYS[1], 'swept')
-if not swept then return answer({0, -2}) end
+if not swept then return answer({S.OK, A.NO_POOL}) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -103,11 +104,11 @@ if not pick and ARGV[3] == '1' then
   if #top > 0 then pick, prio = top[1], top[2] end
 end
 if not pick then
-  return answer({0, -1, redis.call('HLEN', KEYS[5]), redis.call('HLEN', KEYS[3]), consumed})
+  return answer({S.OK, A.NOTHING, redis.call('HLEN', KEYS[5]), redis.call('HLEN', KEYS[3]), consumed})
 end
 redis.call('ZREM', KEYS[2], pick)
 local token = redis.call('INCR', KEYS[6])
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[3], pick, token .. ' ' .. expires .. ' ' .. prio .. ' ' .. id)
 redis.call('ZADD', KEYS[4], expires, pick)
-return answer({0, tonumber(pick), token, expires, consumed})
+return answer({S.OK, tonumber(pick), token, expires, consumed})

@@ -28,9 +28,9 @@
 local unpack = unpack or table.unpack
 local id, ticket = ARGV[1], ARGV[2]
 local status = redis.call('HGET', KEYS[7], id)
-if not status then return {1} end
-if status == 'failed' then return {3} end
-if status == 'left' then return {4} end
+if not status then return {S.WORKER_NOT_REGISTERED} end
+if status == 'failed' then return {S.WORKER_FAILED} end
+if status == 'left' then return {S.WORKER_LEFT} end
 
 local t = redis.call('TIME')
 local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
@@ -57,16 +57,16 @@ if ticket ~= '' then
     local pgen = tonumber(string.sub(prev, 1, sp - 1))
     if string.sub(prev, sp + 1) == ticket then
       local done = redis.call('HGET', KEYS[1], 'r:' .. pgen)
-      if done then return {0, pgen, 0, now_us, done, '', ''} end
-      if pgen < gen then return {0, pgen, 0, now_us, 'F', '', ''} end
-      return {0, pgen, 0, now_us, '', '', ''}
+      if done then return {S.OK, pgen, 0, now_us, done, '', ''} end
+      if pgen < gen then return {S.OK, pgen, 0, now_us, 'F', '', ''} end
+      return {S.OK, pgen, 0, now_us, '', '', ''}
     end
   end
 end
 
-if gen ~= tonumber(ARGV[3]) then return {10, gen} end
+if gen ~= tonumber(ARGV[3]) then return {S.BARRIER_MOVED, gen} end
 if tonumber(state[4]) == gen then
-  return {0, gen, 0, now_us, redis.call('HGET', KEYS[1], 'r:' .. gen), '', ''}
+  return {S.OK, gen, 0, now_us, redis.call('HGET', KEYS[1], 'r:' .. gen), '', ''}
 end
 
 local opening = not expected
@@ -76,7 +76,7 @@ if opening then
   state[5] = last_id(KEYS[8])
   redis.call('HSET', KEYS[1], 'expected', expected, 'first_us', first_us, 'ev', state[5])
 elseif expected ~= ARGV[4] then
-  return {11, gen, expected}
+  return {S.BARRIER_MISMATCH, gen, expected}
 end
 
 local added = redis.call('SADD', KEYS[2], id)
@@ -117,9 +117,9 @@ if not full then
   if index >= 1 and index <= tonumber(ARGV[8]) then
     -- a watcher starts from the generation's opening, so a failure just before its
     -- arrival still wakes it
-    return {0, gen, index, now_us, '', last_id(KEYS[5]), state[5]}
+    return {S.OK, gen, index, now_us, '', last_id(KEYS[5]), state[5]}
   end
-  return {0, gen, index, now_us, '', '', ''}
+  return {S.OK, gen, index, now_us, '', '', ''}
 end
 
 local counter = '-'
@@ -140,4 +140,4 @@ if left > 0 then redis.call('RPUSH', KEYS[4], unpack(chunk, 1, left)) end
 redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[9]))
 redis.call('XADD', KEYS[5], 'MAXLEN', ARGV[7], '*', 'g', gen, 'o', outcome)
 redis.call('PEXPIRE', KEYS[5], ttl)
-return {0, gen, index, now_us, outcome, '', ''}
+return {S.OK, gen, index, now_us, outcome, '', ''}

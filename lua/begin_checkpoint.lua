@@ -9,18 +9,18 @@
 -- returns {0} | {40, newest committed step} STALE | {41, culprit, reason} ABORTED
 --       | {42, world size, epoch} CONFLICT | {43, worker} RANK_TAKEN | {44} COMMITTED
 local step = tonumber(ARGV[1])
-if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return {44} end
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return {S.STEP_COMMITTED} end
 local newest = redis.call('ZRANGE', KEYS[2], 0, 0, 'REV')
-if #newest > 0 and tonumber(newest[1]) >= step then return {40, newest[1]} end
+if #newest > 0 and tonumber(newest[1]) >= step then return {S.STEP_NOT_FORWARD, newest[1]} end
 local state = redis.call('HMGET', KEYS[1], 'state', 'world_size', 'epoch', 'culprit', 'reason')
-if state[1] == 'aborted' then return {41, state[4] or '', state[5] or ''} end
-if state[1] == 'committed' then return {44} end
+if state[1] == 'aborted' then return {S.STEP_ABORTED, state[4] or '', state[5] or ''} end
+if state[1] == 'committed' then return {S.STEP_COMMITTED} end
 if state[1] and (state[2] ~= ARGV[3] or state[3] ~= ARGV[2]) then
-  return {42, state[2] or '', state[3] or ''}
+  return {S.STEP_MISMATCH, state[2] or '', state[3] or ''}
 end
 local field = 'r:' .. ARGV[4]
 local holder = redis.call('HGET', KEYS[1], field)
-if holder and holder ~= ARGV[5] then return {43, holder} end
+if holder and holder ~= ARGV[5] then return {S.RANK_NOT_HELD, holder} end
 if not state[1] then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,4 +29,4 @@ if not state[1] then
 end
 redis.call('HSET', KEYS[1], field, ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
-return {0}
+return {S.OK}

@@ -19,7 +19,7 @@
 local unpack = unpack or table.unpack
 local g, action, who = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local ttl = tonumber(ARGV[5])
-if action == 'abort' and who ~= '' and not redis.call('HGET', KEYS[7], who) then return {1} end
+if action == 'abort' and who ~= '' and not redis.call('HGET', KEYS[7], who) then return {S.WORKER_NOT_REGISTERED} end
 
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen'))
 if not cur and action == 'abort' and g == 1 then
@@ -27,10 +27,10 @@ if not cur and action == 'abort' and g == 1 then
   cur = 1
   redis.call('HSET', KEYS[1], 'gen', cur)
 end
-if not cur or g > cur then return {0, 'G'} end
+if not cur or g > cur then return {S.OK, 'G'} end
 local done = redis.call('HGET', KEYS[1], 'r:' .. g)
-if done then return {0, done} end
-if g < cur then return {0, 'F'} end
+if done then return {S.OK, done} end
+if g < cur then return {S.OK, 'F'} end
 
 local expected = redis.call('HGET', KEYS[1], 'expected')
 
@@ -70,11 +70,11 @@ local function broke(culprit, reason)
   redis.call('HSET', KEYS[1], 'r:' .. g, rec, 'broken', g)
   push('B ' .. g, n)
   wake(rec)
-  return {0, rec}
+  return {S.OK, rec}
 end
 
 if action == 'abort' then return broke(who, ARGV[4]) end
-if not expected then return {0, ''} end
+if not expected then return {S.OK, ''} end
 
 local fails = {}
 local after = redis.call('HGET', KEYS[1], 'ev') or '0-0'
@@ -110,11 +110,11 @@ if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and #missi
   redis.call('DEL', KEYS[2])
   push(rec, n)
   wake(rec)
-  return {0, rec}
+  return {S.OK, rec}
 end
 
 if action == 'timeout' then
   local absent = missing()
   return broke(absent[1] or '', 'timeout')
 end
-return {0, ''}
+return {S.OK, ''}

@@ -8,9 +8,9 @@
 -- returns {0, state, leader or culprit, reason}: state is open, committing, committed,
 --         aborted, or missing (the step's keys expired)
 local state = redis.call('HMGET', KEYS[1], 'state', 'world_size', 'leader', 'culprit', 'reason')
-if not state[1] then return {0, 'missing', '', ''} end
-if state[1] == 'aborted' then return {0, 'aborted', state[4] or '', state[5] or ''} end
-if state[1] ~= 'open' then return {0, state[1], state[3] or '', ''} end
+if not state[1] then return {S.OK, 'missing', '', ''} end
+if state[1] == 'aborted' then return {S.OK, 'aborted', state[4] or '', state[5] or ''} end
+if state[1] ~= 'open' then return {S.OK, state[1], state[3] or '', ''} end
 local culprit, reason
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
@@ -29,11 +29,11 @@ if not culprit and ARGV[1] == '1' then
   reason = 'timed out waiting for ' .. (tonumber(state[2]) - redis.call('HLEN', KEYS[2]))
     .. ' of ' .. state[2] .. ' acks'
 end
-if not culprit then return {0, 'open', '', ''} end
+if not culprit then return {S.OK, 'open', '', ''} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'state', 'aborted', 'culprit', culprit, 'reason', reason,
   'aborted_ms', now)
 for _ = 1, tonumber(state[2]) do redis.call('RPUSH', KEYS[3], 'aborted') end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return {0, 'aborted', culprit, reason}
+return {S.OK, 'aborted', culprit, reason}

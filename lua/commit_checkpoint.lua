@@ -8,10 +8,10 @@
 -- returns {0, committed_ms} | {41, culprit, reason} ABORTED | {45, leader} NOT_LEADER
 local state = redis.call('HMGET', KEYS[1], 'state', 'world_size', 'leader', 'culprit', 'reason',
   'committed_ms')
-if state[1] == 'committed' then return {0, tonumber(state[6])} end
-if state[1] == 'aborted' then return {41, state[4] or '', state[5] or ''} end
+if state[1] == 'committed' then return {S.OK, tonumber(state[6])} end
+if state[1] == 'aborted' then return {S.STEP_ABORTED, state[4] or '', state[5] or ''} end
 if state[1] ~= 'committing' or (state[3] ~= ARGV[2] and ARGV[4] ~= '1') then
-  return {45, state[3] or ''}
+  return {S.STEP_COMMITTING, state[3] or ''}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -20,4 +20,4 @@ redis.call('ZADD', KEYS[4], ARGV[1], ARGV[1])
 redis.call('HSET', KEYS[5], ARGV[1], ARGV[3])
 for _ = 1, tonumber(state[2]) do redis.call('RPUSH', KEYS[3], 'committed') end
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
-return {0, now}
+return {S.OK, now}

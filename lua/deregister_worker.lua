@@ -6,10 +6,10 @@
 -- returns {0, generation} | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT | {6} REPLACED
 local id = ARGV[1]
 local status = redis.call('HGET', KEYS[2], id)
-if not status then return {1} end
-if status == 'failed' then return {3} end
-if status == 'left' then return {4} end
-if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {6} end
+if not status then return {S.WORKER_NOT_REGISTERED} end
+if status == 'failed' then return {S.WORKER_FAILED} end
+if status == 'left' then return {S.WORKER_LEFT} end
+if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {S.WORKER_REPLACED} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREM', KEYS[1], id)
@@ -17,4 +17,4 @@ redis.call('HSET', KEYS[2], id, 'left')
 local gen = redis.call('INCR', KEYS[4])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*',
   'type', 'leave', 'worker', id, 'generation', gen, 'ms', now)
-return {0, gen}
+return {S.OK, gen}

@@ -7,12 +7,12 @@
 -- returns {0, now_ms} | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT | {6} REPLACED
 local id = ARGV[1]
 local status = redis.call('HGET', KEYS[2], id)
-if not status then return {1} end
-if status == 'failed' then return {3} end
-if status == 'left' then return {4} end
-if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {6} end
+if not status then return {S.WORKER_NOT_REGISTERED} end
+if status == 'failed' then return {S.WORKER_FAILED} end
+if status == 'left' then return {S.WORKER_LEFT} end
+if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {S.WORKER_REPLACED} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now, id)
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[3]) end
-return {0, now}
+return {S.OK, now}

@@ -7,8 +7,8 @@
 -- returns {0, 1} created | {0, 0} existed | {22} EPOCH_MISMATCH: it exists with another shard count
 local n = redis.call('HGET', KEYS[1], 'num_shards')
 if n then
-  if n ~= ARGV[1] then return {22} end
-  return {0, 0}
+  if n ~= ARGV[1] then return {S.EPOCH_MISMATCH} end
+  return {S.OK, 0}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -19,4 +19,4 @@ for i = 2, #ARGV, chunk do
   redis.call('ZADD', KEYS[2], unpack(ARGV, i, last))
 end
 redis.call('HSET', KEYS[1], 'num_shards', ARGV[1], 'created_ms', now, 'swept', '-1')
-return {0, 1}
+return {S.OK, 1}

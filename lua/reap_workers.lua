@@ -10,7 +10,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[1])),
   'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
-local out = {0, 0}
+local out = {S.OK, 0}
 for i = 1, #stale, 2 do
   local id = stale[i]
   redis.call('ZREM', KEYS[1], id)

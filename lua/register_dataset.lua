@@ -6,8 +6,8 @@
 -- returns {0, 1} created | {0, 0} already registered, same params | {0, 2} replaced
 --       | {30} DATASET_CONFLICT: registered with other params
 local old = redis.call('HGET', KEYS[1], ARGV[1])
-if old == ARGV[2] then return {0, 0} end
-if old and ARGV[3] ~= '1' then return {30} end
+if old == ARGV[2] then return {S.OK, 0} end
+if old and ARGV[3] ~= '1' then return {S.DATASET_CONFLICT} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if old then return {0, 2} end
-return {0, 1}
+if old then return {S.OK, 2} end
+return {S.OK, 1}

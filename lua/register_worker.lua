@@ -13,7 +13,7 @@ local id = ARGV[1]
 local status = redis.call('HGET', KEYS[2], id)
 local live = status and status ~= 'failed' and status ~= 'left'
 if live and ARGV[3] ~= '1' then
-  return {5}
+  return {S.WORKER_EXISTS}
 end
 local gen = redis.call('INCR', KEYS[5])
 redis.call('ZADD', KEYS[1], now, id)
@@ -24,4 +24,4 @@ local kind = 'join'
 if live then kind = 'replace' end
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[4], '*',
   'type', kind, 'worker', id, 'generation', gen, 'ms', now)
-return {0, gen, now}
+return {S.OK, gen, now}

@@ -3,10 +3,10 @@
 -- ARGV[1] = shard id   ARGV[2] = fencing token
 -- returns {0} | {20} LEASE_LOST: the caller no longer holds it
 local held = redis.call('HGET', KEYS[1], ARGV[1])
-if not held then return {20} end
+if not held then return {S.LEASE_LOST} end
 local token, prio = string.match(held, '^(%d+) %d+ (%S+) ')
-if token ~= ARGV[2] then return {20} end
+if token ~= ARGV[2] then return {S.LEASE_LOST} end
 redis.call('ZADD', KEYS[3], prio, ARGV[1])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-return {0}
+return {S.OK}

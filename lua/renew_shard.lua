@@ -4,11 +4,11 @@
 -- ARGV[1] = shard id   ARGV[2] = fencing token   ARGV[3] = lease time-to-live, ms
 -- returns {0, expires_ms} | {20} LEASE_LOST: taken back, re-granted, or completed
 local held = redis.call('HGET', KEYS[1], ARGV[1])
-if not held then return {20} end
+if not held then return {S.LEASE_LOST} end
 local token, _, rest = string.match(held, '^(%d+) (%d+) (.*)$')
-if token ~= ARGV[2] then return {20} end
+if token ~= ARGV[2] then return {S.LEASE_LOST} end
 local t = redis.call('TIME')
 local expires = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], token .. ' ' .. expires .. ' ' .. rest)
 redis.call('ZADD', KEYS[2], expires, ARGV[1])
-return {0, expires}
+return {S.OK, expires}

@@ -7,14 +7,14 @@
 --   "reset" (moved on) | "moved" (already past ARGV[1]) | "idle" (nobody arrived yet)
 --   | "open" (it has waiters: break it with check_barrier's abort first)
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen'))
-if not cur then return {0, 1, 'idle'} end
-if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= cur then return {0, cur, 'moved'} end
+if not cur then return {S.OK, 1, 'idle'} end
+if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= cur then return {S.OK, cur, 'moved'} end
 if redis.call('HEXISTS', KEYS[1], 'r:' .. cur) == 1 then
   redis.call('HSET', KEYS[1], 'gen', cur + 1)
   redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'broken')
   redis.call('DEL', KEYS[2])
   redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-  return {0, cur + 1, 'reset'}
+  return {S.OK, cur + 1, 'reset'}
 end
-if redis.call('HEXISTS', KEYS[1], 'expected') == 1 then return {0, cur, 'open'} end
-return {0, cur, 'idle'}
+if redis.call('HEXISTS', KEYS[1], 'expected') == 1 then return {S.OK, cur, 'open'} end
+return {S.OK, cur, 'idle'}

@@ -180,7 +180,7 @@ class LoopHarness:
                 self.readers[i].expect(8)
                 self.socks[i].sendall(b"\x04" + tcpstore_key(f"arrive{r}") + struct.pack("<q", 1))
             else:
-                keys, args = self.barrier._arrive_call(worker_id, uuid.uuid4().hex, gen, WAIT_S)
+                _, keys, args = self.barrier.arrive_call(worker_id, uuid.uuid4().hex, gen, WAIT_S)
                 self.socks[i].sendall(pack("EVALSHA", self.sha, len(keys), *keys, *args))
         self.pump(lambda: all(self.state))
 
@@ -218,10 +218,10 @@ class LoopHarness:
             if wake_id:
                 cmd = pack(
                     "XREAD", "COUNT", 100, "BLOCK", self.slice_ms, "STREAMS",
-                    self.barrier._wake, self.events, wake_id, events_id,
+                    self.barrier.wake_key, self.events, wake_id, events_id,
                 )  # fmt: skip
             else:
-                key = self.barrier.job.keys.barrier_release(BARRIER, gen)
+                key = self.barrier.context.keys.barrier_release(BARRIER, gen)
                 cmd = pack("BLPOP", key, self.slice_ms // 1000)
             self.socks[i].sendall(cmd)
             self.state[i] = 1

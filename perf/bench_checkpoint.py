@@ -58,7 +58,7 @@ from common import (
 )
 
 from strata_redis import CheckpointManager, LocalStorage, S3Storage
-from strata_redis.snapshot import BufferPool
+from strata_redis.checkpoint.snapshot import BufferPool
 
 RATIOS = [
     ("CheckpointManager.save local (bytes)", "raw write+fsync"),

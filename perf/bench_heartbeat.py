@@ -40,10 +40,10 @@ def bench_heartbeat_tick(loops: int, url: str) -> float:
     """What the background thread sends each interval: heartbeat + reaper step, one round trip."""
     job = strata_redis.connect(url, "bench-heartbeat", heartbeat_timeout=60)
     worker = job.register_worker("worker-01", replace=True, heartbeat_interval=None)
-    keys, args = worker._heartbeat_args()
+    calls = [worker.heartbeat_call(), job.reap_call()]
     start = time.perf_counter()
     for _ in range(loops):
-        job.scripts.run_many([("heartbeat", keys, args), job.reap_call()])
+        job.scripts.run_many(calls)
     return time.perf_counter() - start
 
 

@@ -28,7 +28,7 @@ import redis_lock
 from common import make_runner
 
 import strata_redis
-from strata_redis.datasets import ShardManager
+from strata_redis import ShardManager
 
 PROCESSES = 4
 RATIOS = [
@@ -73,7 +73,7 @@ def fresh_epoch(loops: int, url: str, tag: str) -> strata_redis.ShardLeases:
     params = ShardManager(job).register_dataset_params(f"bench-{tag}-{loops}", loops, 1)
     epoch = int(job.client.incr("bench:{leases}:epoch"))  # fresh in every process
     leases = strata_redis.ShardLeases(job, params, epoch, worker)
-    leases._prepare()
+    leases.prepare()
     return leases
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pyperf  # type: ignore[import-untyped]
 from uhashring import HashRing  # type: ignore[import-untyped]
 
-from strata_redis import sharding
+from strata_redis.data import sharding
 
 NUM_WORKERS = 1_000
 NUM_SHARDS = 10_000

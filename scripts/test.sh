@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check strata_redis tests perf
 .venv/bin/mypy
+.venv/bin/lint-imports  # the layer contract in pyproject.toml: imports only point down
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

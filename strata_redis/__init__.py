@@ -1,8 +1,17 @@
 """strata_redis: coordination for distributed ML training through Redis."""
 
-from .barrier import LIVE, Barrier, BarrierState, Release
-from .checkpoint import CheckpointManager, SaveFuture
-from .datasets import ShardManager
+from .checkpoint.manager import CheckpointManager
+from .checkpoint.manifest import CheckpointInfo, FileEntry
+from .checkpoint.pipeline import SaveFuture
+from .checkpoint.reader import CheckpointSkippedWarning, LoadedCheckpoint
+from .checkpoint.records import SaveRecord
+from .context import JobContext
+from .coordination.barrier import LIVE, Barrier, BarrierState, Release
+from .coordination.latency import BarrierLatency
+from .coordination.registry import WorkerInfo
+from .coordination.workers import Worker
+from .data.leases import EpochProgress, Lease, ShardLeases
+from .data.sharding import DatasetParams, Shard
 from .errors import (
     BarrierBrokenError,
     BarrierError,
@@ -15,6 +24,7 @@ from .errors import (
     DatasetNotFoundError,
     LeaseError,
     LeaseLostError,
+    StepNotForwardError,
     StorageError,
     StorageExistsError,
     StorageNotFoundError,
@@ -28,12 +38,7 @@ from .errors import (
 )
 from .job import Job, connect
 from .keys import Keys
-from .latency import BarrierLatency
-from .leases import EpochProgress, Lease, ShardLeases
-from .manifest import CheckpointInfo, FileEntry
-from .reader import CheckpointSkippedWarning, LoadedCheckpoint
-from .records import SaveRecord
-from .sharding import DatasetParams, Shard
+from .shard_manager import ShardManager
 from .storage import (
     LocalStorage,
     S3Storage,
@@ -42,7 +47,6 @@ from .storage import (
     storage_from_env,
     storage_from_url,
 )
-from .workers import Worker, WorkerInfo
 
 __version__ = "0.1.0"
 
@@ -67,6 +71,7 @@ __all__ = [
     "EpochProgress",
     "FileEntry",
     "Job",
+    "JobContext",
     "Keys",
     "Lease",
     "LeaseError",
@@ -80,6 +85,7 @@ __all__ = [
     "Shard",
     "ShardLeases",
     "ShardManager",
+    "StepNotForwardError",
     "Storage",
     "StorageError",
     "StorageExistsError",

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 import redis
 
 from .connection import make_client, redact
-from .job import Job, list_jobs
+from .coordination.registry import list_jobs
+from .demo import run_demo
+from .job import Job
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -41,8 +43,6 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-
     return run_demo(args.redis_url, workers=args.workers, checkpoint_path=args.checkpoint_path)
 
 

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import CheckpointManager
-from .datasets import ShardManager
+from .checkpoint.manager import CheckpointManager
 from .errors import BarrierBrokenError, StrataError
 from .job import Job, connect
 from .server import RedisServer
+from .shard_manager import ShardManager
 
 CTX = multiprocessing.get_context("spawn")
 DATASET = "demo-images"

@@ -22,13 +22,26 @@ The tree::
     │   └── StorageExistsError          a create-only write found the object already there
     └── CheckpointError             .job_id, .step
         ├── CheckpointAbortedError      a participant's upload failed: the step never commits
-        └── CheckpointNotFoundError     no committed step verifies
+        ├── CheckpointNotFoundError     no committed step verifies
+        └── StepNotForwardError         a step not after the newest one (also a ValueError)
+
+A refusal from a Lua script is a ``Status`` code; ``from_status`` turns it into the
+exception, each class building its own message from the caller's ids (``refused``).
 
 Bad arguments raise the builtin ``ValueError``/``TypeError`` naming the argument and the
 value, and errors from redis-py (``redis.exceptions.RedisError``) pass through unwrapped.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .status import Status
+
+#: the ids of a failed call (job_id, worker_id, step, ...) plus ``payload``: the reply after
+#: the status code
+Context = dict[str, Any]
 
 __all__ = [
     "BarrierBrokenError",
@@ -42,6 +55,7 @@ __all__ = [
     "DatasetNotFoundError",
     "LeaseError",
     "LeaseLostError",
+    "StepNotForwardError",
     "StorageError",
     "StorageExistsError",
     "StorageNotFoundError",
@@ -62,30 +76,52 @@ class StrataError(Exception):
 class WorkerError(StrataError):
     """A worker-registry error about one worker of one job."""
 
+    #: what the message says happened to the worker (each subclass its own)
+    what = "was refused"
+
     def __init__(self, message: str, *, job_id: str, worker_id: str) -> None:
         super().__init__(message)
         self.job_id = job_id
         self.worker_id = worker_id
 
+    @classmethod
+    def refused(cls, c: Context) -> WorkerError:
+        """The error for a script's refusal, from the caller's ids."""
+        return cls(
+            f"worker {c['worker_id']!r} of job {c['job_id']!r} {cls.what}",
+            job_id=c["job_id"],
+            worker_id=c["worker_id"],
+        )
+
 
 class WorkerNotRegisteredError(WorkerError):
     """The worker id is not registered in this job."""
+
+    what = "is not registered"
 
 
 class WorkerExistsError(WorkerError):
     """The worker id is registered and alive; ``replace=True`` takes it over."""
 
+    what = "is already registered and alive (pass replace=True to take it)"
+
 
 class WorkerFailedError(WorkerError):
     """The reaper declared this worker failed; it must re-register to take part again."""
+
+    what = "was declared failed; register it again to rejoin"
 
 
 class WorkerLeftError(WorkerError):
     """The worker deregistered; it must re-register to take part again."""
 
+    what = "has left; register it again to rejoin"
+
 
 class WorkerReplacedError(WorkerError):
     """A newer registration of the same worker id superseded this handle."""
+
+    what = "was replaced by a newer registration of the same id"
 
 
 class BarrierError(StrataError):
@@ -95,6 +131,27 @@ class BarrierError(StrataError):
         super().__init__(message)
         self.job_id = job_id
         self.barrier = barrier
+
+    @classmethod
+    def moved(cls, c: Context) -> BarrierError:
+        """The barrier went to another generation during the arrival (``BARRIER_MOVED``)."""
+        return cls(
+            f"barrier {c['barrier']!r} of job {c['job_id']!r} moved to generation "
+            f"{c['payload'][0]} while worker {c['worker_id']!r} was arriving (retry the call)",
+            job_id=c["job_id"],
+            barrier=c["barrier"],
+        )
+
+    @classmethod
+    def mismatch(cls, c: Context) -> BarrierError:
+        """The arrival's ``expected`` differs from the generation's (``BARRIER_MISMATCH``)."""
+        return cls(
+            f"barrier {c['barrier']!r} of job {c['job_id']!r} generation {c['payload'][0]} was "
+            f"opened with expected={c['payload'][1]!r}; worker {c['worker_id']!r} passed "
+            f"expected={c['expected']!r} (every participant must pass the same)",
+            job_id=c["job_id"],
+            barrier=c["barrier"],
+        )
 
 
 class BarrierTimeoutError(BarrierError):
@@ -157,6 +214,26 @@ class DatasetNotFoundError(DatasetError):
 class DatasetConflictError(DatasetError):
     """A dataset of that name is registered with different parameters."""
 
+    @classmethod
+    def refused(cls, c: Context) -> DatasetConflictError:
+        """Registered with other parameters (``DATASET_CONFLICT``)."""
+        return cls(
+            f"dataset {c['dataset']!r} of job {c['job_id']!r} is registered with other "
+            f"parameters (pass replace=True to replace them)",
+            job_id=c["job_id"],
+            dataset=c["dataset"],
+        )
+
+    @classmethod
+    def epoch_mismatch(cls, c: Context) -> DatasetConflictError:
+        """The epoch's pool has another shard count (``EPOCH_MISMATCH``)."""
+        return cls(
+            f"epoch {c['epoch']} of dataset {c['dataset']!r} in job {c['job_id']!r} was started "
+            f"with a different number of shards than the dataset has now",
+            job_id=c["job_id"],
+            dataset=c["dataset"],
+        )
+
 
 class LeaseError(StrataError):
     """A shard-lease error about one shard of one dataset epoch."""
@@ -173,6 +250,18 @@ class LeaseError(StrataError):
 
 class LeaseLostError(LeaseError):
     """The lease expired, was granted to another worker, or the fencing token is stale."""
+
+    @classmethod
+    def refused(cls, c: Context) -> LeaseLostError:
+        """A stale fencing token (``LEASE_LOST``)."""
+        return cls(
+            f"lease on shard {c['shard_id']} of dataset {c['dataset']!r} epoch {c['epoch']} "
+            f"(token {c['token']}) was lost: it expired and was taken back, or was re-granted",
+            job_id=c["job_id"],
+            dataset=c["dataset"],
+            epoch=c["epoch"],
+            shard_id=c["shard_id"],
+        )
 
 
 class StorageError(StrataError):
@@ -205,10 +294,129 @@ class CheckpointError(StrataError):
         self.job_id = job_id
         self.step = step
 
+    @classmethod
+    def about(cls, c: Context, what: str) -> CheckpointError:
+        """``step {step} of job {job_id!r} {what}``."""
+        return cls(
+            f"step {c['step']} of job {c['job_id']!r} {what}", job_id=c["job_id"], step=c["step"]
+        )
+
+    @classmethod
+    def mismatch(cls, c: Context) -> CheckpointError:
+        """The step was opened with another world size or epoch (``STEP_MISMATCH``)."""
+        return cls.about(
+            c,
+            f"was opened with world_size={c['payload'][0]} and epoch={c['payload'][1] or None}; "
+            f"worker {c['worker_id']!r} passed world_size={c['world_size']} and "
+            f"epoch={c['epoch']} (all must pass the same)",
+        )
+
+    @classmethod
+    def rank_not_held(cls, c: Context) -> CheckpointError:
+        """The rank is another worker's (``RANK_NOT_HELD``)."""
+        holder = c["payload"][0] or "nobody (the step expired)"
+        return cls(
+            f"rank {c['rank']} of step {c['step']} of job {c['job_id']!r} is not worker "
+            f"{c['worker_id']!r}'s: it is held by {holder!r}",
+            job_id=c["job_id"],
+            step=c["step"],
+        )
+
+    @classmethod
+    def committed(cls, c: Context) -> CheckpointError:
+        """The step is committed already (``STEP_COMMITTED``)."""
+        return cls.about(c, "is already committed")
+
+    @classmethod
+    def committing(cls, c: Context) -> CheckpointError:
+        """A leader is committing the step (``STEP_COMMITTING``)."""
+        return cls.about(
+            c,
+            f"is being committed by leader {c['payload'][0]!r}; worker {c['worker_id']!r} "
+            "cannot abort or commit it",
+        )
+
 
 class CheckpointAbortedError(CheckpointError):
     """A participant aborted this step (its upload failed); the step never becomes visible."""
 
+    @classmethod
+    def by(cls, job_id: str, step: int, worker_id: str, reason: str) -> CheckpointAbortedError:
+        """``step`` was aborted by ``worker_id`` for ``reason``."""
+        return cls(
+            f"step {step} of job {job_id!r} was aborted by worker {worker_id!r}: {reason}",
+            job_id=job_id,
+            step=step,
+        )
+
+    @classmethod
+    def refused(cls, c: Context) -> CheckpointAbortedError:
+        """The step was aborted (``STEP_ABORTED``; payload: culprit, reason)."""
+        return cls.by(c["job_id"], c["step"], c["payload"][0], c["payload"][1])
+
 
 class CheckpointNotFoundError(CheckpointError):
     """No committed checkpoint step verifies."""
+
+
+class StepNotForwardError(CheckpointError, ValueError):
+    """A save's step is not after the newest one: steps must go forward.
+
+    Raised by whichever check finds it first (this manager's own last step, the Redis index,
+    or the commit script), always as this type; it is also a ``ValueError`` (a bad argument).
+
+    Attributes:
+        newest: the step it had to be after.
+    """
+
+    def __init__(self, message: str, *, job_id: str, step: int | None, newest: int) -> None:
+        super().__init__(message, job_id=job_id, step=step)
+        self.newest = newest
+
+    @classmethod
+    def after(cls, job_id: str, step: int, newest: int, by: str) -> StepNotForwardError:
+        """``step`` is not after ``newest``, which ``by`` (who saved or committed it) holds."""
+        return cls(
+            f"step must go forward: got step={step}, but {by} step {newest}",
+            job_id=job_id,
+            step=step,
+            newest=newest,
+        )
+
+    @classmethod
+    def refused(cls, c: Context) -> StepNotForwardError:
+        """The commit protocol found a newer committed step (``STEP_NOT_FORWARD``)."""
+        newest = int(c["payload"][0])
+        return cls(
+            f"step {c['step']} of job {c['job_id']!r} is not after the newest committed step "
+            f"{newest}: steps must go forward",
+            job_id=c["job_id"],
+            step=c["step"],
+            newest=newest,
+        )
+
+
+#: each refusal a script can return, and the exception it becomes
+_BY_STATUS: dict[Status, Callable[[Context], StrataError]] = {
+    Status.WORKER_NOT_REGISTERED: WorkerNotRegisteredError.refused,
+    Status.WORKER_FAILED: WorkerFailedError.refused,
+    Status.WORKER_LEFT: WorkerLeftError.refused,
+    Status.WORKER_EXISTS: WorkerExistsError.refused,
+    Status.WORKER_REPLACED: WorkerReplacedError.refused,
+    Status.BARRIER_MOVED: BarrierError.moved,
+    Status.BARRIER_MISMATCH: BarrierError.mismatch,
+    Status.LEASE_LOST: LeaseLostError.refused,
+    Status.EPOCH_MISMATCH: DatasetConflictError.epoch_mismatch,
+    Status.DATASET_CONFLICT: DatasetConflictError.refused,
+    Status.STEP_NOT_FORWARD: StepNotForwardError.refused,
+    Status.STEP_ABORTED: CheckpointAbortedError.refused,
+    Status.STEP_MISMATCH: CheckpointError.mismatch,
+    Status.RANK_NOT_HELD: CheckpointError.rank_not_held,
+    Status.STEP_COMMITTED: CheckpointError.committed,
+    Status.STEP_COMMITTING: CheckpointError.committing,
+}
+
+
+def from_status(status: Status, context: Context) -> StrataError:
+    """The exception for a script's refusal; ``context`` holds the ids and ``payload``."""
+    return _BY_STATUS[status](context)

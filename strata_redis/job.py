@@ -1,29 +1,26 @@
-"""A job: one training run's coordination state in Redis, and the handle every part hangs off."""
+"""``Job``: the user-facing handle of one training run: a thin facade on the features."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
 import redis
 
-from .connection import describe, make_client
+from .connection import describe
+from .context import HasContext, JobContext
+from .coordination import epochs, latency, registry
+from .coordination.barrier import Barrier
+from .coordination.latency import BarrierLatency
+from .coordination.registry import WorkerInfo
+from .coordination.workers import Worker, register_worker
+from .data.datasets import get_dataset
+from .data.leases import ShardLeases
 from .errors import StrataError
-from .keys import PREFIX, Keys
-from .scripts import Call, Scripts, check
-from .validate import check_id, check_int, check_seconds
-from .workers import Worker, WorkerInfo
+from .keys import Keys
+from .scripts import Call, Scripts
 
-if TYPE_CHECKING:
-    from .barrier import Barrier
-    from .latency import BarrierLatency
-    from .leases import ShardLeases
-
-JOB_ENV = "STRATA_JOB_ID"
-DEFAULT_JOB = "default"
-REAP_BATCH = 1000
+__all__ = ["Job", "connect"]
 
 
 class Job:
@@ -37,36 +34,59 @@ class Job:
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
             worker failed. Every process of a job should use the same value.
         events_cap: approximate length at which the membership event stream is trimmed.
+
+    Attributes:
+        context: the ``JobContext`` the features work on (ids, client, keys, scripts).
     """
 
     def __init__(
         self,
-        redis: str | redis.Redis | Job | None = None,
+        redis: str | redis.Redis | JobContext | HasContext | None = None,
         job_id: str | None = None,
         *,
         heartbeat_timeout: float = 10.0,
         events_cap: int = 10_000,
     ) -> None:
-        if job_id is None:
-            job_id = redis.job_id if isinstance(redis, Job) else os.environ.get(JOB_ENV)
-            job_id = job_id or DEFAULT_JOB
-        self.job_id: str = check_id("job_id", job_id, job=True)
-        self.heartbeat_timeout = check_seconds("heartbeat_timeout", heartbeat_timeout, high=86400)
-        self.events_cap = check_int("events_cap", events_cap, low=100, high=10_000_000)
-        self.keys: Keys = Keys(self.job_id)
-        if isinstance(redis, Job):
-            self.client: Any = redis.client
-            self.scripts: Scripts = redis.scripts
-        else:
-            self.client = make_client(redis)
-            self.scripts = Scripts(self.client)
+        self.context = JobContext(
+            redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap
+        )
+
+    @property
+    def job_id(self) -> str:
+        """The job's id."""
+        return self.context.job_id
+
+    @property
+    def keys(self) -> Keys:
+        """The job's key schema."""
+        return self.context.keys
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client (shared by every handle made from this job)."""
+        return self.context.client
+
+    @property
+    def scripts(self) -> Scripts:
+        """The Lua scripts registered on the client."""
+        return self.context.scripts
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        """Seconds without a heartbeat after which a worker is declared failed."""
+        return self.context.heartbeat_timeout
+
+    @property
+    def events_cap(self) -> int:
+        """The approximate length of the membership event stream."""
+        return self.context.events_cap
 
     def __repr__(self) -> str:
         return f"Job({self.job_id!r}, redis={describe(self.client)!r})"
 
     def close(self) -> None:
         """Close the client's connections."""
-        self.client.close()
+        self.context.close()
 
     def __enter__(self) -> Job:
         return self
@@ -89,95 +109,37 @@ class Job:
     ) -> Worker:
         """Register a worker (or re-register one that failed or left) and start heartbeats.
 
-        Args:
-            worker_id: the worker's id (see ``strata_redis.validate`` for what is allowed).
-            host, address: where it runs, for people reading the state.
-            gpu_count: GPUs it has (0..1024).
-            labels: free-form str -> str labels.
-            replace: take over the id if it is registered and alive (a restarted process).
-            heartbeat_interval: seconds between background heartbeats; ``None`` for none
-                (then call ``heartbeat()`` yourself more often than the timeout).
-            on_lost: called from the heartbeat thread if the worker is declared failed.
-
-        Returns:
-            The worker handle; its ``incarnation`` is the new membership generation.
+        See ``strata_redis.coordination.workers.register_worker`` for the arguments.
 
         Raises:
             WorkerExistsError: the id is registered and alive, and ``replace`` is false.
             ValueError, TypeError: a bad argument, named in the message.
         """
-        check_id("worker_id", worker_id)
-        gpu_count = check_int("gpu_count", gpu_count, low=0, high=1024)
-        info = {
-            "host": _optional_text("host", host),
-            "address": _optional_text("address", address),
-            "gpu_count": gpu_count,
-            "labels": _labels(labels),
-        }
-        if heartbeat_interval is not None:
-            check_seconds("heartbeat_interval", heartbeat_interval, high=self.heartbeat_timeout)
-        k = self.keys
-        generation, _now = self.scripts.run(
-            "register_worker",
-            [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events],
-            [worker_id, orjson.dumps(info), "1" if replace else "0", self.events_cap],
-            {"job_id": self.job_id, "worker_id": worker_id},
-        )
-        worker = Worker(self, worker_id, int(generation), on_lost=on_lost)
-        if heartbeat_interval is not None:
-            worker.start_heartbeat(heartbeat_interval)
-        return worker
+        return register_worker(
+            self.context, worker_id, host=host, address=address, gpu_count=gpu_count,
+            labels=labels, replace=replace, heartbeat_interval=heartbeat_interval,
+            on_lost=on_lost,
+        )  # fmt: skip
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker the job has seen, sorted by id, with ages on Redis' clock."""
-        k = self.keys
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.hgetall(k.status)
-            pipe.hgetall(k.info)
-            pipe.hgetall(k.incarnation)
-            pipe.zrange(k.heartbeats, 0, -1, withscores=True)
-            pipe.time()
-            status, info, incarnation, beats, (sec, usec) = pipe.execute()
-        now_ms = sec * 1000 + usec / 1000
-        last = dict(beats)
-        out = []
-        for worker_id in sorted(status):
-            meta = orjson.loads(info[worker_id]) if worker_id in info else {}
-            seen = last.get(worker_id)
-            out.append(
-                WorkerInfo(
-                    worker_id=worker_id,
-                    status=status[worker_id],
-                    last_seen_s=None if seen is None else max(0.0, (now_ms - seen) / 1000),
-                    host=meta.get("host"),
-                    address=meta.get("address"),
-                    gpu_count=int(meta.get("gpu_count", 0)),
-                    labels=dict(meta.get("labels", {})),
-                    incarnation=int(incarnation.get(worker_id, 0)),
-                )
-            )
-        return out
+        return registry.workers(self.context)
 
     def live_workers(self) -> list[str]:
         """Ids of the workers that are registered and not failed or left, sorted."""
-        return sorted(self.client.zrange(self.keys.heartbeats, 0, -1))
+        return registry.live_workers(self.context)
 
     def membership_generation(self) -> int:
         """The membership generation: moves by one on every join, leave and failure."""
-        return int(self.client.get(self.keys.generation) or 0)
+        return registry.membership_generation(self.context)
 
     def reap_call(self) -> Call:
         """One reaper step as a script call, to batch with other calls (see ``reap``)."""
-        k = self.keys
-        return (
-            "reap_workers",
-            [k.heartbeats, k.status, k.generation, k.events],
-            [int(self.heartbeat_timeout * 1000), self.events_cap, REAP_BATCH],
-        )
+        return registry.reap_call(self.context)
 
-    def check_reaped(self, reply: list[Any]) -> list[str]:
-        """The ids newly declared failed, from a reaper step's reply."""
-        return [str(x) for x in check(reply, {"job_id": self.job_id})[1:]]
+    def reaped(self, reply: list[Any]) -> list[str]:
+        """The ids newly declared failed, from the raw reply of a ``reap_call``."""
+        return registry.reaped(self.context, reply)
 
     def reap(self) -> list[str]:
         """Declare failed every worker silent for longer than ``heartbeat_timeout``.
@@ -188,18 +150,11 @@ class Job:
         Returns:
             The ids this call declared failed (each failure is reported once, to one caller).
         """
-        ids: list[str] = []
-        while True:
-            batch = self.check_reaped(self.scripts.call(*self.reap_call()))
-            ids += batch
-            if len(batch) < REAP_BATCH:
-                return ids
+        return registry.reap(self.context)
 
     def events(self, count: int = 100) -> list[dict[str, str]]:
         """The newest membership events (join, replace, leave, fail), oldest first."""
-        count = check_int("count", count, low=1, high=100_000)
-        entries = self.client.xrevrange(self.keys.events, count=count)
-        return [{"id": entry_id, **fields} for entry_id, fields in reversed(entries)]
+        return registry.events(self.context, count)
 
     # -- datasets and shard leases ---------------------------------------------------------
     def leases(self, dataset: str, epoch: int, worker_id: str, **options: Any) -> ShardLeases:
@@ -210,11 +165,8 @@ class Job:
         Raises:
             DatasetNotFoundError: the dataset is not registered.
         """
-        from .datasets import ShardManager
-        from .leases import ShardLeases
-
-        params = ShardManager(self).get_dataset(dataset)
-        return ShardLeases(self, params, epoch, worker_id, **options)
+        params = get_dataset(self.context, dataset)
+        return ShardLeases(self.context, params, epoch, worker_id, **options)
 
     # -- barriers and epochs ---------------------------------------------------------------
     def barrier(
@@ -228,76 +180,34 @@ class Job:
             timeout: the default timeout of ``wait``, seconds.
 
         Returns:
-            The barrier handle (see ``strata_redis.barrier.Barrier``).
+            The barrier handle (see ``strata_redis.coordination.barrier.Barrier``).
         """
-        from .barrier import Barrier
-
-        return Barrier(self, name, expected, timeout=timeout)
+        return Barrier(self.context, name, expected, timeout=timeout)
 
     def advance_epoch(self, worker_id: str, timeout: float = 60.0) -> int:
         """Meet every live worker and move to the next epoch; returns it (the same for all).
 
-        See ``strata_redis.epochs.advance_epoch``.
+        See ``strata_redis.coordination.epochs.advance_epoch``.
         """
-        from .epochs import advance_epoch
-
-        return advance_epoch(self, worker_id, timeout)
+        return epochs.advance_epoch(self.context, worker_id, timeout)
 
     def current_epoch(self) -> int:
         """The job's epoch: 0 until the first ``advance_epoch``."""
-        from .epochs import current_epoch
-
-        return current_epoch(self)
+        return epochs.current_epoch(self.context)
 
     def epoch_barrier(self, timeout: float = 60.0) -> Barrier:
         """The barrier behind ``advance_epoch``, e.g. to ``reset(err.generation)`` it."""
-        from .epochs import epoch_barrier
-
-        return epoch_barrier(self, timeout)
+        return epochs.epoch_barrier(self.context, timeout)
 
     def barrier_latencies(self, count: int = 1000) -> list[BarrierLatency]:
         """The newest barrier releases with their release latency, oldest first."""
-        from .latency import barrier_latencies
-
-        return barrier_latencies(self, count)
+        return latency.barrier_latencies(self.context, count)
 
 
 def connect(
-    redis: str | redis.Redis | Job | None = None, job_id: str | None = None, **options: Any
+    redis: str | redis.Redis | JobContext | HasContext | None = None,
+    job_id: str | None = None,
+    **options: Any,
 ) -> Job:
     """Connect to a job's coordination state. See ``Job`` for the arguments."""
     return Job(redis, job_id, **options)
-
-
-def _optional_text(arg: str, value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"{arg} must be a str or None, got {type(value).__name__} {value!r}")
-    if len(value) > 1024:
-        raise ValueError(f"{arg} must be at most 1024 characters, got {len(value)}")
-    return value
-
-
-def _labels(labels: Mapping[str, str] | None) -> dict[str, str]:
-    if labels is None:
-        return {}
-    if not isinstance(labels, Mapping):
-        raise TypeError(f"labels must be a mapping of str to str, got {type(labels).__name__}")
-    out = {}
-    for key, value in labels.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"labels must map str to str, got {key!r}: {value!r}")
-        out[key] = value
-    if len(orjson.dumps(out)) > 16_384:
-        raise ValueError("labels must serialize to at most 16 KiB")
-    return out
-
-
-def list_jobs(client: Any) -> list[str]:
-    """The ids of every job with state in this Redis (a ``SCAN``: for operators, not hot paths)."""
-    jobs = set()
-    for key in client.scan_iter(match=f"{PREFIX}:{{*}}:generation", count=1000):
-        start, end = key.index("{") + 1, key.rindex("}")
-        jobs.add(key[start:end])
-    return sorted(jobs)

@@ -1,8 +1,9 @@
 """The Lua scripts: found on disk, registered once per client, status codes mapped to errors.
 
 Every script lives in ``lua/<name>.lua`` (the wheel carries them as ``strata_redis/lua``)
-and returns a table whose first element is a status code: 0 for success, else a code from
-``STATUS`` below, the one table that turns codes into exceptions.
+and returns a table whose first element is a ``Status`` code: 0 for success, else a refusal
+that ``errors.from_status`` turns into its exception. Each script is loaded with the status
+prelude (``status.prelude()``) in front of its first line, so scripts name codes, not numbers.
 """
 
 from __future__ import annotations
@@ -16,110 +17,11 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from . import errors
+from .errors import Context, from_status
+from .status import Status, prelude
 
-Context = dict[str, Any]
 #: one script call: (script name, keys, args)
 Call = tuple[str, Sequence[str], Sequence[Any]]
-
-
-def _worker(cls: type[errors.WorkerError], what: str) -> Callable[[Context], errors.StrataError]:
-    def make(c: Context) -> errors.StrataError:
-        return cls(
-            f"worker {c['worker_id']!r} of job {c['job_id']!r} {what}",
-            job_id=c["job_id"],
-            worker_id=c["worker_id"],
-        )
-
-    return make
-
-
-#: the status of a refused lease (a stale fencing token), also raised from a hand-off's reply
-LEASE_LOST = 20
-
-#: status code -> a factory building the exception from the caller's context.
-STATUS: dict[int, Callable[[Context], errors.StrataError]] = {
-    1: _worker(errors.WorkerNotRegisteredError, "is not registered"),
-    3: _worker(errors.WorkerFailedError, "was declared failed; register it again to rejoin"),
-    4: _worker(errors.WorkerLeftError, "has left; register it again to rejoin"),
-    5: _worker(
-        errors.WorkerExistsError, "is already registered and alive (pass replace=True to take it)"
-    ),
-    6: _worker(errors.WorkerReplacedError, "was replaced by a newer registration of the same id"),
-    # 10-19: barriers (payload: the script's reply after the code)
-    10: lambda c: errors.BarrierError(
-        f"barrier {c['barrier']!r} of job {c['job_id']!r} moved to generation "
-        f"{c['payload'][0]} while worker {c['worker_id']!r} was arriving (retry the call)",
-        job_id=c["job_id"],
-        barrier=c["barrier"],
-    ),
-    11: lambda c: errors.BarrierError(
-        f"barrier {c['barrier']!r} of job {c['job_id']!r} generation {c['payload'][0]} was "
-        f"opened with expected={c['payload'][1]!r}; worker {c['worker_id']!r} passed "
-        f"expected={c['expected']!r} (every participant must pass the same)",
-        job_id=c["job_id"],
-        barrier=c["barrier"],
-    ),
-    # 20-29: shard leases
-    LEASE_LOST: lambda c: errors.LeaseLostError(
-        f"lease on shard {c['shard_id']} of dataset {c['dataset']!r} epoch {c['epoch']} "
-        f"(token {c['token']}) was lost: it expired and was taken back, or was re-granted",
-        job_id=c["job_id"],
-        dataset=c["dataset"],
-        epoch=c["epoch"],
-        shard_id=c["shard_id"],
-    ),
-    22: lambda c: errors.DatasetConflictError(
-        f"epoch {c['epoch']} of dataset {c['dataset']!r} in job {c['job_id']!r} was started "
-        f"with a different number of shards than the dataset has now",
-        job_id=c["job_id"],
-        dataset=c["dataset"],
-    ),
-    # 30-39: datasets
-    30: lambda c: errors.DatasetConflictError(
-        f"dataset {c['dataset']!r} of job {c['job_id']!r} is registered with other parameters "
-        f"(pass replace=True to replace them)",
-        job_id=c["job_id"],
-        dataset=c["dataset"],
-    ),
-    # 40-49: checkpoints (payload: the script's reply after the code)
-    40: lambda c: errors.CheckpointError(
-        f"step {c['step']} of job {c['job_id']!r} is not after the newest committed step "
-        f"{c['payload'][0]}: steps must go forward",
-        job_id=c["job_id"],
-        step=c["step"],
-    ),
-    41: lambda c: errors.CheckpointAbortedError(
-        f"step {c['step']} of job {c['job_id']!r} was aborted by worker {c['payload'][0]!r}: "
-        f"{c['payload'][1]}",
-        job_id=c["job_id"],
-        step=c["step"],
-    ),
-    42: lambda c: errors.CheckpointError(
-        f"step {c['step']} of job {c['job_id']!r} was opened with world_size="
-        f"{c['payload'][0]} and epoch={c['payload'][1] or None}; worker {c['worker_id']!r} "
-        f"passed world_size={c['world_size']} and epoch={c['epoch']} (all must pass the same)",
-        job_id=c["job_id"],
-        step=c["step"],
-    ),
-    43: lambda c: errors.CheckpointError(
-        f"rank {c['rank']} of step {c['step']} of job {c['job_id']!r} is not worker "
-        f"{c['worker_id']!r}'s: it is held by {c['payload'][0] or 'nobody (the step expired)'!r}",
-        job_id=c["job_id"],
-        step=c["step"],
-    ),
-    44: lambda c: errors.CheckpointError(
-        f"step {c['step']} of job {c['job_id']!r} is already committed",
-        job_id=c["job_id"],
-        step=c["step"],
-    ),
-    45: lambda c: errors.CheckpointError(
-        f"step {c['step']} of job {c['job_id']!r} is being committed by leader "
-        f"{c['payload'][0]!r}; worker {c['worker_id']!r} cannot abort or commit it",
-        job_id=c["job_id"],
-        step=c["step"],
-    ),
-}
 
 
 def lua_dir() -> Path:
@@ -133,8 +35,15 @@ def lua_dir() -> Path:
 
 @cache
 def sources() -> dict[str, str]:
-    """Every script's source, by name (the file name without ``.lua``)."""
+    """Every script's file, by name (the file name without ``.lua``)."""
     return {path.stem: path.read_text(encoding="utf-8") for path in sorted(lua_dir().glob("*.lua"))}
+
+
+@cache
+def compiled() -> dict[str, str]:
+    """Every script as Redis runs it: the status prelude, then the file (line numbers kept)."""
+    head = prelude()
+    return {name: head + src for name, src in sources().items()}
 
 
 def check(reply: Sequence[Any], context: Context | Callable[[], Context]) -> list[Any]:
@@ -145,16 +54,16 @@ def check(reply: Sequence[Any], context: Context | Callable[[], Context]) -> lis
 
     Raises:
         StrataError: the mapped exception.
-        RuntimeError: an unknown status code (a script and this table disagree).
+        RuntimeError: an unknown status code (a script and ``Status`` disagree).
     """
-    code = int(reply[0])
-    if code == 0:
+    try:
+        status = Status(int(reply[0]))
+    except ValueError:
+        raise RuntimeError(f"unknown status code from a strata_redis script: {reply!r}") from None
+    if status is Status.OK:
         return list(reply[1:])
-    factory = STATUS.get(code)
-    if factory is None:
-        raise RuntimeError(f"unknown status code {code} from a strata_redis script: {reply!r}")
     ids = context() if callable(context) else context
-    raise factory({**ids, "payload": list(reply[1:])})
+    raise from_status(status, {**ids, "payload": list(reply[1:])})
 
 
 class Scripts:
@@ -163,7 +72,7 @@ class Scripts:
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._scripts: dict[str, Script] = {
-            name: client.register_script(src) for name, src in sources().items()
+            name: client.register_script(src) for name, src in compiled().items()
         }
 
     def __getitem__(self, name: str) -> Script:

@@ -14,8 +14,8 @@ import pytest
 import redis
 
 import strata_redis
-from strata_redis.barrier import KEEP_OUTCOMES, Barrier
-from strata_redis.epochs import EPOCH_BARRIER
+from strata_redis.coordination.barrier import KEEP_OUTCOMES, Barrier
+from strata_redis.coordination.epochs import EPOCH_BARRIER
 
 from .procs import CTX, join_all, kill9, spawn, wait_for
 

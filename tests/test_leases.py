@@ -11,7 +11,7 @@ import pytest
 import redis
 
 import strata_redis
-from strata_redis.datasets import ShardManager
+from strata_redis import ShardManager
 
 from .procs import join_all, kill9, spawn
 

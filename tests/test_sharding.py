@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata_redis import hashring
-from strata_redis.sharding import (
+from strata_redis.data import hashring
+from strata_redis.data.sharding import (
     MAX_SEED,
     MAX_SHARDS,
     MAX_TOTAL_SAMPLES,

@@ -296,7 +296,7 @@ def test_printable_ids_work_without_breaking_the_schema(
     w.heartbeat()
     assert [i.worker_id for i in job.workers()] == [worker_id]
     assert all(k.startswith("strata:{run:7 é}:") for k in raw.keys("*"))
-    assert strata_redis.job.list_jobs(job.client) == ["run:7 é"]
+    assert strata_redis.coordination.registry.list_jobs(job.client) == ["run:7 é"]
     w.deregister()
 
 

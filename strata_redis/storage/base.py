@@ -187,6 +187,23 @@ class Storage(abc.ABC):
     def describe(self) -> str:
         """Return a short URL-like description such as ``s3://bucket/prefix`` (no secrets)."""
 
+    def remove_abandoned(self, prefix: str, older_than: float | None = None) -> int:
+        """Delete what killed writers left under ``prefix``; return how many things it deleted.
+
+        Only a backend's own debris (a local writer's hidden temporary files) is touched,
+        never an object; a backend that leaves none deletes nothing.
+
+        Args:
+            prefix: a directory-like prefix ending in ``/``.
+            older_than: only debris older than this many seconds; None for all of it
+                (the caller knows nothing can still be writing there).
+
+        Raises:
+            StorageError: the backend failed.
+        """
+        check_prefix(prefix)
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op unless a backend holds resources
         """Release network connections and other resources; the storage is unusable after."""
 

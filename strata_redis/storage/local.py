@@ -8,6 +8,7 @@ import os
 import pathlib
 import secrets
 import stat
+import time
 
 from ..errors import StorageError, StorageExistsError, StorageNotFoundError
 from .base import TMP_PREFIX, Storage, as_byte_view, check_path, check_prefix
@@ -158,6 +159,31 @@ class LocalStorage(Storage):
             raise self._error("list", prefix, exc) from exc
         found.sort()
         return found
+
+    def remove_abandoned(self, prefix: str, older_than: float | None = None) -> int:
+        """Delete killed writers' hidden temporary files under ``prefix`` (and emptied dirs).
+
+        See ``Storage.remove_abandoned``.
+        """
+        prefix = check_prefix(prefix)
+        top = self._full(prefix.rstrip("/")) if prefix else self._root
+        cutoff = None if older_than is None else time.time() - older_than
+        count = 0
+        for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
+            for name in filenames:
+                if not name.startswith(TMP_PREFIX):
+                    continue
+                full = os.path.join(dirpath, name)
+                with contextlib.suppress(OSError):
+                    if cutoff is None or os.stat(full).st_mtime < cutoff:
+                        os.unlink(full)
+                        count += 1
+            # Emptied directories go only when nothing can write there: a writer may have
+            # just made one it has not written into yet.
+            if cutoff is None and dirpath != self._root:
+                with contextlib.suppress(OSError):
+                    os.rmdir(dirpath)  # only succeeds when empty
+        return count
 
     # -- helpers -----------------------------------------------------------------------
     def _full(self, path: str) -> str:

@@ -1,71 +1,31 @@
-"""CheckpointManager: non-blocking, all-or-nothing checkpoint saves to S3 or local disk."""
+"""``CheckpointManager``: the checkpoint facade (non-blocking all-or-nothing saves, loads)."""
 
 from __future__ import annotations
 
 import builtins
-import logging
 import os
 import socket
-import threading
-import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
 
 import redis as redis_py
 
-from .checksum import PendingCrc, format_checksum
+from ..context import HasContext, JobContext
+from ..storage import Storage, as_byte_view, open_storage
+from ..storage.base import check_path
+from ..validate import check_id, check_int, check_seconds
 from .commit import StepProtocol
-from .errors import CheckpointAbortedError, CheckpointError
-from .job import Job
-from .manifest import (
-    METADATA,
-    CheckpointInfo,
-    FileEntry,
-    check_part_name,
-    part_path,
-    step_dir,
-)
+from .manifest import CheckpointInfo, check_part_name
+from .pipeline import SaveFuture, SavePipeline
 from .reader import CheckpointReader, LoadedCheckpoint
 from .records import SaveRecord, save_records
 from .retention import PruneReport, prune
-from .snapshot import BufferPool, Snapshot, is_immutable
-from .storage import Storage, as_byte_view, open_storage
-from .storage.base import check_path
-from .validate import check_id, check_int, check_seconds
+from .snapshot import is_immutable
 
 __all__ = ["MAX_STEP", "CheckpointManager", "SaveFuture"]
 
-log = logging.getLogger("strata_redis.checkpoint")
-
 #: steps are ints in [0, MAX_STEP] (Redis sorted-set scores are exact up to 2**53)
 MAX_STEP = 2**53
-
-
-class SaveFuture(Future[CheckpointInfo]):
-    """The handle ``save`` returns: a ``concurrent.futures.Future`` of the committed step.
-
-    ``result()`` waits for the commit and returns the step's :class:`CheckpointInfo`, or
-    raises why the save failed (``CheckpointAbortedError`` when the step was aborted).
-
-    Attributes:
-        step: the step being saved.
-        nbytes: the bytes this worker saves.
-        phase: ``queued``, ``uploading``, ``waiting`` (for the other ranks' acks),
-            ``committing``, ``committed`` or ``failed``.
-        started: when ``save`` was called (``time.monotonic()``).
-    """
-
-    def __init__(
-        self, step: int, nbytes: int, after: threading.Event, acked: threading.Event
-    ) -> None:
-        super().__init__()
-        self.step = step
-        self.nbytes = nbytes
-        self.phase = "queued"
-        self.started = time.monotonic()
-        self._after = after  # the previous save's "acked"
-        self._acked = acked
 
 
 class CheckpointManager:
@@ -122,7 +82,7 @@ class CheckpointManager:
         keep_count: int = 5,
         *,
         job_id: str | None = None,
-        redis: str | redis_py.Redis | Job | None = None,
+        redis: str | redis_py.Redis | JobContext | HasContext | None = None,
         worker_id: str | None = None,
         rank: int | None = None,
         world_size: int = 1,
@@ -145,43 +105,32 @@ class CheckpointManager:
         if worker_id is None:
             worker_id = f"{socket.gethostname()[:100]}:{os.getpid()}"
         self.worker_id = check_id("worker_id", worker_id)
-        if job_id is None and isinstance(redis, Job):
-            job_id = redis.job_id
-        self._owns_job = not isinstance(redis, (Job, redis_py.Redis))
-        self.job = Job(redis, job_id)
-        if "/" in self.job.job_id:
+        self._owns_client = not isinstance(redis, (JobContext, HasContext, redis_py.Redis))
+        self.context = JobContext(redis, job_id)
+        self.job_id = self.context.job_id
+        if "/" in self.job_id:
             raise ValueError(f"job_id must not contain '/' (it names a directory), got {job_id!r}")
-        check_path(self.job.job_id, arg="job_id")
+        check_path(self.job_id, arg="job_id")
         self._owns_storage = not isinstance(path, Storage)
         self.storage = open_storage(path)
 
         self._hasher = ThreadPoolExecutor(hash_threads, thread_name_prefix="strata-ckpt-hash")
-        self._uploads = ThreadPoolExecutor(max_in_flight, thread_name_prefix="strata-ckpt-save")
-        self._retention = ThreadPoolExecutor(1, thread_name_prefix="strata-ckpt-retention")
-        self._pool = BufferPool(max_in_flight)
-        self._room = threading.BoundedSemaphore(max_in_flight)
-        self._lock = threading.Lock()
-        self._in_flight: set[SaveFuture] = set()
-        self._last_step: int | None = None
-        # Set once the previous save acked (or failed): acks go out in step order, so a step
-        # can only commit after every rank acked the earlier ones (see _save_step).
-        self._previous_acked = threading.Event()
-        self._previous_acked.set()
-        self._retention_queued = False
-        self._last_retention: Future[Any] | None = None
-        self._indexed = False
-        self._closed = False
-        self._stop = threading.Event()
-        self._monitor: threading.Thread | None = None
         self.protocol = StepProtocol(
-            self.job, self.storage, worker_id=self.worker_id, rank=self.rank,
+            self.context, self.storage, worker_id=self.worker_id, rank=self.rank,
             world_size=self.world_size,
         )  # fmt: skip
-        self.reader = CheckpointReader(self.storage, self.job, self._hasher, hash_threads)
+        self.pipeline = SavePipeline(
+            self.context, self.storage, self.protocol, keep_count=self.keep_count,
+            max_in_flight=self.max_in_flight, commit_timeout=self.commit_timeout,
+            progress_interval=self.progress_interval, hasher=self._hasher,
+        )  # fmt: skip
+        self.reader = CheckpointReader(self.storage, self.context, self._hasher, hash_threads)
+        self._indexed = False
+        self._closed = False
 
     def __repr__(self) -> str:
         return (
-            f"CheckpointManager(job_id={self.job.job_id!r}, storage={self.storage.describe()!r}, "
+            f"CheckpointManager(job_id={self.job_id!r}, storage={self.storage.describe()!r}, "
             f"keep_count={self.keep_count}, rank={self.rank}, world_size={self.world_size})"
         )
 
@@ -230,181 +179,7 @@ class CheckpointManager:
             raise TypeError(f"copy must be a bool, got {type(copy).__name__} {copy!r}")
         views = _parts(data, name)
         self._ensure_index()
-        newest = self.reader.newest_step()
-        with self._lock:
-            if self._last_step is not None and step <= self._last_step:
-                raise ValueError(
-                    f"step must go forward: got step={step}, but this manager already saved "
-                    f"step {self._last_step}"
-                )
-            if newest is not None and step <= newest:
-                raise ValueError(
-                    f"step must go forward: got step={step}, but job {self.job.job_id!r} "
-                    f"already committed step {newest}"
-                )
-            self._last_step = step
-            after, acked = self._previous_acked, threading.Event()
-            self._previous_acked = acked
-        nbytes = sum(len(v) for v, _ in views.values())
-        future = SaveFuture(step, nbytes, after, acked)
-        snapshots: dict[str, Snapshot] = {}
-        room = False
-        try:
-            self._room.acquire()  # waits while max_in_flight saves are running
-            room = True
-            started = time.monotonic()
-            for part, (view, immutable) in views.items():
-                snapshots[part] = Snapshot(view) if immutable or not copy else self._pool.copy(view)
-            with self._lock:
-                self._in_flight.add(future)
-            self._start_monitor()
-            self._uploads.submit(self._run_save, future, step, epoch, snapshots, started)
-        except BaseException:
-            for snap in snapshots.values():
-                snap.release()
-            with self._lock:
-                self._in_flight.discard(future)
-            acked.set()  # later saves must not wait for this one's ack
-            if room:
-                self._room.release()
-            raise
-        return future
-
-    def _run_save(
-        self,
-        future: SaveFuture,
-        step: int,
-        epoch: int | None,
-        snapshots: dict[str, Snapshot],
-        started: float,
-    ) -> None:
-        try:
-            future.phase = "uploading"
-            info = self._save_step(future, step, epoch, snapshots, started)
-            future.phase = "committed"
-            future.set_result(info)
-        except BaseException as exc:
-            future.phase = "failed"
-            log.warning("checkpoint step %s of job %r failed: %s", step, self.job.job_id, exc)
-            future.set_exception(exc)
-        finally:
-            future._acked.set()
-            for snap in snapshots.values():
-                snap.release()
-            with self._lock:
-                self._in_flight.discard(future)
-            self._room.release()
-
-    def _save_step(
-        self,
-        future: SaveFuture,
-        step: int,
-        epoch: int | None,
-        snapshots: dict[str, Snapshot],
-        started: float,
-    ) -> CheckpointInfo:
-        base = step_dir(self.job.job_id, step)
-        try:
-            if self.storage.exists(f"{base}/{METADATA}"):
-                raise CheckpointError(
-                    f"step {step} of job {self.job.job_id!r} is already committed in "
-                    f"{self.storage.describe()} (the Redis index was behind; it is not "
-                    "overwritten)", job_id=self.job.job_id, step=step,
-                )  # fmt: skip
-            self.protocol.begin(step, epoch)
-            files = self._upload(base, snapshots)
-        except Exception as exc:
-            # Whatever stops this rank stops the step, for every rank at once (the abort
-            # does nothing to a step that is committed, or that a leader is committing).
-            seconds = time.monotonic() - started
-            reason = f"rank {self.rank} could not save its parts: {exc}"
-            self.protocol.abort(step, reason, future.nbytes, seconds)
-            if isinstance(exc, CheckpointError):
-                raise
-            raise CheckpointAbortedError(
-                f"step {step} of job {self.job.job_id!r} was aborted by worker "
-                f"{self.worker_id!r}: {reason}", job_id=self.job.job_id, step=step,
-            ) from exc  # fmt: skip
-        for snap in snapshots.values():
-            snap.release()  # the bytes are stored: free the buffer before waiting on others
-        seconds = time.monotonic() - started
-        # Ack after the previous save acked: with saves overlapping, step N+1 could otherwise
-        # commit first, and step N could never commit (steps must go forward).
-        future._after.wait()
-        led = self.protocol.ack(step, files, future.nbytes, seconds)
-        future._acked.set()
-        if led is None:
-            future.phase = "waiting"
-            return self.protocol.wait(step, epoch, self.commit_timeout)
-        future.phase = "committing"
-        acked_ms, acks = led
-        info = self.protocol.commit(step, epoch, acked_ms, acks)
-        total = time.monotonic() - started
-        log.info(
-            "checkpoint step %s of job %r committed: %d files, %.1f MB in %.2f s (%.0f MB/s)",
-            step, self.job.job_id, len(info.files), info.nbytes / 1e6, total,
-            info.nbytes / 1e6 / total if total > 0 else 0.0,
-        )  # fmt: skip
-        self._schedule_retention()
-        return info
-
-    def _upload(self, base: str, snapshots: dict[str, Snapshot]) -> dict[str, FileEntry]:
-        files: dict[str, FileEntry] = {}
-        for name, snap in snapshots.items():
-            path = part_path(name, self.rank, self.world_size)
-            # The checksum runs on one other thread while this one writes (both release the
-            # GIL): on two cores, the writer and one hasher (measured: a second hasher thread
-            # slows the write more than it speeds the checksum).
-            crc = PendingCrc(snap.view, self._hasher, 1)
-            try:
-                self.storage.write(f"{base}/{path}", snap.view)
-            finally:
-                checksum = format_checksum(crc.result())  # before the buffer can be reused
-            files[path] = FileEntry(path, name, self.rank, len(snap.view), checksum)
-        return files
-
-    # -- background work -----------------------------------------------------------------------
-    def _schedule_retention(self) -> None:
-        with self._lock:
-            if self._retention_queued or self._closed:
-                return
-            self._retention_queued = True
-            self._last_retention = self._retention.submit(self._retention_pass)
-
-    def _retention_pass(self) -> None:
-        with self._lock:
-            self._retention_queued = False
-        try:
-            prune(self.storage, self.job, self.keep_count)
-        except Exception as exc:  # a background pass must not die; the next one carries on
-            log.warning("checkpoint retention of job %r failed: %s", self.job.job_id, exc)
-
-    def _start_monitor(self) -> None:
-        with self._lock:
-            if self._monitor is not None:
-                return
-            self._monitor = threading.Thread(
-                target=self._watch, name="strata-ckpt-progress", daemon=True
-            )
-        self._monitor.start()
-
-    def _watch(self) -> None:
-        """Log saves that run long, so a slow upload is visible in the training logs."""
-        tick = min(self.progress_interval, 5.0)
-        reported: dict[SaveFuture, float] = {}
-        while not self._stop.wait(tick):
-            now = time.monotonic()
-            with self._lock:
-                running = list(self._in_flight)
-            for future in running:
-                age = now - future.started
-                if age >= reported.get(future, 0.0) + self.progress_interval:
-                    reported[future] = age
-                    log.info(
-                        "checkpoint step %s of job %r still %s after %.0f s (%.1f MB)",
-                        future.step, self.job.job_id, future.phase, age, future.nbytes / 1e6,
-                    )  # fmt: skip
-            reported = {f: t for f, t in reported.items() if f in running}
+        return self.pipeline.submit(step, epoch, views, copy, self.reader.newest_step())
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until every save in flight is done and retention has caught up.
@@ -414,24 +189,7 @@ class CheckpointManager:
         Raises:
             TimeoutError: ``timeout`` seconds passed first.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                running = list(self._in_flight)
-                retention = self._last_retention
-            pending: list[Future[Any]] = [*running, *([retention] if retention else [])]
-            if all(f.done() for f in pending):
-                return
-            for f in pending:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"checkpoint saves still running after {timeout} s")
-                try:
-                    f.exception(left)
-                except TimeoutError:
-                    raise TimeoutError(
-                        f"checkpoint saves still running after {timeout} s"
-                    ) from None
+        self.pipeline.wait(timeout)
 
     def prune(self) -> PruneReport:
         """Run a retention pass now, on this thread (one also runs after every commit).
@@ -439,7 +197,7 @@ class CheckpointManager:
         Returns:
             What was kept and deleted.
         """
-        return prune(self.storage, self.job, self.keep_count)
+        return prune(self.storage, self.context, self.keep_count)
 
     # -- reading -------------------------------------------------------------------------------
     def list(self) -> list[CheckpointInfo]:
@@ -513,7 +271,7 @@ class CheckpointManager:
 
     def records(self, count: int = 100) -> builtins.list[SaveRecord]:
         """The job's newest save records (bytes, seconds, MB/s per rank and step), oldest first."""
-        return save_records(self.job, count)
+        return save_records(self.context, count)
 
     def _ensure_index(self) -> None:
         if not self._indexed:
@@ -528,19 +286,13 @@ class CheckpointManager:
         """
         if self._closed:
             return
-        if wait:
-            self.wait()
-        with self._lock:
-            self._closed = True
-        self._stop.set()
-        self._uploads.shutdown(wait=wait)
-        self._retention.shutdown(wait=wait)
+        self._closed = True
+        self.pipeline.close(wait)
         self._hasher.shutdown(wait=wait)
-        self._pool.clear()
         if self._owns_storage:
             self.storage.close()
-        if self._owns_job:
-            self.job.close()
+        if self._owns_client:
+            self.context.close()
 
     def __enter__(self) -> CheckpointManager:
         return self

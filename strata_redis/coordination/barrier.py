@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
-import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import redis
 
-from .errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
+from ..context import JobContext
+from ..errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
+from ..scripts import Call, check
+from ..status import Status
+from ..validate import check_id, check_int, check_seconds
 from .latency import RECORDER
-from .scripts import check
-from .validate import check_id, check_int, check_seconds
-
-if TYPE_CHECKING:
-    from .job import Job
+from .registry import reap_call, reaped
 
 log = logging.getLogger("strata_redis.barrier")
 
@@ -102,16 +100,8 @@ class _Memo:
         self.tickets: dict[tuple[str, str], str] = {}
 
 
-_MEMOS: weakref.WeakKeyDictionary[Job, _Memo] = weakref.WeakKeyDictionary()
-_MEMOS_LOCK = threading.Lock()
-
-
-def _memo(job: Job) -> _Memo:
-    with _MEMOS_LOCK:
-        memo = _MEMOS.get(job)
-        if memo is None:
-            memo = _MEMOS[job] = _Memo()
-        return memo
+def _memo(ctx: JobContext) -> _Memo:
+    return ctx.memo("barrier", _Memo)
 
 
 def check_expected(expected: object) -> int | str:
@@ -156,7 +146,7 @@ class Barrier:
     may call ``reset(err.generation)``: only the first moves it) and meet again.
 
     Args:
-        job: the job.
+        ctx: the job's context (a ``Job`` gives its own: ``job.barrier(...)``).
         name: the barrier's name (an id; names starting with ``strata:`` are reserved).
         expected: how many workers must arrive, or ``LIVE`` (``"live"``) for every live
             registered worker. Every participant must pass the same.
@@ -167,32 +157,33 @@ class Barrier:
     """
 
     def __init__(
-        self, job: Job, name: str, expected: int | str = LIVE, *, timeout: float = 300.0
+        self, ctx: JobContext, name: str, expected: int | str = LIVE, *, timeout: float = 300.0
     ) -> None:
-        self._init(job, check_barrier_name(name), expected, timeout, counter=None)
+        self._init(ctx, check_barrier_name(name), expected, timeout, counter=None)
 
     @classmethod
-    def _internal(
-        cls, job: Job, name: str, expected: int | str, timeout: float, counter: str | None
+    def reserved(
+        cls, ctx: JobContext, name: str, expected: int | str, timeout: float, counter: str | None
     ) -> Barrier:
+        """A library-owned barrier (a reserved name), whose release increments ``counter``."""
         barrier = cls.__new__(cls)
-        barrier._init(job, name, expected, timeout, counter)
+        barrier._init(ctx, name, expected, timeout, counter)
         return barrier
 
     def _init(
-        self, job: Job, name: str, expected: object, timeout: object, counter: str | None
+        self, ctx: JobContext, name: str, expected: object, timeout: object, counter: str | None
     ) -> None:
-        self.job = job
+        self.context = ctx
         self.name = name
         self.expected = check_expected(expected)
         self.timeout = check_seconds("timeout", timeout, high=MAX_TIMEOUT)
         self._counter = counter
-        k = job.keys
+        k = ctx.keys
         self._state, self._arrived = k.barrier(name), k.barrier_arrived(name)
-        self._tickets, self._wake = k.barrier_tickets(name), k.barrier_wake(name)
+        self._tickets, self.wake_key = k.barrier_tickets(name), k.barrier_wake(name)
 
     def __repr__(self) -> str:
-        return f"Barrier({self.name!r}, expected={self.expected!r}, job={self.job.job_id!r})"
+        return f"Barrier({self.name!r}, expected={self.expected!r}, job={self.context.job_id!r})"
 
     # -- public API ----------------------------------------------------------------------
     def wait(self, worker_id: str, timeout: float | None = None) -> Release:
@@ -223,7 +214,7 @@ class Barrier:
             timeout = self.timeout
         timeout = check_seconds("timeout", timeout, high=MAX_TIMEOUT)
         deadline = time.monotonic() + timeout
-        memo = _memo(self.job)
+        memo = _memo(self.context)
         key = (self.name, worker_id)
         ticket = memo.tickets.setdefault(key, uuid.uuid4().hex)
         try:
@@ -268,23 +259,23 @@ class Barrier:
         """
         arg = "" if generation is None else check_int("generation", generation, low=1, high=2**53)
         while True:
-            current, what = self.job.scripts.run(
+            current, what = self.context.scripts.run(
                 "reset_barrier", [self._state, self._arrived], [arg, self._ttl_ms(self.timeout)],
                 lambda: self._context(""),
             )  # fmt: skip
             if what == "open" and generation is None:
                 self._break("", "reset")
                 continue
-            _memo(self.job).generations[self.name] = int(current)
+            _memo(self.context).generations[self.name] = int(current)
             return int(current)
 
     def generation(self) -> int:
         """The current generation (1 before the barrier's first use)."""
-        return int(self.job.client.hget(self._state, "gen") or 1)
+        return int(self.context.client.hget(self._state, "gen") or 1)
 
     def state(self) -> BarrierState:
         """The current generation: its number, expected, arrivals, and whether it broke."""
-        with self.job.client.pipeline(transaction=False) as pipe:
+        with self.context.client.pipeline(transaction=False) as pipe:
             pipe.hgetall(self._state)
             pipe.smembers(self._arrived)
             fields, arrived = pipe.execute()
@@ -296,17 +287,17 @@ class Barrier:
     # -- arrival -------------------------------------------------------------------------
     def _context(self, worker_id: str) -> dict[str, Any]:
         return {
-            "job_id": self.job.job_id,
+            "job_id": self.context.job_id,
             "barrier": self.name,
             "worker_id": worker_id,
             "expected": self.expected,
         }
 
     def _keys(self, generation: int) -> list[str]:
-        k = self.job.keys
+        k = self.context.keys
         keys = [
             self._state, self._arrived, self._tickets,
-            k.barrier_release(self.name, generation), self._wake,
+            k.barrier_release(self.name, generation), self.wake_key,
             k.heartbeats, k.status, k.events,
         ]  # fmt: skip
         if self._counter is not None:
@@ -318,27 +309,32 @@ class Barrier:
         # outlive every waiter's timeout, so an open generation never expires under it
         return int(max(MIN_KEY_TTL, 2 * timeout + 60) * 1000)
 
-    def _arrive_call(
-        self, worker_id: str, ticket: str, generation: int, timeout: float
-    ) -> tuple[list[str], list[str | int]]:
-        """The keys and args of one ``arrive_barrier`` call (perf/ sends it raw, too)."""
+    def arrive_call(self, worker_id: str, ticket: str, generation: int, timeout: float) -> Call:
+        """One arrival as a raw script call (``wait`` sends it; perf/ sends it raw, too).
+
+        Args:
+            worker_id: the arriving worker.
+            ticket: a unique id of this wait (a retried arrival with it counts once).
+            generation: the generation the caller believes current.
+            timeout: the wait's timeout, seconds (the keys outlive it).
+        """
         args: list[str | int] = [
             worker_id, ticket, generation, str(self.expected), self._ttl_ms(timeout),
             KEEP_OUTCOMES, WAKE_CAP, WATCHERS, RELEASE_TTL_MS,
         ]  # fmt: skip
-        return self._keys(generation), args
+        return "arrive_barrier", self._keys(generation), args
 
     def _arrive(self, worker_id: str, ticket: str, timeout: float) -> _Arrival:
-        memo = _memo(self.job)
+        memo = _memo(self.context)
         guess = memo.generations.get(self.name, 1)
         for _ in range(10):
             # the release list's key names the generation, and keys go through KEYS only,
             # so the caller names the generation it expects; the script says if it moved
-            keys, args = self._arrive_call(worker_id, ticket, guess, timeout)
+            _, keys, args = self.arrive_call(worker_id, ticket, guess, timeout)
             sent = time.monotonic()
-            reply = self.job.scripts.call("arrive_barrier", keys, args)
+            reply = self.context.scripts.call("arrive_barrier", keys, args)
             received = time.monotonic()
-            if int(reply[0]) == 10:
+            if int(reply[0]) == Status.BARRIER_MOVED:
                 guess = memo.generations[self.name] = int(reply[1])
                 continue
             gen, index, now_us, outcome, wake_id, events_id = check(
@@ -353,12 +349,12 @@ class Barrier:
     # -- waiting -------------------------------------------------------------------------
     def _await(self, worker_id: str, a: _Arrival, deadline: float, timeout: float) -> Release:
         outcome = a.outcome
-        slice_s = self.job.heartbeat_timeout / 2
-        release_key = self.job.keys.barrier_release(self.name, a.generation)
-        events_key = self.job.keys.events
+        slice_s = self.context.heartbeat_timeout / 2
+        release_key = self.context.keys.barrier_release(self.name, a.generation)
+        events_key = self.context.keys.events
         wake_id, events_id = a.wake_id, a.events_id
         watcher = bool(wake_id)
-        client = self.job.client
+        client = self.context.client
         while not outcome:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -367,13 +363,13 @@ class Barrier:
             block = min(remaining, slice_s)
             if watcher:
                 reply = client.xread(
-                    {self._wake: wake_id, events_key: events_id},
+                    {self.wake_key: wake_id, events_key: events_id},
                     count=100,
                     block=max(1, int(block * 1000)),
                 )
                 entries = _stream_entries(reply)
                 for stream, entry_id, fields in entries:
-                    if stream == self._wake:
+                    if stream == self.wake_key:
                         wake_id = entry_id
                         if fields.get("g") == str(a.generation):
                             outcome = fields["o"]
@@ -405,10 +401,10 @@ class Barrier:
         call = ("check_barrier", self._keys(generation), args)
         if reap:
             # the reaper step first, in the same round trip, so the check sees its verdicts
-            reaped, reply = self.job.scripts.run_many([self.job.reap_call(), call])
-            self.job.check_reaped(reaped)
+            reap_reply, reply = self.context.scripts.run_many([reap_call(self.context), call])
+            reaped(self.context, reap_reply)
         else:
-            reply = self.job.scripts.call(*call)
+            reply = self.context.scripts.call(*call)
         (outcome,) = check(reply, lambda: self._context(worker_id))
         return str(outcome)
 
@@ -420,15 +416,15 @@ class Barrier:
                 return gen
             # released (or moved on) just before the abort landed: break the next one
         raise BarrierError(
-            f"barrier {self.name!r} of job {self.job.job_id!r} kept moving; abort not recorded",
-            job_id=self.job.job_id,
+            f"barrier {self.name!r} of job {self.context.job_id!r} kept moving; abort not recorded",
+            job_id=self.context.job_id,
             barrier=self.name,
         )
 
     def _settle(self, worker_id: str, a: _Arrival, outcome: str) -> Release:
         if outcome.startswith("R "):
             release = self._release(outcome)
-            _memo(self.job).generations[self.name] = release.generation + 1
+            _memo(self.context).generations[self.name] = release.generation + 1
             if a.index == 1:
                 self._record_latency(a, release)
             return release
@@ -436,8 +432,9 @@ class Barrier:
             raise self._broken(outcome)
         what = "has expired" if outcome == "G" else "finished, but its outcome is no longer kept"
         raise BarrierError(
-            f"barrier {self.name!r} of job {self.job.job_id!r} generation {a.generation} {what}",
-            job_id=self.job.job_id,
+            f"barrier {self.name!r} of job {self.context.job_id!r} generation {a.generation} "
+            f"{what}",
+            job_id=self.context.job_id,
             barrier=self.name,
         )
 
@@ -449,7 +446,7 @@ class Barrier:
     def _broken(self, outcome: str) -> BarrierError:
         _, gen, culprit, reason, expected, arrived, *missing = outcome.split("\n")
         g, n = int(gen), int(arrived)
-        where = f"barrier {self.name!r} of job {self.job.job_id!r} generation {g}"
+        where = f"barrier {self.name!r} of job {self.context.job_id!r} generation {g}"
         if reason == "timeout":
             if expected == LIVE:
                 count = len(missing)
@@ -462,7 +459,7 @@ class Barrier:
                 )
             return BarrierTimeoutError(
                 f"{where} timed out: {what} (reset it to meet again)",
-                job_id=self.job.job_id, barrier=self.name, missing=missing, generation=g,
+                job_id=self.context.job_id, barrier=self.name, missing=missing, generation=g,
                 missing_count=count,
             )  # fmt: skip
         if reason == "failed":
@@ -473,7 +470,7 @@ class Barrier:
             what = f"it was aborted: {reason}"
         return BarrierBrokenError(
             f"{where} is broken: {what} (reset it to meet again)",
-            job_id=self.job.job_id, barrier=self.name, culprit=culprit, reason=reason,
+            job_id=self.context.job_id, barrier=self.name, culprit=culprit, reason=reason,
             generation=g,
         )  # fmt: skip
 
@@ -482,7 +479,7 @@ class Barrier:
         # waiters: its wake time bounds what the others saw
         woke_us = time.monotonic() * 1e6 + a.offset_us
         RECORDER.put(
-            self.job,
+            self.context,
             {
                 "barrier": self.name,
                 "generation": release.generation,

@@ -8,14 +8,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import redis
 
-from .validate import check_int
-
-if TYPE_CHECKING:
-    from .job import Job
+from ..context import JobContext
+from ..validate import check_int
 
 log = logging.getLogger("strata_redis.barrier")
 
@@ -53,13 +51,13 @@ class _LatencyRecorder:
     """
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[tuple[Job, dict[str, Any]]] = queue.Queue(LATENCY_CAP)
+        self._queue: queue.Queue[tuple[JobContext, dict[str, Any]]] = queue.Queue(LATENCY_CAP)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def put(self, job: Job, fields: dict[str, Any]) -> None:
+    def put(self, ctx: JobContext, fields: dict[str, Any]) -> None:
         try:
-            self._queue.put_nowait((job, fields))
+            self._queue.put_nowait((ctx, fields))
         except queue.Full:
             log.warning("barrier latency record full; dropping a record")
             return
@@ -82,10 +80,10 @@ class _LatencyRecorder:
 
     def _run(self) -> None:
         while True:
-            job, fields = self._queue.get()
+            ctx, fields = self._queue.get()
             try:
-                job.client.xadd(
-                    job.keys.barrier_latency, fields, maxlen=LATENCY_CAP, approximate=True
+                ctx.client.xadd(
+                    ctx.keys.barrier_latency, fields, maxlen=LATENCY_CAP, approximate=True
                 )
             except redis.RedisError as exc:  # a metric: the barrier itself did release
                 log.warning("barrier %r: latency not recorded: %s", fields["barrier"], exc)
@@ -97,11 +95,11 @@ RECORDER = _LatencyRecorder()
 atexit.register(RECORDER.flush, 2.0)
 
 
-def barrier_latencies(job: Job, count: int = 1000) -> list[BarrierLatency]:
+def barrier_latencies(ctx: JobContext, count: int = 1000) -> list[BarrierLatency]:
     """The newest barrier releases with their latencies, oldest first (for the dashboard).
 
     Args:
-        job: the job.
+        ctx: the job.
         count: at most this many (the record keeps about the last 10,000).
 
     Returns:
@@ -109,7 +107,7 @@ def barrier_latencies(job: Job, count: int = 1000) -> list[BarrierLatency]:
     """
     count = check_int("count", count, low=1, high=LATENCY_CAP)
     RECORDER.flush()  # this process's own records first
-    entries = job.client.xrevrange(job.keys.barrier_latency, count=count)
+    entries = ctx.client.xrevrange(ctx.keys.barrier_latency, count=count)
     return [
         BarrierLatency(
             barrier=f["barrier"],

@@ -14,7 +14,7 @@ Guarantees, for ``DatasetParams(name, total_samples, samples_per_shard, shuffle,
 * **Assignment.** Which worker holds which shard depends on the dataset name, the number of
   shards and the *set* of live workers (not their order, not the epoch: a worker keeps its
   shards from epoch to epoch, so a local cache of them stays warm). Consistent hashing with
-  bounded loads (``strata_redis.hashring``):
+  bounded loads (``strata_redis.data.hashring``):
 
   - no worker holds more than ``hashring.max_load(num_shards, num_workers)`` shards: at most
     1.25x the mean with 8 or more shards per worker, never more than ``ceil(1.25 * mean)``;
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..validate import check_id, check_int
 from . import hashring
-from .validate import check_id, check_int
 
 __all__ = [
     "MAX_EPOCH",

@@ -10,15 +10,17 @@ lost the index (a flushed or replaced server), it is rebuilt from the metadata.j
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from ..context import JobContext
+from ..errors import CheckpointError, CheckpointNotFoundError, StorageError, StorageNotFoundError
+from ..storage import Storage
 from .checksum import format_checksum, parallel_crc32
-from .errors import CheckpointError, CheckpointNotFoundError, StorageError, StorageNotFoundError
+from .index import CheckpointIndex
 from .manifest import (
     METADATA,
     CheckpointInfo,
@@ -28,17 +30,11 @@ from .manifest import (
     step_dir,
 )
 from .retention import scan
-from .validate import check_int
-
-if TYPE_CHECKING:
-    from .job import Job
-    from .storage import Storage
 
 __all__ = [
     "CheckpointReader",
     "CheckpointSkippedWarning",
     "LoadedCheckpoint",
-    "indexed_checkpoints",
 ]
 
 log = logging.getLogger("strata_redis.checkpoint")
@@ -76,23 +72,28 @@ class CheckpointReader:
 
     Args:
         storage: where the checkpoints are.
-        job: the job (its id and its Redis index).
+        ctx: the job (its id and its Redis index).
         hasher: threads for checking CRC-32s in parallel (None: the calling thread).
         hash_parts: how many chunks of a large part are hashed at once.
     """
 
     def __init__(
-        self, storage: Storage, job: Job, hasher: Executor | None = None, hash_parts: int = 2
+        self,
+        storage: Storage,
+        ctx: JobContext,
+        hasher: Executor | None = None,
+        hash_parts: int = 2,
     ) -> None:
         self.storage = storage
-        self.job = job
+        self.job_id = ctx.job_id
+        self.index = CheckpointIndex(ctx)
         self._hasher = hasher
         self._hash_parts = hash_parts
 
     # -- the index ---------------------------------------------------------------------------
     def ensure_index(self) -> None:
         """Rebuild the index from storage if Redis does not hold one (a new or flushed Redis)."""
-        if not self.job.client.exists(self.job.keys.checkpoint_indexed):
+        if not self.index.is_built():
             self.rebuild_index()
 
     def rebuild_index(self) -> list[int]:
@@ -107,9 +108,8 @@ class CheckpointReader:
         Raises:
             StorageError: the storage failed.
         """
-        k = self.job.keys
         found: dict[int, bytes] = {}
-        for step, files in scan(self.storage, self.job.job_id).items():
+        for step, files in scan(self.storage, self.job_id).items():
             if METADATA not in files:
                 continue
             try:
@@ -118,40 +118,31 @@ class CheckpointReader:
                 log.warning("step %s not indexed: %s", step, exc)
                 continue
             found[step] = encode_metadata(info)
-        indexed = {int(s) for s in self.job.client.zrange(k.checkpoints, 0, -1)}
+        indexed = set(self.index.steps())
         top = max(found, default=-1)
         # A step committed after our listing is newer than everything listed: keep it.
         stale = [s for s in indexed - set(found) if s <= top or not self._committed_in_storage(s)]
-        with self.job.client.pipeline(transaction=True) as pipe:
-            if found:
-                pipe.zadd(k.checkpoints, {str(s): s for s in found})
-                pipe.hset(k.checkpoint_info, mapping={str(s): raw for s, raw in found.items()})
-            if stale:
-                pipe.zrem(k.checkpoints, *map(str, stale))
-                pipe.hdel(k.checkpoint_info, *map(str, stale))
-            pipe.set(k.checkpoint_indexed, int(time.time() * 1000))
-            pipe.execute()
+        self.index.replace(found, stale)
         if stale:
-            log.info("checkpoint index of job %r: dropped steps %s", self.job.job_id, sorted(stale))
+            log.info("checkpoint index of job %r: dropped steps %s", self.job_id, sorted(stale))
         return sorted(found, reverse=True)
 
     def _committed_in_storage(self, step: int) -> bool:
-        return self.storage.exists(f"{step_dir(self.job.job_id, step)}/{METADATA}")
+        return self.storage.exists(f"{step_dir(self.job_id, step)}/{METADATA}")
 
     def indexed_steps(self) -> list[int]:
         """The committed steps in the Redis index, newest first."""
-        return [int(s) for s in self.job.client.zrange(self.job.keys.checkpoints, 0, -1, desc=True)]
+        return self.index.steps()
 
     def newest_step(self) -> int | None:
         """The newest committed step in the index, or None."""
-        top = self.job.client.zrange(self.job.keys.checkpoints, 0, 0, desc=True)
-        return int(top[0]) if top else None
+        return self.index.newest()
 
     # -- reading -----------------------------------------------------------------------------
     def list(self) -> list[CheckpointInfo]:
         """Every committed step in the index, newest first, as the index describes it."""
         self.ensure_index()
-        return [located(info, self.storage) for info in indexed_checkpoints(self.job, None)]
+        return [located(info, self.storage) for info in self.index.infos(None)]
 
     def metadata(self, step: int) -> CheckpointInfo:
         """``step``'s metadata.json, read from storage and checked.
@@ -161,8 +152,8 @@ class CheckpointReader:
             ValueError: the metadata.json is malformed or describes another step or job.
             StorageError: the storage failed.
         """
-        raw = self.storage.read(f"{step_dir(self.job.job_id, step)}/{METADATA}")
-        return located(decode_metadata(raw, self.job.job_id, step), self.storage)
+        raw = self.storage.read(f"{step_dir(self.job_id, step)}/{METADATA}")
+        return located(decode_metadata(raw, self.job_id, step), self.storage)
 
     def latest(self) -> CheckpointInfo | None:
         """The newest committed step whose metadata.json reads and whose files are all there.
@@ -173,7 +164,7 @@ class CheckpointReader:
             info = self._try(step, self.metadata, step)
             if info is None:
                 continue
-            present = set(scan_step(self.storage, self.job.job_id, step))
+            present = set(scan_step(self.storage, self.job_id, step))
             missing = sorted(set(info.files) - present)
             if missing:
                 _skip(step, f"files missing from storage: {missing}")
@@ -207,13 +198,13 @@ class CheckpointReader:
         which = "any committed step" if step is None else f"step {step}"
         if examined and name not in seen_names:
             raise ValueError(
-                f"name {name!r} is not a part of {which} of job {self.job.job_id!r}; "
+                f"name {name!r} is not a part of {which} of job {self.job_id!r}; "
                 f"parts: {sorted(seen_names)}"
             )
         raise CheckpointNotFoundError(
             f"no valid checkpoint of part {name!r} (rank {rank}) in {which} of job "
-            f"{self.job.job_id!r} at {self.storage.describe()}",
-            job_id=self.job.job_id, step=step,
+            f"{self.job_id!r} at {self.storage.describe()}",
+            job_id=self.job_id, step=step,
         )  # fmt: skip
 
     def verify(self, step: int) -> CheckpointInfo:
@@ -228,8 +219,8 @@ class CheckpointReader:
                 self._read_verified(info, path)
         except (StorageError, ValueError) as exc:
             raise CheckpointError(
-                f"step {step} of job {self.job.job_id!r} does not verify: {exc}",
-                job_id=self.job.job_id, step=step,
+                f"step {step} of job {self.job_id!r} does not verify: {exc}",
+                job_id=self.job_id, step=step,
             ) from exc  # fmt: skip
         return info
 
@@ -245,14 +236,14 @@ class CheckpointReader:
             tried.add(s)
             yield s
         extra = sorted(
-            (s for s, files in scan(self.storage, self.job.job_id).items()
+            (s for s, files in scan(self.storage, self.job_id).items()
              if METADATA in files and s not in tried),
             reverse=True,
         )  # fmt: skip
         if extra:
             log.warning(
                 "checkpoint index of job %r misses committed steps %s: rebuilding it",
-                self.job.job_id, extra,
+                self.job_id, extra,
             )  # fmt: skip
             self.rebuild_index()
         yield from extra
@@ -276,26 +267,6 @@ class CheckpointReader:
         if checksum != entry.checksum:
             raise ValueError(f"{path}: checksum {checksum}, metadata.json says {entry.checksum}")
         return data
-
-
-def indexed_checkpoints(job: Job, count: int | None = 100) -> list[CheckpointInfo]:
-    """The newest ``count`` (None: all) committed steps in ``job``'s Redis index, newest first.
-
-    Reads Redis only (no storage): what a dashboard shows. ``location`` is left empty.
-    """
-    if count is not None:
-        count = check_int("count", count, low=1, high=1_000_000)
-    k = job.keys
-    steps = job.client.zrange(k.checkpoints, 0, -1 if count is None else count - 1, desc=True)
-    if not steps:
-        return []
-    out = []
-    for step, raw in zip(steps, job.client.hmget(k.checkpoint_info, steps), strict=True):
-        try:
-            out.append(decode_metadata(raw or b"", job.job_id, int(step)))
-        except ValueError as exc:
-            log.warning("step %s: bad index entry (%s); rebuild_index() fixes it", step, exc)
-    return out
 
 
 def scan_step(storage: Storage, job_id: str, step: int) -> list[str]:

@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
+from ..context import JobContext
 from .barrier import LIVE, RESERVED_PREFIX, Barrier
-
-if TYPE_CHECKING:
-    from .job import Job
 
 #: the barrier behind ``advance_epoch`` (a reserved name: user barriers cannot take it).
 EPOCH_BARRIER: Final = RESERVED_PREFIX + "epoch"
 
 
-def epoch_barrier(job: Job, timeout: float = 60.0) -> Barrier:
+def epoch_barrier(ctx: JobContext, timeout: float = 60.0) -> Barrier:
     """The barrier behind ``advance_epoch`` (every live worker), e.g. to ``reset`` it."""
-    return Barrier._internal(job, EPOCH_BARRIER, LIVE, timeout, job.keys.epoch)
+    return Barrier.reserved(ctx, EPOCH_BARRIER, LIVE, timeout, ctx.keys.epoch)
 
 
-def advance_epoch(job: Job, worker_id: str, timeout: float = 60.0) -> int:
+def advance_epoch(ctx: JobContext, worker_id: str, timeout: float = 60.0) -> int:
     """Meet every live worker, then move to the next epoch: the same number for all.
 
     The release increments the job's epoch counter in the same atomic step, so it moves by
     exactly one per epoch, also when a call is retried after a connection error.
 
     Args:
-        job: the job.
+        ctx: the job.
         worker_id: the calling worker (registered and live).
         timeout: seconds to wait for the others.
 
@@ -34,14 +32,14 @@ def advance_epoch(job: Job, worker_id: str, timeout: float = 60.0) -> int:
 
     Raises:
         BarrierTimeoutError, BarrierBrokenError: as for ``Barrier.wait``; the survivors
-            call ``epoch_barrier(job).reset(err.generation)`` and advance again.
+            call ``epoch_barrier(ctx).reset(err.generation)`` and advance again.
     """
-    epoch = epoch_barrier(job, timeout).wait(worker_id).epoch
+    epoch = epoch_barrier(ctx, timeout).wait(worker_id).epoch
     if epoch is None:  # pragma: no cover - the epoch barrier's releases carry the counter
         raise RuntimeError("the epoch barrier released without an epoch")
     return epoch
 
 
-def current_epoch(job: Job) -> int:
+def current_epoch(ctx: JobContext) -> int:
     """The job's epoch: 0 until the first ``advance_epoch``."""
-    return int(job.client.get(job.keys.epoch) or 0)
+    return int(ctx.client.get(ctx.keys.epoch) or 0)

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from .errors import (
+from ..context import JobContext
+from ..errors import (
     CheckpointAbortedError,
     CheckpointError,
     StorageError,
     StorageExistsError,
 )
+from ..storage import Storage
+from .index import CheckpointIndex
 from .manifest import (
     METADATA,
     CheckpointInfo,
@@ -34,10 +37,6 @@ from .manifest import (
     located,
     step_dir,
 )
-
-if TYPE_CHECKING:
-    from .job import Job
-    from .storage import Storage
 
 __all__ = ["StepProtocol"]
 
@@ -57,7 +56,7 @@ class StepProtocol:
     """One participant's side of the commit protocol, for every step it saves.
 
     Args:
-        job: the job (Redis client, keys, scripts).
+        ctx: the job (Redis client, keys, scripts).
         storage: where the parts and metadata.json go.
         worker_id: this participant's worker id.
         rank: its rank in ``[0, world_size)``.
@@ -65,23 +64,26 @@ class StepProtocol:
     """
 
     def __init__(
-        self, job: Job, storage: Storage, *, worker_id: str, rank: int, world_size: int
+        self, ctx: JobContext, storage: Storage, *, worker_id: str, rank: int, world_size: int
     ) -> None:
-        self.job = job
+        self.context = ctx
+        self.index = CheckpointIndex(ctx)
         self.storage = storage
         self.worker_id = worker_id
         self.rank = rank
         self.world_size = world_size
 
     # -- the scripts -------------------------------------------------------------------------
-    def _run(self, name: str, step: int, keys: list[str], args: list[Any], **ctx: Any) -> list[Any]:
+    def _run(
+        self, name: str, step: int, keys: list[str], args: list[Any], epoch: int | None = None
+    ) -> list[Any]:
         def context() -> dict[str, Any]:
             return {
-                "job_id": self.job.job_id, "step": step, "worker_id": self.worker_id,
-                "rank": self.rank, "world_size": self.world_size, "epoch": ctx.get("epoch"),
+                "job_id": self.context.job_id, "step": step, "worker_id": self.worker_id,
+                "rank": self.rank, "world_size": self.world_size, "epoch": epoch,
             }  # fmt: skip
 
-        return self.job.scripts.run(name, keys, args, context)
+        return self.context.scripts.run(name, keys, args, context)
 
     def begin(self, step: int, epoch: int | None) -> None:
         """Open (or join) ``step`` as this rank's worker.
@@ -91,9 +93,9 @@ class StepProtocol:
                 opened with another world size or epoch, or the rank is another worker's.
             CheckpointAbortedError: another participant already aborted it.
         """
-        k = self.job.keys
+        k = self.context.keys
         self._run(
-            "begin_checkpoint", step, [k.checkpoint_step(step), k.checkpoints],
+            "begin_checkpoint", step, [k.checkpoint_step(step), self.index.keys[0]],
             [step, "" if epoch is None else epoch, self.world_size, self.rank, self.worker_id,
              STEP_TTL_MS], epoch=epoch,
         )  # fmt: skip
@@ -109,7 +111,7 @@ class StepProtocol:
         Raises:
             CheckpointError, CheckpointAbortedError: as ``begin``, or the step was superseded.
         """
-        k = self.job.keys
+        k = self.context.keys
         doc = {
             "worker": self.worker_id,
             "files": {p: {"name": f.name, "size": f.size, "checksum": f.checksum}
@@ -119,7 +121,7 @@ class StepProtocol:
         reply = self._run(
             "ack_checkpoint", step,
             [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
-             k.checkpoints, k.checkpoint_records],
+             self.index.keys[0], k.checkpoint_records],
             [step, self.rank, self.worker_id, orjson.dumps(doc), STEP_TTL_MS, RECORDS_CAP,
              nbytes, f"{seconds:.6f}", f"{mb_s:.3f}"],
         )  # fmt: skip
@@ -133,7 +135,7 @@ class StepProtocol:
         Returns:
             Whether the step is aborted now (False: it committed or is being committed).
         """
-        k = self.job.keys
+        k = self.context.keys
         try:
             self._run(
                 "abort_checkpoint", step,
@@ -157,19 +159,19 @@ class StepProtocol:
             CheckpointAbortedError: metadata.json could not be written; the step is aborted.
             CheckpointError: a different metadata.json is already there (never overwritten).
         """
-        info = build_info(self.job.job_id, step, epoch, acked_ms, acks)
+        info = build_info(self.context.job_id, step, epoch, acked_ms, acks)
         info = located(info, self.storage)
         raw = encode_metadata(info)
-        path = f"{step_dir(self.job.job_id, step)}/{METADATA}"
+        path = f"{step_dir(self.context.job_id, step)}/{METADATA}"
         try:
             self.storage.write_if_absent(path, raw)
         except StorageExistsError:
             if self.storage.read(path) != raw:
                 self.abort(step, f"{path} already exists with other contents")
                 raise CheckpointError(
-                    f"step {step} of job {self.job.job_id!r}: {self.storage.describe()}/{path} "
+                    f"step {step} of job {self.context.job_id!r}: {self.storage.describe()}/{path} "
                     "already exists with other contents; it was not overwritten",
-                    job_id=self.job.job_id,
+                    job_id=self.context.job_id,
                     step=step,
                 ) from None
             # The same bytes: an earlier leader (or our own earlier try) wrote it.
@@ -177,17 +179,14 @@ class StepProtocol:
             if not self._written(path, raw):
                 reason = f"writing {METADATA} failed: {exc}"
                 self.abort(step, reason)
-                raise CheckpointAbortedError(
-                    f"step {step} of job {self.job.job_id!r} was aborted by worker "
-                    f"{self.worker_id!r}: {reason}",
-                    job_id=self.job.job_id,
-                    step=step,
+                raise CheckpointAbortedError.by(
+                    self.context.job_id, step, self.worker_id, reason
                 ) from exc
-        k = self.job.keys
+        k = self.context.keys
         self._run(
             "commit_checkpoint", step,
             [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
-             k.checkpoints, k.checkpoint_info],
+             *self.index.keys],
             [step, self.worker_id, raw, "1" if takeover else "0", DONE_TTL_MS],
         )  # fmt: skip
         return info
@@ -209,13 +208,13 @@ class StepProtocol:
             CheckpointError: its keys expired, or it stayed committing past the timeout and
                 could not be finished here.
         """
-        k = self.job.keys
+        k = self.context.keys
         wake = k.checkpoint_wake(step)
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             block = max(0.001, min(CHECK_EVERY_S, remaining))
-            popped = self.job.client.blpop([wake], timeout=block)
+            popped = self.context.client.blpop([wake], timeout=block)
             if popped is not None and popped[1] == "committed":  # final: no check needed
                 return self._committed_info(step, epoch)
             timed_out = popped is None and remaining <= CHECK_EVERY_S
@@ -223,21 +222,18 @@ class StepProtocol:
             if state == "committed":
                 return self._committed_info(step, epoch)
             if state == "aborted":
-                raise CheckpointAbortedError(
-                    f"step {step} of job {self.job.job_id!r} was aborted by worker {who!r}: "
-                    f"{reason}", job_id=self.job.job_id, step=step,
-                )  # fmt: skip
+                raise CheckpointAbortedError.by(self.context.job_id, step, who, reason)
             if state == "missing":
                 raise CheckpointError(
-                    f"step {step} of job {self.job.job_id!r} has no state in Redis any more "
-                    "(its keys expired or Redis lost them)", job_id=self.job.job_id, step=step,
+                    f"step {step} of job {self.context.job_id!r} has no state in Redis any more "
+                    "(its keys expired or Redis lost them)", job_id=self.context.job_id, step=step,
                 )  # fmt: skip
             if state == "committing" and timed_out:
                 log.warning("step %s: leader %r did not finish committing; finishing it", step, who)
                 return self._take_over(step, epoch)
 
     def _check(self, step: int, timed_out: bool) -> tuple[str, str, str]:
-        k = self.job.keys
+        k = self.context.keys
         state, who, reason = self._run(
             "check_checkpoint", step,
             [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
@@ -247,8 +243,8 @@ class StepProtocol:
         return str(state), str(who), str(reason)
 
     def _acks(self, step: int) -> tuple[int, dict[int, dict[str, Any]]]:
-        k = self.job.keys
-        with self.job.client.pipeline(transaction=True) as pipe:
+        k = self.context.keys
+        with self.context.client.pipeline(transaction=True) as pipe:
             pipe.hget(k.checkpoint_step(step), "acked_ms")
             pipe.hgetall(k.checkpoint_acks(step))
             acked_ms, raw_acks = pipe.execute()
@@ -265,7 +261,7 @@ class StepProtocol:
             # Retention already dropped it from the index (a newer step committed and
             # keep_count is small): the acks say the same as its metadata.json did.
             acked_ms, acks = self._acks(step)
-            info = build_info(self.job.job_id, step, epoch, acked_ms, acks)
+            info = build_info(self.context.job_id, step, epoch, acked_ms, acks)
             return located(info, self.storage)
 
     def info(self, step: int) -> CheckpointInfo:
@@ -274,13 +270,13 @@ class StepProtocol:
         Raises:
             CheckpointError: ``step`` is not in the index.
         """
-        raw = self.job.client.hget(self.job.keys.checkpoint_info, str(step))
+        raw = self.index.metadata(step)
         if raw is None:
             raise CheckpointError(
-                f"step {step} of job {self.job.job_id!r} is not in the index",
-                job_id=self.job.job_id, step=step,
+                f"step {step} of job {self.context.job_id!r} is not in the index",
+                job_id=self.context.job_id, step=step,
             )  # fmt: skip
-        return located(decode_metadata(raw, self.job.job_id, step), self.storage)
+        return located(decode_metadata(raw, self.context.job_id, step), self.storage)
 
 
 def build_info(

@@ -16,18 +16,18 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import redis
 
-from .errors import LeaseLostError
-from .scripts import LEASE_LOST, check
+from ..context import JobContext
+from ..coordination.registry import live_workers, reap
+from ..errors import LeaseLostError
+from ..scripts import check
+from ..status import Acquire, Status
+from ..validate import check_id, check_int, check_seconds
 from .sharding import DatasetParams, Shard, assignment
-from .validate import check_id, check_int, check_seconds
-
-if TYPE_CHECKING:
-    from .job import Job
 
 log = logging.getLogger("strata_redis.leases")
 
@@ -96,7 +96,7 @@ class ShardLeases:
     """One worker's leases on one (dataset, epoch). Iterate it to drain the epoch.
 
     Args:
-        job: the job.
+        ctx: the job's context (``Job.leases`` passes its own).
         params: the dataset.
         epoch: the epoch (0..2**31).
         worker_id: a live registered worker of the job.
@@ -107,7 +107,7 @@ class ShardLeases:
 
     def __init__(
         self,
-        job: Job,
+        ctx: JobContext,
         params: DatasetParams,
         epoch: int,
         worker_id: str,
@@ -116,15 +116,15 @@ class ShardLeases:
         steal: bool = True,
         on_lost: Callable[[LeaseLostError], None] | None = None,
     ) -> None:
-        self.job = job
+        self.context = ctx
         self.params = params
         self.epoch = check_int("epoch", epoch, low=0, high=2**31)
         self.worker_id = check_id("worker_id", worker_id)
         self.ttl = check_seconds("ttl", ttl, high=86400)
         self.steal = steal
         self.on_lost = on_lost
-        self.keys = k = job.keys.lease_keys(params.name, self.epoch)
-        jk = job.keys
+        self.keys = k = ctx.keys.lease_keys(params.name, self.epoch)
+        jk = ctx.keys
         self._acquire_keys = [k.meta, k.todo, k.holders, k.expiry, k.done, jk.fence,
                               jk.heartbeats, jk.status, jk.generation]  # fmt: skip
         self._acquire_args = [self.worker_id, int(self.ttl * 1000), "1" if steal else "0"]
@@ -142,14 +142,17 @@ class ShardLeases:
 
     def _context(self, shard_id: int = -1, token: int = 0) -> dict[str, Any]:
         return {
-            "job_id": self.job.job_id, "worker_id": self.worker_id, "dataset": self.params.name,
+            "job_id": self.context.job_id, "worker_id": self.worker_id, "dataset": self.params.name,
             "epoch": self.epoch, "shard_id": shard_id, "token": token,
         }  # fmt: skip
 
     # -- setup ---------------------------------------------------------------------------
-    def _prepare(self) -> None:
-        """Compute this worker's own shard order; create the epoch's pool once."""
-        workers = self.job.live_workers()
+    def prepare(self) -> None:
+        """Compute this worker's own shard order and create the epoch's pool if it is missing.
+
+        The first ``acquire`` does it; call it first to keep that work out of a timed loop.
+        """
+        workers = live_workers(self.context)
         if self.worker_id not in workers:
             workers = sorted([*workers, self.worker_id])  # acquire will refuse it clearly
         plan = assignment(self.params, workers)
@@ -162,7 +165,7 @@ class ShardLeases:
         pairs[0::2] = positions
         pairs[1::2] = ids
         k = self.keys
-        self.job.scripts.run(
+        self.context.scripts.run(
             "init_epoch", [k.meta, k.todo, k.done],
             [self.params.num_shards, *pairs.tolist()], self._context(),
         )  # fmt: skip
@@ -186,10 +189,10 @@ class ShardLeases:
         if lease is not None and lease.lost is None and not lease.finished:
             return lease
         if not self._prepared:
-            self._prepare()
+            self.prepare()
         args = [*self._acquire_args, "", "", *self._own[:CANDIDATES]]
-        reply = self.job.scripts.run("acquire_shard", self._acquire_keys, args, self._context)
-        if int(reply[0]) == -2:  # the pool was removed (expired record): create it again
+        reply = self.context.scripts.run("acquire_shard", self._acquire_keys, args, self._context)
+        if int(reply[0]) == Acquire.NO_POOL:  # the pool was removed (expired record): again
             self._prepared = False
             return self.acquire()
         return self._granted(reply)
@@ -197,12 +200,13 @@ class ShardLeases:
     def _granted(self, reply: list[Any]) -> Lease | None:
         """The lease in an acquire reply (shard, token, expires, consumed), if any.
 
-        -1: nothing to lease now; -2: no pool (``acquire`` creates it); -3: not a live worker.
+        In place of a shard id: ``Acquire.NOTHING`` (nothing to lease now), ``NO_POOL``
+        (``acquire`` creates it) or ``REFUSED`` (not a live worker).
         """
         shard_id = int(reply[0])
-        if shard_id >= -1:  # the own candidates the script looked at are spent
+        if shard_id >= Acquire.NOTHING:  # the own candidates the script looked at are spent
             del self._own[: int(reply[-1])]
-        if shard_id == -1:
+        if shard_id == Acquire.NOTHING:
             self._done = int(reply[1])
         if shard_id < 0:
             return None
@@ -218,7 +222,7 @@ class ShardLeases:
             LeaseLostError: it was taken back or re-granted; ``lease.lost`` is set too.
         """
         try:
-            (expires,) = self.job.scripts.run(
+            (expires,) = self.context.scripts.run(
                 "renew_shard", [self.keys.holders, self.keys.expiry],
                 [lease.shard_id, lease.token, int(self.ttl * 1000)],
                 lambda: self._context(lease.shard_id, lease.token),
@@ -252,11 +256,11 @@ class ShardLeases:
                 return self._context(lease.shard_id, lease.token)
 
             try:
-                reply = self.job.scripts.run("acquire_shard", self._acquire_keys, args, context)
+                reply = self.context.scripts.run("acquire_shard", self._acquire_keys, args, context)
                 if prefetch:
                     self._next = self._granted(reply[1:])
                     if int(reply[0]) < 0:  # refused, but the next lease is ours
-                        check([LEASE_LOST], context)  # raises LeaseLostError
+                        check([Status.LEASE_LOST], context)  # raises LeaseLostError
             except LeaseLostError as exc:
                 self._forget(lease, lost=exc)
                 raise
@@ -272,7 +276,7 @@ class ShardLeases:
         k = self.keys
         with self._lock:
             try:
-                self.job.scripts.run(
+                self.context.scripts.run(
                     "release_shard", [k.holders, k.expiry, k.todo], [lease.shard_id, lease.token],
                     lambda: self._context(lease.shard_id, lease.token),
                 )  # fmt: skip
@@ -289,7 +293,7 @@ class ShardLeases:
     # -- reading the record ----------------------------------------------------------------
     def progress(self) -> EpochProgress:
         """Shards done, leased and waiting in this (dataset, epoch)."""
-        with self.job.client.pipeline(transaction=True) as pipe:
+        with self.context.client.pipeline(transaction=True) as pipe:
             pipe.hlen(self.keys.done)
             pipe.hlen(self.keys.holders)
             pipe.zcard(self.keys.todo)
@@ -299,7 +303,7 @@ class ShardLeases:
     def _keep_record(self) -> None:
         # A finished epoch's record is kept RECORD_TTL_S more; an unfinished one stays
         # until it is finished (a restarted job resumes from it).
-        with self.job.client.pipeline(transaction=False) as pipe:
+        with self.context.client.pipeline(transaction=False) as pipe:
             pipe.expire(self.keys.done, RECORD_TTL_S)
             pipe.expire(self.keys.meta, RECORD_TTL_S)
             pipe.execute()
@@ -307,7 +311,7 @@ class ShardLeases:
     def completions(self) -> dict[int, tuple[str, int]]:
         """The completion record: shard id -> (worker id, fencing token)."""
         out = {}
-        for shard, value in self.job.client.hgetall(self.keys.done).items():
+        for shard, value in self.context.client.hgetall(self.keys.done).items():
             token, worker = value.split(" ", 1)
             out[int(shard)] = (worker, int(token))
         return out
@@ -343,8 +347,10 @@ class ShardLeases:
                     return
                 # Others hold the remaining leases: wait for a failure event (or a short
                 # while, for expiries and completions), reaping as a waiting caller may.
-                self.job.reap()
-                reply = self.job.client.xread({self.job.keys.events: last_id}, block=wait_ms)
+                reap(self.context)
+                reply = self.context.client.xread(
+                    {self.context.keys.events: last_id}, block=wait_ms
+                )
                 if reply:
                     last_id = reply[0][1][-1][0]
         finally:

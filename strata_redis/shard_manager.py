@@ -4,26 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import redis
 
-from .errors import DatasetNotFoundError, WorkerNotRegisteredError
+from .coordination.registry import live_workers
+from .data import datasets
+from .data.sharding import DatasetParams, Shard, assign, shards_for_worker
+from .errors import WorkerNotRegisteredError
 from .job import Job
-from .sharding import DatasetParams, Shard, assign, shards_for_worker
 from .validate import check_id
-
-
-def _encode(params: DatasetParams) -> bytes:
-    # Canonical JSON (sorted keys) so "same parameters" is a byte comparison in Lua.
-    return orjson.dumps(
-        {
-            "total_samples": params.total_samples,
-            "samples_per_shard": params.samples_per_shard,
-            "shuffle": params.shuffle,
-            "seed": params.seed,
-        },
-        option=orjson.OPT_SORT_KEYS,
-    )
 
 
 class ShardManager:
@@ -45,6 +33,7 @@ class ShardManager:
         **options: Any,
     ) -> None:
         self.job = redis if isinstance(redis, Job) else Job(redis, job_id, **options)
+        self.context = self.job.context
 
     def __repr__(self) -> str:
         return f"ShardManager({self.job!r})"
@@ -71,12 +60,7 @@ class ShardManager:
             ValueError, TypeError: bad parameters, named in the message; nothing is written.
         """
         params = DatasetParams(name, total_samples, samples_per_shard, shuffle, seed)
-        self.job.scripts.run(
-            "register_dataset",
-            [self.job.keys.datasets],
-            [name, _encode(params), "1" if replace else "0"],
-            {"job_id": self.job.job_id, "dataset": name},
-        )
+        datasets.register_dataset(self.context, params, replace=replace)
         return params
 
     def get_dataset(self, name: str) -> DatasetParams:
@@ -85,30 +69,20 @@ class ShardManager:
         Raises:
             DatasetNotFoundError: no dataset of that name.
         """
-        check_id("name", name)
-        raw = self.job.client.hget(self.job.keys.datasets, name)
-        if raw is None:
-            raise DatasetNotFoundError(
-                f"dataset {name!r} is not registered in job {self.job.job_id!r}",
-                job_id=self.job.job_id,
-                dataset=name,
-            )
-        return DatasetParams(name=name, **orjson.loads(raw))
+        return datasets.get_dataset(self.context, name)
 
     def list_datasets(self) -> list[DatasetParams]:
         """Every registered dataset, sorted by name."""
-        stored = self.job.client.hgetall(self.job.keys.datasets)
-        return [DatasetParams(name=n, **orjson.loads(v)) for n, v in sorted(stored.items())]
+        return datasets.list_datasets(self.context)
 
     def delete_dataset(self, name: str) -> bool:
         """Forget a dataset's registration; returns whether it existed."""
-        check_id("name", name)
-        return bool(self.job.client.hdel(self.job.keys.datasets, name))
+        return datasets.delete_dataset(self.context, name)
 
     def assignment(self, dataset: str, epoch: int) -> dict[str, list[Shard]]:
         """Every live worker's shards for ``epoch``, in the order it should read them."""
         params = self.get_dataset(dataset)
-        workers = self.job.live_workers()
+        workers = live_workers(self.context)
         return assign(params, workers, epoch)
 
     def get_shard_for_worker(self, dataset: str, worker_id: str, epoch: int) -> list[Shard]:
@@ -120,11 +94,11 @@ class ShardManager:
         """
         params = self.get_dataset(dataset)
         check_id("worker_id", worker_id)
-        workers = self.job.live_workers()
+        workers = live_workers(self.context)
         if worker_id not in workers:
             raise WorkerNotRegisteredError(
-                f"worker {worker_id!r} is not a live worker of job {self.job.job_id!r}",
-                job_id=self.job.job_id,
+                f"worker {worker_id!r} is not a live worker of job {self.context.job_id!r}",
+                job_id=self.context.job_id,
                 worker_id=worker_id,
             )
         return shards_for_worker(params, workers, worker_id, epoch)

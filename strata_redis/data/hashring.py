@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .validate import check_id
+from ..validate import check_id
 
 __all__ = [
     "MAX_WORKERS",

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .validate import check_int
-
-if TYPE_CHECKING:
-    from .job import Job
+from ..context import JobContext
+from ..validate import check_int
 
 __all__ = ["SaveRecord", "save_records"]
 
@@ -38,14 +35,14 @@ class SaveRecord:
     at_ms: int
 
 
-def save_records(job: Job, count: int = 100) -> list[SaveRecord]:
-    """The newest ``count`` save records of ``job``, oldest first.
+def save_records(ctx: JobContext, count: int = 100) -> list[SaveRecord]:
+    """The newest ``count`` save records of the job, oldest first.
 
     Raises:
         TypeError, ValueError: ``count`` is not an int in ``[1, 100000]``.
     """
     count = check_int("count", count, low=1, high=100_000)
-    entries = job.client.xrevrange(job.keys.checkpoint_records, count=count)
+    entries = ctx.client.xrevrange(ctx.keys.checkpoint_records, count=count)
     return [
         SaveRecord(
             step=int(f["step"]),

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .storage.base import check_path
+from ..storage.base import check_path
 
 if TYPE_CHECKING:
-    from .storage import Storage
+    from ..storage import Storage
 
 __all__ = [
     "FORMAT",

@@ -1,0 +1,1 @@
+"""Checkpoints: the save pipeline, all-or-nothing commit, index, verified reads, retention."""

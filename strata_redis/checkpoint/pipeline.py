@@ -1,0 +1,339 @@
+"""The save pipeline: snapshots, background uploads in step order, acks, commits, retention.
+
+``CheckpointManager.save`` validates its arguments and hands the parts here: ``submit``
+takes the snapshot (the only work on the caller's thread), and a pool of upload threads
+writes the parts, acks them through the commit protocol (``commit.py``) in step order, and,
+on the leader, commits the step. After a commit one retention pass is queued. A monitor
+thread logs saves that run long.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ..context import JobContext
+from ..errors import CheckpointAbortedError, CheckpointError, StepNotForwardError
+from ..storage import Storage
+from .checksum import PendingCrc, format_checksum
+from .commit import StepProtocol
+from .manifest import METADATA, CheckpointInfo, FileEntry, part_path, step_dir
+from .retention import prune
+from .snapshot import BufferPool, Snapshot
+
+__all__ = ["SaveFuture", "SavePipeline"]
+
+log = logging.getLogger("strata_redis.checkpoint")
+
+
+class SaveFuture(Future[CheckpointInfo]):
+    """The handle ``save`` returns: a ``concurrent.futures.Future`` of the committed step.
+
+    ``result()`` waits for the commit and returns the step's :class:`CheckpointInfo`, or
+    raises why the save failed (``CheckpointAbortedError`` when the step was aborted).
+
+    Attributes:
+        step: the step being saved.
+        nbytes: the bytes this worker saves.
+        phase: ``queued``, ``uploading``, ``waiting`` (for the other ranks' acks),
+            ``committing``, ``committed`` or ``failed``.
+        started: when ``save`` was called (``time.monotonic()``).
+    """
+
+    def __init__(
+        self, step: int, nbytes: int, after: threading.Event, acked: threading.Event
+    ) -> None:
+        super().__init__()
+        self.step = step
+        self.nbytes = nbytes
+        self.phase = "queued"
+        self.started = time.monotonic()
+        self._after = after  # the previous save's "acked"
+        self._acked = acked
+
+
+class SavePipeline:
+    """One rank's saves in flight: at most ``max_in_flight`` snapshots and uploads at a time.
+
+    Args:
+        ctx: the job.
+        storage: where the parts go.
+        protocol: this rank's side of the commit protocol.
+        keep_count: retention's ``keep_count``.
+        max_in_flight: saves (snapshots and uploads) in flight at most.
+        commit_timeout: seconds a rank waits for the other ranks' acks before aborting.
+        progress_interval: a save running longer than this is logged, and again after as long.
+        hasher: the threads that compute checksums beside the uploads.
+    """
+
+    def __init__(
+        self,
+        ctx: JobContext,
+        storage: Storage,
+        protocol: StepProtocol,
+        *,
+        keep_count: int,
+        max_in_flight: int,
+        commit_timeout: float,
+        progress_interval: float,
+        hasher: ThreadPoolExecutor,
+    ) -> None:
+        self.context = ctx
+        self.job_id = ctx.job_id
+        self.storage = storage
+        self.protocol = protocol
+        self.worker_id, self.rank = protocol.worker_id, protocol.rank
+        self.world_size = protocol.world_size
+        self.keep_count = keep_count
+        self.commit_timeout = commit_timeout
+        self.progress_interval = progress_interval
+        self._hasher = hasher
+        self._uploads = ThreadPoolExecutor(max_in_flight, thread_name_prefix="strata-ckpt-save")
+        self._retention = ThreadPoolExecutor(1, thread_name_prefix="strata-ckpt-retention")
+        self._pool = BufferPool(max_in_flight)
+        self._room = threading.BoundedSemaphore(max_in_flight)
+        self._lock = threading.Lock()
+        self._in_flight: set[SaveFuture] = set()
+        self._last_step: int | None = None
+        # Set once the previous save acked (or failed): acks go out in step order, so a step
+        # can only commit after every rank acked the earlier ones (see _save_step).
+        self._previous_acked = threading.Event()
+        self._previous_acked.set()
+        self._retention_queued = False
+        self._last_retention: Future[Any] | None = None
+        self._closed = False
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    def submit(
+        self,
+        step: int,
+        epoch: int | None,
+        views: dict[str, tuple[memoryview, bool]],
+        copy: bool,
+        newest: int | None,
+    ) -> SaveFuture:
+        """Snapshot the parts and queue their save; returns once the snapshot is taken.
+
+        Args:
+            step, epoch: the step (validated) and its epoch.
+            views: part name -> (flat byte view, whether the bytes are immutable).
+            copy: False saves mutable buffers without a copy.
+            newest: the job's newest committed step, which ``step`` must be after.
+
+        Raises:
+            StepNotForwardError: ``step`` is not after this pipeline's last one or ``newest``.
+            RuntimeError: the pipeline is closed.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this CheckpointManager is closed")
+            if self._last_step is not None and step <= self._last_step:
+                raise StepNotForwardError.after(
+                    self.job_id, step, self._last_step, "this manager already saved"
+                )
+            if newest is not None and step <= newest:
+                raise StepNotForwardError.after(
+                    self.job_id, step, newest, f"job {self.job_id!r} already committed"
+                )
+            self._last_step = step
+            after, acked = self._previous_acked, threading.Event()
+            self._previous_acked = acked
+        nbytes = sum(len(v) for v, _ in views.values())
+        future = SaveFuture(step, nbytes, after, acked)
+        snapshots: dict[str, Snapshot] = {}
+        room = False
+        try:
+            self._room.acquire()  # waits while max_in_flight saves are running
+            room = True
+            started = time.monotonic()
+            for part, (view, immutable) in views.items():
+                snapshots[part] = Snapshot(view) if immutable or not copy else self._pool.copy(view)
+            with self._lock:
+                self._in_flight.add(future)
+            self._start_monitor()
+            self._uploads.submit(self._run_save, future, step, epoch, snapshots, started)
+        except BaseException:
+            for snap in snapshots.values():
+                snap.release()
+            with self._lock:
+                self._in_flight.discard(future)
+            acked.set()  # later saves must not wait for this one's ack
+            if room:
+                self._room.release()
+            raise
+        return future
+
+    def _run_save(
+        self,
+        future: SaveFuture,
+        step: int,
+        epoch: int | None,
+        snapshots: dict[str, Snapshot],
+        started: float,
+    ) -> None:
+        try:
+            future.phase = "uploading"
+            info = self._save_step(future, step, epoch, snapshots, started)
+            future.phase = "committed"
+            future.set_result(info)
+        except BaseException as exc:
+            future.phase = "failed"
+            log.warning("checkpoint step %s of job %r failed: %s", step, self.job_id, exc)
+            future.set_exception(exc)
+        finally:
+            future._acked.set()
+            for snap in snapshots.values():
+                snap.release()
+            with self._lock:
+                self._in_flight.discard(future)
+            self._room.release()
+
+    def _save_step(
+        self,
+        future: SaveFuture,
+        step: int,
+        epoch: int | None,
+        snapshots: dict[str, Snapshot],
+        started: float,
+    ) -> CheckpointInfo:
+        base = step_dir(self.job_id, step)
+        try:
+            if self.storage.exists(f"{base}/{METADATA}"):
+                raise CheckpointError(
+                    f"step {step} of job {self.job_id!r} is already committed in "
+                    f"{self.storage.describe()} (the Redis index was behind; it is not "
+                    "overwritten)", job_id=self.job_id, step=step,
+                )  # fmt: skip
+            self.protocol.begin(step, epoch)
+            files = self._upload(base, snapshots)
+        except Exception as exc:
+            # Whatever stops this rank stops the step, for every rank at once (the abort
+            # does nothing to a step that is committed, or that a leader is committing).
+            seconds = time.monotonic() - started
+            reason = f"rank {self.rank} could not save its parts: {exc}"
+            self.protocol.abort(step, reason, future.nbytes, seconds)
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointAbortedError.by(self.job_id, step, self.worker_id, reason) from exc
+        for snap in snapshots.values():
+            snap.release()  # the bytes are stored: free the buffer before waiting on others
+        seconds = time.monotonic() - started
+        # Ack after the previous save acked: with saves overlapping, step N+1 could otherwise
+        # commit first, and step N could never commit (steps must go forward).
+        future._after.wait()
+        led = self.protocol.ack(step, files, future.nbytes, seconds)
+        future._acked.set()
+        if led is None:
+            future.phase = "waiting"
+            return self.protocol.wait(step, epoch, self.commit_timeout)
+        future.phase = "committing"
+        acked_ms, acks = led
+        info = self.protocol.commit(step, epoch, acked_ms, acks)
+        total = time.monotonic() - started
+        log.info(
+            "checkpoint step %s of job %r committed: %d files, %.1f MB in %.2f s (%.0f MB/s)",
+            step, self.job_id, len(info.files), info.nbytes / 1e6, total,
+            info.nbytes / 1e6 / total if total > 0 else 0.0,
+        )  # fmt: skip
+        self._schedule_retention()
+        return info
+
+    def _upload(self, base: str, snapshots: dict[str, Snapshot]) -> dict[str, FileEntry]:
+        files: dict[str, FileEntry] = {}
+        for name, snap in snapshots.items():
+            path = part_path(name, self.rank, self.world_size)
+            # The checksum runs on one other thread while this one writes (both release the
+            # GIL): on two cores, the writer and one hasher (measured: a second hasher thread
+            # slows the write more than it speeds the checksum).
+            crc = PendingCrc(snap.view, self._hasher, 1)
+            try:
+                self.storage.write(f"{base}/{path}", snap.view)
+            finally:
+                checksum = format_checksum(crc.result())  # before the buffer can be reused
+            files[path] = FileEntry(path, name, self.rank, len(snap.view), checksum)
+        return files
+
+    # -- background work -----------------------------------------------------------------------
+    def _schedule_retention(self) -> None:
+        with self._lock:
+            if self._retention_queued or self._closed:
+                return
+            self._retention_queued = True
+            self._last_retention = self._retention.submit(self._retention_pass)
+
+    def _retention_pass(self) -> None:
+        with self._lock:
+            self._retention_queued = False
+        try:
+            prune(self.storage, self.context, self.keep_count)
+        except Exception as exc:  # a background pass must not die; the next one carries on
+            log.warning("checkpoint retention of job %r failed: %s", self.job_id, exc)
+
+    def _start_monitor(self) -> None:
+        with self._lock:
+            if self._monitor is not None:
+                return
+            self._monitor = threading.Thread(
+                target=self._watch, name="strata-ckpt-progress", daemon=True
+            )
+        self._monitor.start()
+
+    def _watch(self) -> None:
+        """Log saves that run long, so a slow upload is visible in the training logs."""
+        tick = min(self.progress_interval, 5.0)
+        reported: dict[SaveFuture, float] = {}
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            with self._lock:
+                running = list(self._in_flight)
+            for future in running:
+                age = now - future.started
+                if age >= reported.get(future, 0.0) + self.progress_interval:
+                    reported[future] = age
+                    log.info(
+                        "checkpoint step %s of job %r still %s after %.0f s (%.1f MB)",
+                        future.step, self.job_id, future.phase, age, future.nbytes / 1e6,
+                    )  # fmt: skip
+            reported = {f: t for f, t in reported.items() if f in running}
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until every save in flight is done and retention has caught up.
+
+        Failed saves do not raise here; their futures hold the errors.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                running = list(self._in_flight)
+                retention = self._last_retention
+            pending: list[Future[Any]] = [*running, *([retention] if retention else [])]
+            if all(f.done() for f in pending):
+                return
+            for f in pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"checkpoint saves still running after {timeout} s")
+                try:
+                    f.exception(left)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"checkpoint saves still running after {timeout} s"
+                    ) from None
+
+    def close(self, wait: bool = True) -> None:
+        """Refuse new saves; stop the threads (after the saves in flight, if ``wait``)."""
+        if wait:
+            self.wait()
+        with self._lock:
+            self._closed = True
+        self._stop.set()
+        self._uploads.shutdown(wait=wait)
+        self._retention.shutdown(wait=wait)
+        self._pool.clear()

@@ -1,0 +1,1 @@
+"""Coordination features: the worker registry, workers, barriers, epochs, barrier latency."""

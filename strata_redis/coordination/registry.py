@@ -1,0 +1,149 @@
+"""The worker registry's reads and its reaper: who is in a job, and declaring the silent failed.
+
+Registration and heartbeats belong to ``Worker`` (``workers.py``); everything here reads the
+registry or runs the reaper step, and is what other features call (leases ask who is live,
+barriers and heartbeats batch a reaper step with their own call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..context import JobContext
+from ..keys import PREFIX
+from ..scripts import Call, check
+from ..validate import check_int
+
+__all__ = [
+    "REAP_BATCH",
+    "STATUSES",
+    "WorkerInfo",
+    "events",
+    "list_jobs",
+    "live_workers",
+    "membership_generation",
+    "reap",
+    "reap_call",
+    "reaped",
+    "workers",
+]
+
+#: statuses a live worker may set; ``failed`` and ``left`` are set by the reaper and ``deregister``.
+SETTABLE_STATUSES = ("idle", "training", "checkpointing")
+STATUSES = (*SETTABLE_STATUSES, "failed", "left")
+#: workers one reaper step declares failed at most (``reap`` repeats until none are left)
+REAP_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A worker as ``Job.workers()`` reports it.
+
+    Attributes:
+        worker_id: the id it registered with.
+        status: ``idle``, ``training``, ``checkpointing``, ``failed`` or ``left``.
+        last_seen_s: seconds since its last heartbeat, on Redis' clock (None once failed/left).
+        host, address, gpu_count, labels: what it registered with.
+        incarnation: the membership generation of its latest registration.
+    """
+
+    worker_id: str
+    status: str
+    last_seen_s: float | None
+    host: str | None = None
+    address: str | None = None
+    gpu_count: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    incarnation: int = 0
+
+
+def workers(ctx: JobContext) -> list[WorkerInfo]:
+    """Every worker the job has seen, sorted by id, with ages on Redis' clock."""
+    k = ctx.keys
+    with ctx.client.pipeline(transaction=False) as pipe:
+        pipe.hgetall(k.status)
+        pipe.hgetall(k.info)
+        pipe.hgetall(k.incarnation)
+        pipe.zrange(k.heartbeats, 0, -1, withscores=True)
+        pipe.time()
+        status, info, incarnation, beats, (sec, usec) = pipe.execute()
+    now_ms = sec * 1000 + usec / 1000
+    last = dict(beats)
+    out = []
+    for worker_id in sorted(status):
+        meta = orjson.loads(info[worker_id]) if worker_id in info else {}
+        seen = last.get(worker_id)
+        out.append(
+            WorkerInfo(
+                worker_id=worker_id,
+                status=status[worker_id],
+                last_seen_s=None if seen is None else max(0.0, (now_ms - seen) / 1000),
+                host=meta.get("host"),
+                address=meta.get("address"),
+                gpu_count=int(meta.get("gpu_count", 0)),
+                labels=dict(meta.get("labels", {})),
+                incarnation=int(incarnation.get(worker_id, 0)),
+            )
+        )
+    return out
+
+
+def live_workers(ctx: JobContext) -> list[str]:
+    """Ids of the workers that are registered and not failed or left, sorted."""
+    return sorted(ctx.client.zrange(ctx.keys.heartbeats, 0, -1))
+
+
+def membership_generation(ctx: JobContext) -> int:
+    """The membership generation: moves by one on every join, leave and failure."""
+    return int(ctx.client.get(ctx.keys.generation) or 0)
+
+
+def reap_call(ctx: JobContext) -> Call:
+    """One reaper step as a script call, to batch with other calls (see ``reap``)."""
+    k = ctx.keys
+    return (
+        "reap_workers",
+        [k.heartbeats, k.status, k.generation, k.events],
+        [int(ctx.heartbeat_timeout * 1000), ctx.events_cap, REAP_BATCH],
+    )
+
+
+def reaped(ctx: JobContext, reply: list[Any]) -> list[str]:
+    """The ids newly declared failed, from the raw reply of a ``reap_call``."""
+    return [str(x) for x in check(reply, {"job_id": ctx.job_id})[1:]]
+
+
+def reap(ctx: JobContext) -> list[str]:
+    """Declare failed every worker silent for longer than ``heartbeat_timeout``.
+
+    Atomic and safe to run from any number of processes at once; every live worker's
+    heartbeat thread runs it too, so no extra daemon is needed.
+
+    Returns:
+        The ids this call declared failed (each failure is reported once, to one caller).
+    """
+    ids: list[str] = []
+    while True:
+        batch = reaped(ctx, ctx.scripts.call(*reap_call(ctx)))
+        ids += batch
+        if len(batch) < REAP_BATCH:
+            return ids
+
+
+def events(ctx: JobContext, count: int = 100) -> list[dict[str, str]]:
+    """The newest membership events (join, replace, leave, fail), oldest first."""
+    count = check_int("count", count, low=1, high=100_000)
+    entries = ctx.client.xrevrange(ctx.keys.events, count=count)
+    return [{"id": entry_id, **fields} for entry_id, fields in reversed(entries)]
+
+
+def list_jobs(client: Any) -> list[str]:
+    """The ids of every job with state in this Redis (a ``SCAN``: for operators, not hot paths)."""
+    jobs = set()
+    for key in client.scan_iter(match=f"{PREFIX}:{{*}}:generation", count=1000):
+        start, end = key.index("{") + 1, key.rindex("}")
+        jobs.add(key[start:end])
+    return sorted(jobs)

@@ -1,0 +1,1 @@
+"""Data features: shard ranges and shuffling, consistent hashing, the dataset registry, leases."""

@@ -1,0 +1,68 @@
+"""The dataset registry: each job's datasets and their parameters, in one Redis hash."""
+
+from __future__ import annotations
+
+import orjson
+
+from ..context import JobContext
+from ..errors import DatasetNotFoundError
+from ..validate import check_id
+from .sharding import DatasetParams
+
+__all__ = ["delete_dataset", "get_dataset", "list_datasets", "register_dataset"]
+
+
+def _encode(params: DatasetParams) -> bytes:
+    # Canonical JSON (sorted keys) so "same parameters" is a byte comparison in Lua.
+    return orjson.dumps(
+        {
+            "total_samples": params.total_samples,
+            "samples_per_shard": params.samples_per_shard,
+            "shuffle": params.shuffle,
+            "seed": params.seed,
+        },
+        option=orjson.OPT_SORT_KEYS,
+    )
+
+
+def register_dataset(ctx: JobContext, params: DatasetParams, *, replace: bool = False) -> None:
+    """Register ``params`` under its name; the same parameters again are a no-op.
+
+    Raises:
+        DatasetConflictError: registered with other parameters and ``replace`` is false.
+    """
+    ctx.scripts.run(
+        "register_dataset",
+        [ctx.keys.datasets],
+        [params.name, _encode(params), "1" if replace else "0"],
+        {"job_id": ctx.job_id, "dataset": params.name},
+    )
+
+
+def get_dataset(ctx: JobContext, name: str) -> DatasetParams:
+    """The parameters of a registered dataset.
+
+    Raises:
+        DatasetNotFoundError: no dataset of that name (the message says how to register it).
+    """
+    check_id("name", name)
+    raw = ctx.client.hget(ctx.keys.datasets, name)
+    if raw is None:
+        raise DatasetNotFoundError(
+            f"dataset {name!r} is not registered in job {ctx.job_id!r}",
+            job_id=ctx.job_id,
+            dataset=name,
+        )
+    return DatasetParams(name=name, **orjson.loads(raw))
+
+
+def list_datasets(ctx: JobContext) -> list[DatasetParams]:
+    """Every registered dataset, sorted by name."""
+    stored = ctx.client.hgetall(ctx.keys.datasets)
+    return [DatasetParams(name=n, **orjson.loads(v)) for n, v in sorted(stored.items())]
+
+
+def delete_dataset(ctx: JobContext, name: str) -> bool:
+    """Forget a dataset's registration; returns whether it existed."""
+    check_id("name", name)
+    return bool(ctx.client.hdel(ctx.keys.datasets, name))

@@ -1,0 +1,103 @@
+"""The house's shape: the layer contract holds, every module has a layer, public names pinned."""
+
+from __future__ import annotations
+
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+import strata_redis
+from strata_redis import status
+from strata_redis.scripts import compiled, sources
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: what ``import strata_redis`` offers; a change here is a change of the public API
+PUBLIC = {
+    "LIVE", "Barrier", "BarrierBrokenError", "BarrierError", "BarrierLatency", "BarrierState",
+    "BarrierTimeoutError", "CheckpointAbortedError", "CheckpointError", "CheckpointInfo",
+    "CheckpointManager", "CheckpointNotFoundError", "CheckpointSkippedWarning",
+    "DatasetConflictError", "DatasetError", "DatasetNotFoundError", "DatasetParams",
+    "EpochProgress", "FileEntry", "Job", "JobContext", "Keys", "Lease", "LeaseError",
+    "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "Release", "S3Storage", "SaveFuture",
+    "SaveRecord", "Shard", "ShardLeases", "ShardManager", "StepNotForwardError", "Storage",
+    "StorageError", "StorageExistsError", "StorageNotFoundError", "StrataError", "Worker",
+    "WorkerError", "WorkerExistsError", "WorkerFailedError", "WorkerInfo", "WorkerLeftError",
+    "WorkerNotRegisteredError", "WorkerReplacedError", "__version__", "connect", "open_storage",
+    "storage_from_env", "storage_from_url",
+}  # fmt: skip
+
+#: the submodules users may import from (the README's layout table lists them)
+SUPPORTED = [
+    "checkpoint.manager", "checkpoint.manifest", "checkpoint.reader", "cli", "connection",
+    "context", "coordination.barrier", "coordination.epochs", "coordination.registry",
+    "coordination.workers", "data.leases", "data.sharding", "errors", "job", "keys",
+    "scripts", "server", "shard_manager", "status", "storage", "testing", "validate",
+]  # fmt: skip
+
+
+def _modules() -> set[str]:
+    """Every module of the package, relative to it (subpackages' ``__init__`` excluded)."""
+    found = set()
+    for info in pkgutil.walk_packages(strata_redis.__path__, "strata_redis."):
+        name = info.name.removeprefix("strata_redis.")
+        if not info.ispkg or name == "storage":  # storage/ is one layer, as a whole
+            found.add(name)
+    return {m for m in found if not m.startswith("storage.")}
+
+
+def _layers() -> list[list[str]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = config["tool"]["importlinter"]["contracts"]
+    return [[m.strip() for m in layer.split("|")] for layer in contract["layers"]]
+
+
+def test_the_layer_contract_holds() -> None:
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert exe, "import-linter is not installed (pip install -e '.[dev]')"
+    run = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 kept, 0 broken" in run.stdout
+
+
+def test_every_module_has_exactly_one_layer() -> None:
+    listed = [m for layer in _layers() for m in layer]
+    assert len(listed) == len(set(listed)), "a module is in two layers"
+    assert set(listed) == _modules(), "add new modules to the layers in pyproject.toml"
+
+
+def test_public_names_are_pinned() -> None:
+    assert set(strata_redis.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert hasattr(strata_redis, name), name
+
+
+def test_supported_submodules_import_and_are_documented() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name in SUPPORTED:
+        __import__(f"strata_redis.{name}")
+        path = name.replace(".", "/") + ("/" if name == "storage" else ".py")
+        assert f"`{path}`" in readme, f"README layout table lacks {path}"
+
+
+def test_no_bare_status_codes_in_python_or_lua() -> None:
+    # every refusal a script returns is named through the prelude (S.*, A.*)
+    for name, src in sources().items():
+        code = "\n".join(line.split("--")[0] for line in src.splitlines())
+        bare = re.findall(r"(?:return|answer\()\s*\{\s*-?\d", code)
+        assert not bare, f"{name}.lua returns a bare status code: {bare}"
+        assert compiled()[name].startswith(status.prelude())
+        assert compiled()[name].count("\n") == src.count("\n"), "the prelude must keep line numbers"
+    for path in (ROOT / "strata_redis").rglob("*.py"):
+        text = path.read_text()
+        # a reply's flags (0/1) are not statuses; any other number compared with it is
+        bare = re.search(r"reply\[0\]\)? *[=!<>]=? *(-\d|[2-9]|\d\d)", text)
+        assert not bare, f"{path}: bare status code {bare.group(0)!r}"
