@@ -4,10 +4,13 @@
     python perf/run.py --fast             # fewer values (pyperf --fast)
     python perf/run.py --smoke            # one value each: proves every benchmark still runs
     python perf/run.py --save-baseline    # then copy the results to perf/baseline/
+    python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
 
 Each benchmark module may define ``RATIOS``: (name, reference name) pairs whose mean ratio
 is printed after the run; ratios are measured in one run, side by side, on one machine.
+The run ends with the targets table (``perf/targets.toml``, filled by ``perf/report.py``),
+also written to ``<results>/report.md`` and ``report.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pyperf
+import report
 
 from strata_redis.server import RedisServer
 
@@ -32,6 +36,10 @@ def main() -> int:
     parser.add_argument("--fast", action="store_true", help="pyperf --fast")
     parser.add_argument("--smoke", action="store_true", help="one value per benchmark")
     parser.add_argument("--save-baseline", action="store_true")
+    parser.add_argument("--compare", type=Path, help="a baseline folder (default perf/baseline)")
+    parser.add_argument(
+        "--fail-on", choices=["critical", "degraded", "regression"], help="exit 1 when a row is"
+    )
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
     args = parser.parse_args()
@@ -67,7 +75,7 @@ def main() -> int:
                 continue
             if not args.smoke:
                 print_ratios(name, out)
-            baseline = HERE / "baseline" / f"{name}.json"
+            baseline = (args.compare or HERE / "baseline") / f"{name}.json"
             if baseline.exists() and not args.smoke:
                 subprocess.run(
                     [
@@ -90,7 +98,9 @@ def main() -> int:
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1
-    return 0
+    compare = args.compare or (HERE / "baseline")
+    use = compare if compare.is_dir() and not args.smoke else None
+    return report.report(args.results, use, args.fail_on)
 
 
 def print_ratios(name: str, path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,9 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     for bench in PERF.glob("bench_*.py"):
         assert (tmp_path / f"{bench.stem}.json").stat().st_size > 0, bench.stem
+    # the run ends with the targets table, filled from what it measured
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["machine"]["cores"] and doc["rows"]
+    measured = [r for r in doc["rows"] if r["measured"] is not None]
+    assert any(r["metric"].startswith("coordination call latency") for r in measured)
+    assert "| metric | measured |" in (tmp_path / "report.md").read_text()

@@ -1,0 +1,321 @@
+"""The report: the targets table filled from a run's pyperf results, and regressions against a
+baseline. Used by ``perf/run.py``; also ``python perf/report.py RESULTS [--compare BASELINE]``.
+
+A row's status: ``target`` / ``acceptable`` / ``degraded`` (past acceptable, within critical) /
+``critical`` / ``not measured``; with a reference, the ratio to it is shown and checked
+against our goal. A regression is a change past ``THRESHOLD`` (the guide's 10 %) that is also
+significant (Welch's t over the two runs' values): in a row's ratio to its reference where it
+has one (absolute times move with the machine), else in its own mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+import pyperf
+
+HERE = Path(__file__).resolve().parent
+THRESHOLD = 0.10
+#: |t| above this counts as significant (about 95 % for the sample sizes pyperf takes)
+T_SIGNIFICANT = 2.0
+STATUSES = ("target", "acceptable", "degraded", "critical", "not measured")
+UNITS = {"p50": "ms", "p99": "ms", "mean": "ms", "mb_s": "MB/s", "gb_s": "GB/s",
+         "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s"}  # fmt: skip
+
+
+@dataclass
+class Row:
+    """One metric of the targets table, and what a run measured for it."""
+
+    metric: str
+    stat: str
+    better: str
+    target: float
+    acceptable: float
+    critical: float
+    bench: str | None = None
+    name: str | None = None
+    reference: str | None = None
+    goal: float | None = None
+    measured: float | None = None
+    unit: str = ""
+    ratio: float | None = None
+    status: str = "not measured"
+    goal_met: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_targets(path: Path = HERE / "targets.toml") -> list[Row]:
+    """The rows of a targets file.
+
+    Raises:
+        ValueError: a row misses a field or has a bad one (named in the message).
+    """
+    rows = []
+    for i, raw in enumerate(tomllib.loads(path.read_text())["row"]):
+        try:
+            row = Row(**raw)
+        except TypeError as exc:
+            raise ValueError(f"{path} row {i + 1}: {exc}") from None
+        if row.better not in ("lower", "higher"):
+            raise ValueError(f"{path} row {i + 1}: better must be lower or higher")
+        ordered = [row.target, row.acceptable, row.critical]
+        if ordered != sorted(ordered, reverse=row.better == "higher"):
+            raise ValueError(f"{path} row {i + 1}: target, acceptable, critical out of order")
+        rows.append(row)
+    return rows
+
+
+def load_results(results: Path) -> dict[tuple[str, str], pyperf.Benchmark]:
+    """Every benchmark in a results folder, by (result file stem, benchmark name)."""
+    out = {}
+    for path in sorted(results.glob("bench_*.json")):
+        for bench in pyperf.BenchmarkSuite.load(str(path)).get_benchmarks():
+            out[(path.stem, bench.get_name())] = bench
+    return out
+
+
+def value(bench: pyperf.Benchmark, stat: str) -> float:
+    """A benchmark's figure in the row's unit (ms for times; MB/s or GB/s for rates)."""
+    values = bench.get_values()
+    if stat in ("p50", "p99"):
+        return _percentile(values, 50 if stat == "p50" else 99) * 1e3
+    if stat == "mean":
+        return statistics.fmean(values) * 1e3
+    size = _size_bytes(bench)
+    rate = size / statistics.fmean(values)
+    return rate / 1e6 if stat == "mb_s" else rate / 1e9
+
+
+def evaluate(rows: list[Row], results: dict[tuple[str, str], pyperf.Benchmark]) -> list[Row]:
+    """Fill each row's measured value, ratio to its reference and status."""
+    for row in rows:
+        row.unit = UNITS.get(row.stat, row.stat)
+        bench = results.get((row.bench or "", row.name or ""))
+        if bench is None:
+            if row.bench:
+                row.notes.append(f"no result for {row.bench}: {row.name!r}")
+            continue
+        row.measured = value(bench, row.stat)
+        row.status = status(row, row.measured)
+        ref = results.get((row.bench or "", row.reference or ""))
+        if ref is not None:
+            row.ratio = _mean(bench) / _mean(ref)
+            row.goal_met = row.goal is None or row.ratio <= row.goal
+    return rows
+
+
+def status(row: Row, measured: float) -> str:
+    """Where ``measured`` falls among the row's thresholds."""
+    within = (lambda v, t: v <= t) if row.better == "lower" else (lambda v, t: v >= t)
+    for name, threshold in (
+        ("target", row.target), ("acceptable", row.acceptable), ("degraded", row.critical)
+    ):  # fmt: skip
+        if within(measured, threshold):
+            return name
+    return "critical"
+
+
+@dataclass
+class Change:
+    """A benchmark (or a row's ratio) that moved between a baseline and a run."""
+
+    what: str
+    before: float
+    after: float
+    change: float  # relative: +0.20 is 20 % slower (a higher time or ratio)
+    t: float
+    regression: bool
+    improvement: bool
+
+
+def compare(
+    rows: list[Row],
+    baseline: dict[tuple[str, str], pyperf.Benchmark],
+    results: dict[tuple[str, str], pyperf.Benchmark],
+    threshold: float = THRESHOLD,
+) -> list[Change]:
+    """Each row's change from ``baseline`` to ``results`` (its ratio where it has a reference).
+
+    Values are times (or time ratios): higher is worse, whatever the row's unit.
+    """
+    changes = []
+    for row in rows:
+        key = (row.bench or "", row.name or "")
+        if key not in baseline or key not in results:
+            continue
+        ref = (row.bench or "", row.reference or "")
+        if row.reference and ref in baseline and ref in results:
+            before = _ratio_values(baseline[key], baseline[ref])
+            after = _ratio_values(results[key], results[ref])
+            what = f"{row.metric} (ratio to {row.reference})"
+        else:
+            before, after = baseline[key].get_values(), results[key].get_values()
+            what = row.metric
+        changes.append(_change(what, list(before), list(after), threshold))
+    return changes
+
+
+def machine() -> dict[str, Any]:
+    """The machine a run came from: CPU, cores, load average, Python, Redis."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = re.findall(r"model name\s*:\s*(.+)", f.read())
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    try:
+        redis_v = subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True, timeout=10
+        ).stdout.split()[2]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        redis_v = "unknown"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "redis": redis_v.removeprefix("v="),
+        "platform": platform.platform(),
+    }
+
+
+def render(rows: list[Row], host: dict[str, Any], changes: list[Change] | None = None) -> str:
+    """The report as Markdown: the machine, the table, then regressions and improvements."""
+    lines = [
+        "# strata_redis performance report",
+        "",
+        f"Machine: {host['cpu']}, {host['cores']} cores, load average "
+        f"{' / '.join(map(str, host['load_average']))}, Python {host['python']}, "
+        f"Redis {host['redis']}.",
+        "",
+        "| metric | measured | target / acceptable / critical | status | ratio to reference "
+        "(goal) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        measured = "-" if r.measured is None else f"{r.measured:.3g} {r.unit}"
+        sign = "<" if r.better == "lower" else ">"
+        bars = f"{sign} {r.target:g} / {r.acceptable:g} / {r.critical:g} {r.unit}"
+        ratio = "-"
+        if r.ratio is not None:
+            mark = "met" if r.goal_met else "MISSED"
+            ratio = f"{r.ratio:.2f}x {r.reference} (<= {r.goal:g}x: {mark})"
+        lines.append(f"| {r.metric} | {measured} | {bars} | {r.status} | {ratio} |")
+    if changes is not None:
+        lines += ["", "## Against the baseline", ""]
+        moved = [c for c in changes if c.regression or c.improvement]
+        for c in moved:
+            kind = "REGRESSION" if c.regression else "improvement"
+            moved_by = f"{c.before:.4g} -> {c.after:.4g} ({c.change:+.1%}, t={c.t:.1f})"
+            lines.append(f"- {kind}: {c.what}: {moved_by}")
+        if not moved:
+            lines.append(f"No change past {THRESHOLD:.0%} that is significant.")
+    return "\n".join(lines) + "\n"
+
+
+def write(
+    results: Path, rows: list[Row], host: dict[str, Any], changes: list[Change] | None
+) -> str:
+    """Write report.md and report.json into ``results``; return the Markdown."""
+    text = render(rows, host, changes)
+    (results / "report.md").write_text(text)
+    doc = {
+        "machine": host,
+        "rows": [asdict(r) for r in rows],
+        "changes": None if changes is None else [asdict(c) for c in changes],
+    }
+    (results / "report.json").write_text(json.dumps(doc, indent=2))
+    return text
+
+
+def _mean(bench: pyperf.Benchmark) -> float:
+    return statistics.fmean(bench.get_values())
+
+
+def _ratio_values(subject: pyperf.Benchmark, reference: pyperf.Benchmark) -> list[float]:
+    # each subject value over the reference's mean: the ratio's spread is the subject's
+    ref = _mean(reference)
+    return [v / ref for v in subject.get_values()]
+
+
+def _change(what: str, before: list[float], after: list[float], threshold: float) -> Change:
+    b, a = statistics.fmean(before), statistics.fmean(after)
+    change = a / b - 1
+    t = _welch_t(before, after)
+    significant = abs(t) >= T_SIGNIFICANT
+    return Change(
+        what, b, a, change, t,
+        regression=significant and change > threshold,
+        improvement=significant and change < -threshold,
+    )  # fmt: skip
+
+
+def _welch_t(x: list[float], y: list[float]) -> float:
+    """Welch's t of mean(y) - mean(x); with single values, the change itself is the evidence."""
+    if len(x) < 2 or len(y) < 2:
+        return math.inf if statistics.fmean(y) != statistics.fmean(x) else 0.0
+    vx, vy = statistics.variance(x) / len(x), statistics.variance(y) / len(y)
+    diff = statistics.fmean(y) - statistics.fmean(x)
+    if vx + vy == 0:
+        return math.inf if diff else 0.0
+    return diff / math.sqrt(vx + vy)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _size_bytes(bench: pyperf.Benchmark) -> int:
+    description = str(bench.get_metadata().get("description", ""))
+    match = re.search(r"(\d+)\s*MiB", description)
+    if not match:
+        raise ValueError(f"{bench.get_name()}: no size ('N MiB') in its description metadata")
+    return int(match.group(1)) * 1024 * 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, nargs="?", default=HERE / "results")
+    parser.add_argument("--compare", type=Path, help="a baseline folder of pyperf results")
+    parser.add_argument("--fail-on", choices=["critical", "degraded", "regression"])
+    args = parser.parse_args(argv)
+    return report(args.results, args.compare, args.fail_on)
+
+
+def report(results: Path, baseline: Path | None = None, fail_on: str | None = None) -> int:
+    """Print and write the report; the exit status ``fail_on`` asks for."""
+    found = load_results(results)
+    rows = evaluate(load_targets(), found)
+    changes = None if baseline is None else compare(rows, load_results(baseline), found)
+    print(write(results, rows, machine(), changes))
+    bad = {"critical": {"critical"}, "degraded": {"critical", "degraded"}}.get(fail_on or "", set())
+    if any(r.status in bad for r in rows):
+        return 1
+    if fail_on == "regression" and changes and any(c.regression for c in changes):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
