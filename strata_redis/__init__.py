@@ -9,6 +9,7 @@ from .context import JobContext
 from .coordination.barrier import LIVE, Barrier, BarrierState, Release
 from .coordination.latency import BarrierLatency
 from .coordination.registry import WorkerInfo
+from .coordination.rendezvous import Rendezvous, Round
 from .coordination.workers import Worker
 from .data.leases import EpochProgress, Lease, ShardLeases
 from .data.sharding import DatasetParams, Shard
@@ -24,6 +25,10 @@ from .errors import (
     DatasetNotFoundError,
     LeaseError,
     LeaseLostError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    RestartLimitError,
+    RoundBrokenError,
     StepNotForwardError,
     StorageError,
     StorageExistsError,
@@ -38,6 +43,7 @@ from .errors import (
 )
 from .job import Job, connect
 from .keys import Keys
+from .orchestrator import ShardStream, TrainingOrchestrator
 from .shard_manager import ShardManager
 from .storage import (
     LocalStorage,
@@ -79,18 +85,26 @@ __all__ = [
     "LoadedCheckpoint",
     "LocalStorage",
     "Release",
+    "Rendezvous",
+    "RendezvousError",
+    "RendezvousTimeoutError",
+    "RestartLimitError",
+    "Round",
+    "RoundBrokenError",
     "S3Storage",
     "SaveFuture",
     "SaveRecord",
     "Shard",
     "ShardLeases",
     "ShardManager",
+    "ShardStream",
     "StepNotForwardError",
     "Storage",
     "StorageError",
     "StorageExistsError",
     "StorageNotFoundError",
     "StrataError",
+    "TrainingOrchestrator",
     "Worker",
     "WorkerError",
     "WorkerExistsError",

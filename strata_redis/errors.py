@@ -12,6 +12,10 @@ The tree::
     ├── BarrierError                .job_id, .barrier
     │   ├── BarrierTimeoutError         .missing: the workers that did not arrive
     │   └── BarrierBrokenError          .culprit, .reason: a member failed or aborted
+    ├── RendezvousError             .job_id, .round
+    │   ├── RoundBrokenError            .culprit, .reason: a member failed or left; rejoin
+    │   ├── RendezvousTimeoutError      .joined, .needed: too few workers joined in time
+    │   └── RestartLimitError           .restarts: more failure restarts than max_restarts
     ├── DatasetError                .job_id, .dataset
     │   ├── DatasetNotFoundError
     │   └── DatasetConflictError        same name registered with other parameters
@@ -55,6 +59,10 @@ __all__ = [
     "DatasetNotFoundError",
     "LeaseError",
     "LeaseLostError",
+    "RendezvousError",
+    "RendezvousTimeoutError",
+    "RestartLimitError",
+    "RoundBrokenError",
     "StepNotForwardError",
     "StorageError",
     "StorageExistsError",
@@ -198,6 +206,117 @@ class BarrierBrokenError(BarrierError):
         self.generation = generation
 
 
+class RendezvousError(StrataError):
+    """An elastic-rendezvous error about one round of one job."""
+
+    def __init__(self, message: str, *, job_id: str, round: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.round = round
+
+    @classmethod
+    def moved(cls, c: Context) -> RendezvousError:
+        """The rendezvous is at another round than the caller named (``ROUND_MOVED``)."""
+        return cls(
+            f"the rendezvous of job {c['job_id']!r} moved from round {c['round']} to round "
+            f"{c['payload'][0]} (join again)",
+            job_id=c["job_id"],
+            round=int(c["payload"][0]),
+        )
+
+
+class RoundBrokenError(RendezvousError):
+    """A member of this round failed, left or was replaced, or the round was superseded:
+    the round is over for everyone in it, and its members rendezvous again.
+
+    Attributes:
+        culprit: the member that failed or left ("" when the round was superseded).
+        reason: ``failed``, ``left``, ``replaced`` or ``superseded`` (a newer round opened,
+            e.g. to admit workers that arrived late).
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str, round: int, culprit: str, reason: str
+    ) -> None:
+        super().__init__(message, job_id=job_id, round=round)
+        self.culprit = culprit
+        self.reason = reason
+
+    @classmethod
+    def because(cls, job_id: str, round: int, culprit: str, reason: str) -> RoundBrokenError:
+        """Round ``round`` ended because ``culprit`` ``reason`` (failed, left, ...)."""
+        if reason == "superseded":
+            what = "was superseded by a newer round"
+        else:
+            what = f"ended: member {culprit!r} {reason}"
+        return cls(
+            f"rendezvous round {round} of job {job_id!r} {what}; its members must rendezvous "
+            "again (the orchestrator does so by itself when elastic=True)",
+            job_id=job_id,
+            round=round,
+            culprit=culprit,
+            reason=reason,
+        )
+
+    @classmethod
+    def refused(cls, c: Context) -> RoundBrokenError:
+        """The round is over (``ROUND_BROKEN``; payload: culprit, reason)."""
+        return cls.because(c["job_id"], int(c["round"]), str(c["payload"][0]), c["payload"][1])
+
+
+class RendezvousTimeoutError(RendezvousError):
+    """Too few workers joined a round within the rendezvous timeout.
+
+    Attributes:
+        joined: the workers that had joined.
+        needed: ``min_workers``.
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str, round: int, joined: list[str], needed: int
+    ) -> None:
+        super().__init__(message, job_id=job_id, round=round)
+        self.joined = joined
+        self.needed = needed
+
+    @classmethod
+    def after(
+        cls, job_id: str, round: int, joined: list[str], needed: int, timeout: float
+    ) -> RendezvousTimeoutError:
+        """Round ``round`` did not close within ``timeout`` seconds."""
+        return cls(
+            f"rendezvous round {round} of job {job_id!r} did not close within {timeout}s: "
+            f"{len(joined)} of the min_workers={needed} joined ({joined})",
+            job_id=job_id,
+            round=round,
+            joined=joined,
+            needed=needed,
+        )
+
+
+class RestartLimitError(RendezvousError):
+    """More rounds were restarted by failures than ``max_restarts`` allows.
+
+    Attributes:
+        restarts: the failure restarts so far (growth restarts are not counted).
+    """
+
+    def __init__(self, message: str, *, job_id: str, round: int, restarts: int) -> None:
+        super().__init__(message, job_id=job_id, round=round)
+        self.restarts = restarts
+
+    @classmethod
+    def over(cls, job_id: str, round: int, restarts: int, limit: int) -> RestartLimitError:
+        """``restarts`` failure restarts exceed ``limit``."""
+        return cls(
+            f"job {job_id!r} restarted {restarts} rounds after member failures (round {round}), "
+            f"more than max_restarts={limit}; rounds restarted to admit new workers do not count",
+            job_id=job_id,
+            round=round,
+            restarts=restarts,
+        )
+
+
 class DatasetError(StrataError):
     """A dataset-registry error about one dataset of one job."""
 
@@ -209,6 +328,18 @@ class DatasetError(StrataError):
 
 class DatasetNotFoundError(DatasetError):
     """No dataset of that name is registered in this job."""
+
+    @classmethod
+    def missing(cls, job_id: str, dataset: str) -> DatasetNotFoundError:
+        """``dataset`` is not registered; the message says how to register it."""
+        return cls(
+            f"dataset {dataset!r} is not registered in job {job_id!r}; register it once "
+            f"(a launcher or rank 0) before the workers ask for it: "
+            f"strata_redis.ShardManager(redis_url, job_id={job_id!r}).register_dataset_params("
+            f"{dataset!r}, total_samples, samples_per_shard, shuffle=True, seed=0)",
+            job_id=job_id,
+            dataset=dataset,
+        )
 
 
 class DatasetConflictError(DatasetError):
@@ -414,6 +545,8 @@ _BY_STATUS: dict[Status, Callable[[Context], StrataError]] = {
     Status.RANK_NOT_HELD: CheckpointError.rank_not_held,
     Status.STEP_COMMITTED: CheckpointError.committed,
     Status.STEP_COMMITTING: CheckpointError.committing,
+    Status.ROUND_MOVED: RendezvousError.moved,
+    Status.ROUND_BROKEN: RoundBrokenError.refused,
 }
 
 

@@ -93,6 +93,35 @@ class Keys:
         """STREAM one entry per barrier release (its latency), capped, for the dashboard."""
         return f"{self.base}:barrier_latency"
 
+    # -- elastic rendezvous -----------------------------------------------------------------
+    @property
+    def rendezvous(self) -> str:
+        """HASH the rendezvous: round, state (joining/closed), deadline_ms, world_size,
+        restart counters, the round's fate (broken culprit), epoch decisions, restore marks."""
+        return f"{self.base}:rendezvous"
+
+    def round_members(self, round_: int) -> str:
+        """ZSET a round's joiners -> order score (previous rank, else arrival); while joining."""
+        return f"{self.base}:round_members:{round_}"
+
+    def round_ranks(self, round_: int) -> str:
+        """HASH a closed round's members -> "<rank> <incarnation>"."""
+        return f"{self.base}:round_ranks:{round_}"
+
+    @property
+    def rendezvous_waiting(self) -> str:
+        """ZSET workers that arrived while a round was running -> ms: they join the next one."""
+        return f"{self.base}:rendezvous_waiting"
+
+    @property
+    def rendezvous_events(self) -> str:
+        """STREAM rendezvous events (open, close, broken), capped; joiners XREAD it."""
+        return f"{self.base}:rendezvous_events"
+
+    def round_checkpoints(self, round_: int) -> str:
+        """ZSET checkpoint steps opened in a round (score = step), so ranks fill in missing ones."""
+        return f"{self.base}:round_checkpoints:{round_}"
+
     # -- datasets and shard leases -------------------------------------------------------
     @property
     def datasets(self) -> str:
@@ -180,3 +209,9 @@ class LeaseKeys:
     def done(self) -> str:
         """HASH shard id -> "<token> <worker id>": the exactly-once completion record."""
         return self._key("shards_done")
+
+    @property
+    def offsets(self) -> str:
+        """HASH shard id -> samples already trained, for shards restored part-way from a
+        checkpoint (the next lease of the shard starts there)."""
+        return self._key("shard_offsets")

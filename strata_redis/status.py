@@ -41,6 +41,9 @@ class Status(IntEnum):
     RANK_NOT_HELD = 43
     STEP_COMMITTED = 44
     STEP_COMMITTING = 45
+    # 50-59: the elastic rendezvous
+    ROUND_MOVED = 50
+    ROUND_BROKEN = 51
 
 
 class Acquire(IntEnum):

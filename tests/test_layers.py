@@ -27,7 +27,9 @@ PUBLIC = {
     "CheckpointManager", "CheckpointNotFoundError", "CheckpointSkippedWarning",
     "DatasetConflictError", "DatasetError", "DatasetNotFoundError", "DatasetParams",
     "EpochProgress", "FileEntry", "Job", "JobContext", "Keys", "Lease", "LeaseError",
-    "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "Release", "S3Storage", "SaveFuture",
+    "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "Release", "Rendezvous",
+    "RendezvousError", "RendezvousTimeoutError", "RestartLimitError", "Round", "RoundBrokenError",
+    "S3Storage", "SaveFuture", "ShardStream", "TrainingOrchestrator",
     "SaveRecord", "Shard", "ShardLeases", "ShardManager", "StepNotForwardError", "Storage",
     "StorageError", "StorageExistsError", "StorageNotFoundError", "StrataError", "Worker",
     "WorkerError", "WorkerExistsError", "WorkerFailedError", "WorkerInfo", "WorkerLeftError",
@@ -39,7 +41,8 @@ PUBLIC = {
 SUPPORTED = [
     "checkpoint.manager", "checkpoint.manifest", "checkpoint.reader", "cli", "connection",
     "context", "coordination.barrier", "coordination.epochs", "coordination.registry",
-    "coordination.workers", "data.leases", "data.sharding", "errors", "job", "keys",
+    "coordination.rendezvous", "coordination.workers", "data.leases", "data.position",
+    "data.sharding", "errors", "job", "keys", "orchestrator",
     "scripts", "server", "shard_manager", "status", "storage", "testing", "validate",
 ]  # fmt: skip
 

@@ -109,6 +109,10 @@ class Worker:
     ``interval`` seconds and runs the reaper step in the same round trip. It survives Redis
     blips (redis-py reconnects on the next tick). If it learns that this worker was declared
     failed, left, or was replaced, it stops, sets ``lost`` and calls ``on_lost``.
+
+    Each tick also learns the membership generation (the reaper step's reply): it is kept in
+    ``generation``, and ``on_generation`` (if set) is called with it from the thread, so a
+    feature can notice a membership change with no round trip of its own.
     """
 
     def __init__(
@@ -124,6 +128,8 @@ class Worker:
         self.incarnation = incarnation
         self.on_lost = on_lost
         self.lost: StrataError | None = None
+        self.generation = incarnation
+        self.on_generation: Callable[[int], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -228,6 +234,9 @@ class Worker:
                 )
                 check(beat, self._context)
                 reaped(self.context, reply)
+                self.generation = int(reply[1])
+                if self.on_generation is not None:
+                    self.on_generation(self.generation)
                 if outage:
                     log.warning(
                         "worker %r: Redis reachable again, heartbeats resumed", self.worker_id

@@ -48,11 +48,7 @@ def get_dataset(ctx: JobContext, name: str) -> DatasetParams:
     check_id("name", name)
     raw = ctx.client.hget(ctx.keys.datasets, name)
     if raw is None:
-        raise DatasetNotFoundError(
-            f"dataset {name!r} is not registered in job {ctx.job_id!r}",
-            job_id=ctx.job_id,
-            dataset=name,
-        )
+        raise DatasetNotFoundError.missing(ctx.job_id, name)
     return DatasetParams(name=name, **orjson.loads(raw))
 
 

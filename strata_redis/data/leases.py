@@ -15,6 +15,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,21 @@ log = logging.getLogger("strata_redis.leases")
 CANDIDATES = 8
 #: how long a (dataset, epoch)'s record is kept in Redis
 RECORD_TTL_S = 30 * 86400
+
+
+def pool_pairs(
+    ids: np.ndarray[Any, np.dtype[np.int64]], owners: np.ndarray[Any, np.dtype[np.intp]]
+) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The pool's (steal priority, shard id) pairs, flat, from ``Assignment.grouped``.
+
+    Steal priority = a shard's position in its owner's order: thieves take the shards their
+    owners would reach last.
+    """
+    positions = np.arange(len(ids)) - np.searchsorted(owners, owners)
+    pairs = np.empty(2 * len(ids), dtype=np.int64)
+    pairs[0::2] = positions
+    pairs[1::2] = ids
+    return pairs
 
 
 @dataclass
@@ -158,12 +174,7 @@ class ShardLeases:
         plan = assignment(self.params, workers)
         ids, owners = plan.grouped(self.epoch)
         self._own = ids[owners == plan.index(self.worker_id)].tolist()
-        # Steal priority = a shard's position in its owner's order: thieves take the shards
-        # their owners would reach last.
-        positions = np.arange(len(ids)) - np.searchsorted(owners, owners)
-        pairs = np.empty(2 * len(ids), dtype=np.int64)
-        pairs[0::2] = positions
-        pairs[1::2] = ids
+        pairs = pool_pairs(ids, owners)
         k = self.keys
         self.context.scripts.run(
             "init_epoch", [k.meta, k.todo, k.done],
@@ -300,12 +311,14 @@ class ShardLeases:
             done, leased, todo = pipe.execute()
         return EpochProgress(self.params.num_shards, done, leased, todo)
 
-    def _keep_record(self) -> None:
+    def keep_record(self) -> None:
+        """Keep a finished epoch's record ``RECORD_TTL_S`` more, then let it expire."""
         # A finished epoch's record is kept RECORD_TTL_S more; an unfinished one stays
         # until it is finished (a restarted job resumes from it).
         with self.context.client.pipeline(transaction=False) as pipe:
             pipe.expire(self.keys.done, RECORD_TTL_S)
             pipe.expire(self.keys.meta, RECORD_TTL_S)
+            pipe.expire(self.keys.offsets, RECORD_TTL_S)
             pipe.execute()
 
     def completions(self) -> dict[int, tuple[str, int]]:
@@ -317,17 +330,19 @@ class ShardLeases:
         return out
 
     # -- iteration ---------------------------------------------------------------------------
+    @property
+    def drained(self) -> bool:
+        """Whether the last acquire that found nothing to lease saw every shard done."""
+        return self._done == self.params.num_shards
+
     def __iter__(self) -> Iterator[Lease]:
         """Lease shards until the epoch is done, renewing held leases in the background.
 
         A lease neither completed nor released when the next one is asked for is released
         back to the pool, with a warning. Leaving the loop early releases what is held.
         """
-        self._start_renewer()
-        self._iterating = True
-        wait_ms = max(10, min(1000, int(self.ttl * 250)))
-        last_id = "$"
-        try:
+        with self.draining():
+            last_id = "$"
             previous: Lease | None = None
             while True:
                 if previous is not None and not previous.finished:
@@ -342,17 +357,31 @@ class ShardLeases:
                     yield lease
                     continue
                 previous = None
-                if self._done == self.params.num_shards:
-                    self._keep_record()
+                if self.drained:
+                    self.keep_record()
                     return
-                # Others hold the remaining leases: wait for a failure event (or a short
-                # while, for expiries and completions), reaping as a waiting caller may.
-                reap(self.context)
-                reply = self.context.client.xread(
-                    {self.context.keys.events: last_id}, block=wait_ms
-                )
-                if reply:
-                    last_id = reply[0][1][-1][0]
+                last_id = self.wait_for_work(last_id)
+
+    def wait_for_work(self, last_id: str = "$") -> str:
+        """Wait a little when others hold the remaining leases: for a membership event (a
+        failure frees leases), or a short while for expiries and completions. It reaps, as
+        a waiting caller may. Returns the events stream id to pass next time."""
+        wait_ms = max(10, min(1000, int(self.ttl * 250)))
+        reap(self.context)
+        reply = self.context.client.xread({self.context.keys.events: last_id}, block=wait_ms)
+        return str(reply[0][1][-1][0]) if reply else last_id
+
+    @contextmanager
+    def draining(self) -> Iterator[ShardLeases]:
+        """Drain by hand: inside, ``complete`` also leases the next shard (one round trip per
+        shard) and held leases are renewed in the background; leaving releases what is held.
+
+        ``__iter__`` is built on it; use it to drive ``acquire``/``complete`` yourself.
+        """
+        self._start_renewer()
+        self._iterating = True
+        try:
+            yield self
         finally:
             self._stop_renewer()
             with self._lock:

@@ -1,0 +1,212 @@
+"""The elastic rendezvous: workers meet in numbered rounds with dense, stable ranks.
+
+A round opens at the first join and closes when ``max_workers`` joined, or when
+``min_workers`` joined and a last-call window passed (on Redis' clock), or at once when every
+live member of the previous round (and every live waiting worker) is back. Every member gets
+the same ``Round``: (number, rank, world size, members). A worker that arrives while a round
+runs waits for the next one, which opens when a member of the running round dies (the round
+is *broken*) or at an epoch boundary when workers are waiting (``review``). Restarts caused
+by failures and by growth are counted apart; only failures count against ``max_restarts``.
+Joining, closing, checking and reviewing are each one Lua script, so every member sees one
+history.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..context import JobContext
+from ..errors import RendezvousTimeoutError, RestartLimitError
+from ..scripts import check
+from ..status import Status
+from ..validate import check_int, check_seconds
+
+__all__ = ["Round", "Rendezvous"]
+
+#: how long a finished round's keys stay readable (ms)
+KEEP_ROUND_MS: Final = 86_400_000
+#: rendezvous events kept (approximate)
+EVENTS_CAP: Final = 1000
+#: the longest a joiner blocks between two looks at the rendezvous (ms)
+MAX_BLOCK_MS: Final = 1000
+
+
+@dataclass(frozen=True)
+class Round:
+    """One closed rendezvous round, as each of its members sees it.
+
+    Attributes:
+        number: the round (1, 2, ...); every member of a round has the same.
+        rank: this member's rank, ``0 <= rank < world_size``, fixed for the round.
+        world_size: how many members the round has.
+        members: the members' ids in rank order.
+        fresh: no member was in the previous round: a whole-job start or restart (the
+            orchestrator restores the data position from the newest checkpoint then).
+        generation: the membership generation when the round closed.
+        failure_restarts: rounds opened because a member failed or left, so far.
+        growth_restarts: rounds opened to admit workers that arrived late, so far.
+    """
+
+    number: int
+    rank: int
+    world_size: int
+    members: tuple[str, ...]
+    fresh: bool
+    generation: int
+    failure_restarts: int
+    growth_restarts: int
+
+
+class Rendezvous:
+    """A job's elastic rendezvous, with this process's limits.
+
+    Args:
+        ctx: the job.
+        min_workers: a round closes only with at least this many members.
+        max_workers: a round closes as soon as it has this many; later arrivals wait for the
+            next round. None: no limit.
+        last_call: seconds a round stays open for more joiners once ``min_workers`` joined.
+        timeout: seconds ``join`` waits for a round to close before it raises.
+        max_restarts: failure restarts allowed before ``join`` raises ``RestartLimitError``
+            (None: no limit). Restarts that admit new workers never count.
+
+    Raises:
+        ValueError, TypeError: a bad argument, named in the message.
+    """
+
+    def __init__(
+        self,
+        ctx: JobContext,
+        *,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        last_call: float = 3.0,
+        timeout: float = 600.0,
+        max_restarts: int | None = None,
+    ) -> None:
+        self.context = ctx
+        self.min_workers = check_int("min_workers", min_workers, low=1, high=100_000)
+        if max_workers is None:
+            max_workers = 100_000
+        self.max_workers = check_int("max_workers", max_workers, low=1, high=100_000)
+        if self.max_workers < self.min_workers:
+            raise ValueError(
+                f"max_workers must be at least min_workers ({self.min_workers}), "
+                f"got {max_workers}"
+            )
+        self.last_call = check_seconds("last_call", last_call, high=86400)
+        self.timeout = check_seconds("timeout", timeout, high=7 * 86400)
+        self.max_restarts = (
+            None if max_restarts is None
+            else check_int("max_restarts", max_restarts, low=0, high=1_000_000)
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return (
+            f"Rendezvous(job={self.context.job_id!r}, min_workers={self.min_workers}, "
+            f"max_workers={self.max_workers}, last_call={self.last_call})"
+        )
+
+    def _keys(self, g: int) -> list[str]:
+        k = self.context.keys
+        return [
+            k.rendezvous, k.rendezvous_waiting, k.rendezvous_events, k.heartbeats, k.status,
+            k.incarnation, k.generation, k.round_members(g), k.round_ranks(g),
+            k.round_members(g + 1), k.round_ranks(g + 1), k.round_ranks(max(g - 1, 0)),
+        ]  # fmt: skip
+
+    def current_round(self) -> int:
+        """The number of the newest round (0 before the first join)."""
+        return int(self.context.client.hget(self.context.keys.rendezvous, "round") or 0)
+
+    def join(self, worker_id: str, incarnation: int, *, leaving: int = 0) -> Round:
+        """Join the open round (or open one) and wait until it closes.
+
+        Args:
+            worker_id: a live registered worker.
+            incarnation: its registration's incarnation (``Worker.incarnation``).
+            leaving: the round this worker was a member of and that broke (0: none); the
+                first member to say so opens the next round.
+
+        Returns:
+            The closed round, with this worker's rank.
+
+        Raises:
+            RendezvousTimeoutError: no round closed with this worker within ``timeout``.
+            RestartLimitError: failure restarts exceed ``max_restarts``.
+            WorkerFailedError, WorkerLeftError, WorkerReplacedError,
+                WorkerNotRegisteredError: the worker is not live.
+        """
+        ctx = self.context
+        deadline = time.monotonic() + self.timeout
+        guess = self.current_round()
+        ids = {"job_id": ctx.job_id, "worker_id": worker_id, "round": guess}
+        while True:
+            args = [worker_id, incarnation, guess, leaving, self.min_workers, self.max_workers,
+                    int(self.last_call * 1000), EVENTS_CAP, KEEP_ROUND_MS]  # fmt: skip
+            reply = ctx.scripts.call("join_rendezvous", self._keys(guess), args)
+            if int(reply[0]) == Status.ROUND_MOVED:
+                guess = int(reply[1])
+                continue
+            payload = check(reply, {**ids, "round": guess})
+            kind = payload[0]
+            if kind == "closed":
+                return self._closed(payload)
+            guess = int(payload[1])
+            if time.monotonic() > deadline:
+                joined = sorted(ctx.client.zrange(ctx.keys.round_members(guess), 0, -1))
+                raise RendezvousTimeoutError.after(
+                    ctx.job_id, guess, joined, self.min_workers, self.timeout
+                )
+            block = MAX_BLOCK_MS
+            if kind == "joining" and int(payload[3]):
+                block = min(block, max(5, int(payload[3]) - int(payload[4]) + 5))
+            # Block until something happens in the rendezvous (or the window closes).
+            ctx.client.xread({ctx.keys.rendezvous_events: payload[-1]}, block=block, count=16)
+
+    def _closed(self, payload: list[Any]) -> Round:
+        number, rank, world, fresh, failures, growth, generation = map(int, payload[1:8])
+        members = tuple(str(m) for m in payload[9:])
+        if self.max_restarts is not None and failures > self.max_restarts:
+            raise RestartLimitError.over(self.context.job_id, number, failures, self.max_restarts)
+        return Round(number, rank, world, members, bool(fresh), generation, failures, growth)
+
+    def check(self, round_: Round) -> None:
+        """Raise if ``round_`` is over: a member died or left, or a newer round opened.
+
+        One script call; the orchestrator runs it off the hot path, when the heartbeat
+        thread sees the membership generation move.
+
+        Raises:
+            RoundBrokenError: the round is over (``.culprit``, ``.reason``).
+        """
+        ctx, k = self.context, self.context.keys
+        ctx.scripts.run(
+            "check_round",
+            [k.rendezvous, k.round_ranks(round_.number), k.heartbeats, k.status, k.incarnation,
+             k.rendezvous_events],
+            [round_.number, EVENTS_CAP],
+            {"job_id": ctx.job_id, "round": round_.number},
+        )  # fmt: skip
+
+    def review(self, round_: Round, epoch: int) -> bool:
+        """At an epoch boundary: does ``round_`` go on? Decided once for all its members.
+
+        Returns:
+            True if the round goes on; False if it is over (workers are waiting to join, or it
+            broke): its members ``join`` again.
+        """
+        ctx, k = self.context, self.context.keys
+        (decision,) = ctx.scripts.run(
+            "review_round",
+            [k.rendezvous, k.rendezvous_waiting, k.heartbeats, k.rendezvous_events],
+            [round_.number, epoch, self.max_workers, EVENTS_CAP],
+            {"job_id": ctx.job_id, "round": round_.number},
+        )
+        return bool(decision == "keep")
+
+    def state(self) -> dict[str, str]:
+        """The rendezvous hash as it stands (round, state, world size, restart counts...)."""
+        return dict(self.context.client.hgetall(self.context.keys.rendezvous))

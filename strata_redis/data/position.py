@@ -1,0 +1,156 @@
+"""The data position: where one rank stands in a dataset's epoch, saved inside every
+checkpoint, and putting an epoch's lease pool back to the position a checkpoint recorded.
+
+A rank's position is the shards its model has consumed in the epoch: the shards done when
+it (re)joined the epoch in its round (``base``: in data-parallel training every rank's model
+holds them), the shards it completed since (``own``), and, for the shard in progress, how
+many samples it yielded (``partial``). The union over a checkpoint's ranks is what the saved
+model trained on; restoring marks exactly that done, so every sample of the epoch is trained
+once relative to the restored model, with any number of workers after the restore.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..context import JobContext
+from .leases import pool_pairs
+from .sharding import DatasetParams, assignment
+
+__all__ = ["POSITION_PART", "Position", "merge_positions", "restore_position"]
+
+#: the checkpoint part each rank's positions are saved in (JSON)
+POSITION_PART = "strata-position.json"
+
+
+@dataclass
+class Position:
+    """One rank's place in one dataset's epoch.
+
+    Attributes:
+        dataset: the dataset's name.
+        epoch: the job's epoch.
+        num_shards: the dataset's shard count.
+        base: shards done when this rank (re)joined the epoch in its current round.
+        own: shards this rank completed since it started the epoch.
+        partial: shard in progress -> samples of it yielded so far (in this epoch's order).
+    """
+
+    dataset: str
+    epoch: int
+    num_shards: int
+    base: set[int] = field(default_factory=set)
+    own: set[int] = field(default_factory=set)
+    partial: dict[int, int] = field(default_factory=dict)
+
+    def done(self) -> set[int]:
+        """The shards the model has consumed in full."""
+        return self.base | self.own
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able record: done shards as a bitmap (``num_shards / 8`` bytes)."""
+        bits = np.zeros(self.num_shards, dtype=bool)
+        done = self.done()
+        if done:
+            bits[np.fromiter(done, dtype=np.int64, count=len(done))] = True
+        return {
+            "dataset": self.dataset,
+            "epoch": self.epoch,
+            "num_shards": self.num_shards,
+            "done": base64.b64encode(np.packbits(bits).tobytes()).decode(),
+            "partial": {str(k): v for k, v in self.partial.items()},
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Position:
+        """The position a ``to_json`` record holds (its done shards as ``own``)."""
+        n = int(raw["num_shards"])
+        bits = np.unpackbits(np.frombuffer(base64.b64decode(raw["done"]), dtype=np.uint8))[:n]
+        return cls(
+            dataset=str(raw["dataset"]),
+            epoch=int(raw["epoch"]),
+            num_shards=n,
+            own=set(np.flatnonzero(bits).tolist()),
+            partial={int(k): int(v) for k, v in raw["partial"].items()},
+        )
+
+
+def encode_positions(positions: Iterable[Position], meta: dict[str, Any]) -> bytes:
+    """One rank's checkpoint part: its positions in every dataset it iterates, and ``meta``."""
+    return orjson.dumps({**meta, "positions": [p.to_json() for p in positions]})
+
+
+def decode_positions(raw: bytes) -> tuple[list[Position], dict[str, Any]]:
+    """The positions and the other fields of a part written by ``encode_positions``."""
+    record = orjson.loads(raw)
+    positions = [Position.from_json(p) for p in record.pop("positions")]
+    return positions, record
+
+
+def merge_positions(positions: Iterable[Position]) -> tuple[set[int], dict[int, int]]:
+    """What a checkpoint's ranks together consumed of one dataset's epoch.
+
+    Returns:
+        The shards done (the union over the ranks) and, for shards consumed in part, the
+        samples consumed (a shard done by any rank has no offset).
+    """
+    done: set[int] = set()
+    offsets: dict[int, int] = {}
+    for position in positions:
+        done |= position.done()
+        for shard, offset in position.partial.items():
+            offsets[shard] = max(offset, offsets.get(shard, 0))
+    return done, {s: o for s, o in offsets.items() if s not in done and o > 0}
+
+
+def restore_position(
+    ctx: JobContext,
+    params: DatasetParams,
+    epoch: int,
+    done: set[int],
+    offsets: dict[int, int],
+    *,
+    workers: list[str],
+    mark: int,
+    later_epochs: int,
+) -> bool:
+    """Put ``params``' lease pool for ``epoch`` back to a checkpoint's position, once per mark.
+
+    The job's epoch becomes ``epoch``; the pools of the ``later_epochs`` epochs after it are
+    deleted. One script call, whose work is bounded by the shard count.
+
+    Args:
+        ctx: the job.
+        params: the dataset.
+        epoch: the checkpoint's epoch.
+        done: shards the checkpoint's model consumed in full.
+        offsets: shard -> samples consumed, for shards consumed in part.
+        workers: the members of the restoring round (they set the own-shards-first order).
+        mark: the restoring round: the first call with a mark restores, the rest do nothing.
+        later_epochs: how many epochs after ``epoch`` may have pools to delete.
+
+    Returns:
+        Whether this call restored (False: another member did it for this mark).
+    """
+    plan = assignment(params, workers)
+    ids, owners = plan.grouped(epoch)
+    keep = ~np.isin(ids, np.fromiter(done, dtype=np.int64, count=len(done)))
+    pairs = pool_pairs(ids[keep], owners[keep])
+    k = ctx.keys
+    keys = [k.rendezvous, k.epoch]
+    for e in range(epoch, epoch + later_epochs + 1):
+        lk = k.lease_keys(params.name, e)
+        keys += [lk.meta, lk.todo, lk.holders, lk.expiry, lk.done, lk.offsets]
+    flat_offsets = [x for pair in sorted(offsets.items()) for x in pair]
+    args: list[Any] = [f"restored:{params.name}", mark, epoch, params.num_shards, len(done),
+                       *sorted(done), len(offsets), *flat_offsets, *pairs.tolist()]  # fmt: skip
+    (restored,) = ctx.scripts.run(
+        "restore_position", keys, args, {"job_id": ctx.job_id, "dataset": params.name}
+    )
+    return bool(restored)

@@ -1,0 +1,705 @@
+"""``TrainingOrchestrator``: the training loop's one handle (rendezvous, batches, checkpoints).
+
+The seeds' loop runs as written::
+
+    orchestrator = strata_redis.TrainingOrchestrator(coordinator_url="localhost:6379",
+                                                     worker_id="worker-01")
+    shard_info = orchestrator.get_shards("imagenet_total")
+    for epoch in range(2):
+        for step, batch in enumerate(shard_info):
+            ...                                   # train on batch (numpy sample indices)
+            if step % 100 == 0:
+                orchestrator.save_checkpoint(step=step, epoch=epoch)
+        orchestrator.advance_epoch()
+
+It registers the worker (heartbeats in the background), joins the elastic rendezvous, and,
+in a round where every member is new (a whole-job start or restart), puts the data position
+back to the newest verified checkpoint. Its batches come from fenced shard leases, one Redis
+round trip per shard and none per batch; each batch checks, with no round trip, whether the
+heartbeat thread found the round broken (a member died or left), and if so the worker
+rendezvouses again (``elastic=True``) or raises ``RoundBrokenError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import numpy as np
+import redis as redis_py
+
+from .checkpoint.manager import CheckpointManager
+from .checkpoint.manifest import CheckpointInfo
+from .context import HasContext, JobContext
+from .coordination.barrier import RESERVED_PREFIX, Barrier
+from .coordination.epochs import current_epoch
+from .coordination.rendezvous import Rendezvous, Round
+from .coordination.workers import Worker, register_worker
+from .data.datasets import get_dataset, list_datasets
+from .data.leases import ShardLeases
+from .data.position import (
+    POSITION_PART,
+    Position,
+    decode_positions,
+    encode_positions,
+    merge_positions,
+    restore_position,
+)
+from .data.sharding import DatasetParams
+from .errors import (
+    BarrierBrokenError,
+    CheckpointError,
+    LeaseLostError,
+    RoundBrokenError,
+    StrataError,
+    WorkerError,
+)
+from .storage import Storage, open_storage
+from .validate import check_id, check_int, check_seconds
+
+__all__ = ["ShardStream", "TrainingOrchestrator", "checkpoint_step"]
+
+log = logging.getLogger("strata_redis.orchestrator")
+T = TypeVar("T")
+
+#: a checkpoint's internal step packs (epoch, round, step): ordered by epoch, then by round
+#: (a restarted round's steps come after the broken one's), then by the loop's step
+EPOCH_BITS: Final = 13
+ROUND_BITS: Final = 16
+STEP_BITS: Final = 24
+#: what ``state`` may be: a buffer, or a mapping of part name -> buffer
+State = Any
+
+
+def checkpoint_step(epoch: int, round_: int, step: int) -> int:
+    """The checkpoint step number of the loop's (epoch, step) in rendezvous round ``round_``.
+
+    Raises:
+        ValueError: a part is out of its range (epoch < 2**13, round < 2**16, step < 2**24).
+    """
+    check_int("epoch", epoch, low=0, high=2**EPOCH_BITS - 1)
+    check_int("round", round_, low=0, high=2**ROUND_BITS - 1)
+    check_int("step", step, low=0, high=2**STEP_BITS - 1)
+    return (epoch << (ROUND_BITS + STEP_BITS)) | (round_ << STEP_BITS) | step
+
+
+def split_step(internal: int) -> tuple[int, int, int]:
+    """(epoch, round, step) of a ``checkpoint_step`` number."""
+    step = internal & (2**STEP_BITS - 1)
+    round_ = (internal >> STEP_BITS) & (2**ROUND_BITS - 1)
+    return internal >> (ROUND_BITS + STEP_BITS), round_, step
+
+
+@dataclass
+class _Cursor:
+    """Where one ``ShardStream`` iteration stands (read by ``save_checkpoint``)."""
+
+    position: Position
+    round: int
+
+
+class ShardStream:
+    """What ``get_shards`` returns: each iteration walks the job's current epoch.
+
+    Iterating yields numpy arrays of sample indices (``batch_size`` at most; a batch never
+    spans two shards) from this worker's leases: its own shards first, then others'
+    unstarted ones. ``len()`` is not defined: how many batches a worker gets depends on
+    the others.
+
+    Attributes:
+        params: the dataset.
+        batch_size: samples per batch.
+    """
+
+    def __init__(self, orchestrator: TrainingOrchestrator, params: DatasetParams, batch_size: int):
+        self._orchestrator = orchestrator
+        self.params = params
+        self.batch_size = batch_size
+        self.cursor: _Cursor | None = None
+
+    def __repr__(self) -> str:
+        return f"ShardStream({self.params.name!r}, batch_size={self.batch_size})"
+
+    def __iter__(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        return self._orchestrator._batches(self)
+
+
+class TrainingOrchestrator:
+    """One training worker's handle: rendezvous, batches from leased shards, checkpoints.
+
+    Args:
+        coordinator_url: the Redis (URL, ``host:port``, ``redis.Redis`` or a ``Job``).
+        worker_id: this worker's id (unique in the job; a restarted process reuses it).
+        job_id: the job; default ``$STRATA_JOB_ID``, else ``"default"``.
+        checkpoint_path: where checkpoints go (a ``Storage``, URL or path); None reads the
+            environment (``STORAGE_BACKEND``, ``LOCAL_STORAGE_PATH``, ...).
+        keep_count: how many committed checkpoints to keep.
+        min_workers: a rendezvous round closes only with at least this many workers.
+        max_workers: a round closes as soon as it has this many (None: no limit).
+        last_call: seconds a round stays open for more workers once ``min_workers`` joined.
+        heartbeat_timeout: seconds of silence after which a worker is declared failed.
+        heartbeat_interval: seconds between heartbeats (default ``heartbeat_timeout / 10``).
+        batch_size: samples per batch (default for ``get_shards``).
+        state_provider: called at each ``save_checkpoint`` without ``state``: returns the
+            state to save (bytes, a buffer, or a mapping of part name -> buffer).
+        resume: in a round where every member is new, restore the data position (and offer
+            the state, ``load_state``) from the newest verified checkpoint; with no
+            checkpoint, the job starts from epoch 0 with every shard to do.
+        elastic: when the round breaks, rendezvous again by itself (``on_round`` is called
+            with the new round); False raises ``RoundBrokenError`` at the next step instead.
+        on_round: called with each new ``Round`` this worker joins.
+        max_restarts: rounds restarted by failures allowed (None: no limit); rounds that
+            admit late workers never count.
+        rendezvous_timeout: seconds to wait for a round to close.
+        epoch_timeout: seconds ``advance_epoch`` waits for the round's other members.
+        commit_timeout: seconds a checkpoint waits for the other ranks' parts.
+        lease_ttl: seconds a shard lease lasts without renewal (renewed in the background).
+        redis_retry: seconds the loop keeps retrying while Redis is unreachable.
+        replace: take over ``worker_id`` if a registration of it is alive (a restarted process).
+
+    Raises:
+        TypeError, ValueError: a bad argument, named in the message (nothing is written).
+        RendezvousTimeoutError: no round closed within ``rendezvous_timeout``.
+    """
+
+    def __init__(
+        self,
+        coordinator_url: str | redis_py.Redis | JobContext | HasContext | None = "localhost:6379",
+        worker_id: str = "worker-01",
+        *,
+        job_id: str | None = None,
+        checkpoint_path: Storage | str | os.PathLike[str] | None = None,
+        keep_count: int = 5,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        last_call: float = 3.0,
+        heartbeat_timeout: float = 10.0,
+        heartbeat_interval: float | None = None,
+        batch_size: int = 32,
+        state_provider: Callable[[], State] | None = None,
+        resume: bool = True,
+        elastic: bool = True,
+        on_round: Callable[[Round], None] | None = None,
+        max_restarts: int | None = None,
+        rendezvous_timeout: float = 600.0,
+        epoch_timeout: float = 600.0,
+        commit_timeout: float = 300.0,
+        lease_ttl: float = 30.0,
+        redis_retry: float = 60.0,
+        replace: bool = True,
+    ) -> None:
+        # Every argument is checked before anything is written to Redis or storage.
+        self.worker_id = check_id("worker_id", worker_id)
+        self.keep_count = check_int("keep_count", keep_count, low=1, high=1_000_000)
+        self.batch_size = check_int("batch_size", batch_size, low=1, high=2**31)
+        heartbeat_timeout = check_seconds("heartbeat_timeout", heartbeat_timeout, high=86400)
+        if heartbeat_interval is None:
+            heartbeat_interval = heartbeat_timeout / 10
+        heartbeat_interval = check_seconds("heartbeat_interval", heartbeat_interval, high=3600)
+        if heartbeat_interval >= heartbeat_timeout:
+            raise ValueError(
+                f"heartbeat_interval must be below heartbeat_timeout ({heartbeat_timeout}s), "
+                f"got {heartbeat_interval}"
+            )
+        self.epoch_timeout = check_seconds("epoch_timeout", epoch_timeout, high=7 * 86400)
+        self.commit_timeout = check_seconds("commit_timeout", commit_timeout, high=7 * 86400)
+        self.lease_ttl = check_seconds("lease_ttl", lease_ttl, high=86400)
+        self.redis_retry = check_seconds("redis_retry", redis_retry, high=86400)
+        for arg, flag in (("resume", resume), ("elastic", elastic), ("replace", replace)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
+        for arg, fn in (("state_provider", state_provider), ("on_round", on_round)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{arg} must be callable or None, got {type(fn).__name__}")
+        self.state_provider = state_provider
+        self.elastic = elastic
+        self.on_round = on_round
+        self.context = JobContext(coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout)
+        self.job_id = self.context.job_id
+        if "/" in self.job_id:
+            raise ValueError(f"job_id must not contain '/' (it names a directory), got {job_id!r}")
+        self.rendezvous = Rendezvous(
+            self.context, min_workers=min_workers, max_workers=max_workers, last_call=last_call,
+            timeout=rendezvous_timeout, max_restarts=max_restarts,
+        )  # fmt: skip
+        self._owns_client = not isinstance(
+            coordinator_url, (JobContext, HasContext, redis_py.Redis)
+        )
+        self._owns_storage = not isinstance(checkpoint_path, Storage)
+        self.storage = open_storage(checkpoint_path)
+
+        self._streams: dict[str, ShardStream] = {}
+        self._broken: RoundBrokenError | None = None
+        self._seen_generation = -1
+        self._ckpt: CheckpointManager | None = None
+        self._old_ckpts: list[CheckpointManager] = []
+        self._last_step = -1  # the newest internal checkpoint step this worker saved
+        self._last_parts: dict[str, Any] | None = None  # the last save's parts, for fills
+        self._status = ""
+        self._closed = False
+        self.resumed: CheckpointInfo | None = None
+        self.resumed_meta: dict[str, Any] = {}
+
+        self.worker: Worker = register_worker(
+            self.context, self.worker_id, replace=replace, heartbeat_interval=heartbeat_interval
+        )
+        try:
+            self.round: Round = self._join(leaving=0)
+            if self.round.fresh and resume:
+                self._restore()
+        except BaseException:
+            self.close()
+            raise
+        self.worker.on_generation = self._on_generation
+
+    def __repr__(self) -> str:
+        r = self.round
+        return (
+            f"TrainingOrchestrator(job={self.job_id!r}, worker={self.worker_id!r}, "
+            f"round={r.number}, rank={r.rank}, world_size={r.world_size})"
+        )
+
+    # -- the round ------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the current round."""
+        return self.round.rank
+
+    @property
+    def world_size(self) -> int:
+        """The current round's size."""
+        return self.round.world_size
+
+    @property
+    def epoch(self) -> int:
+        """The job's current epoch (one Redis read)."""
+        return current_epoch(self.context)
+
+    def _join(self, leaving: int) -> Round:
+        round_ = self._retry(
+            self.rendezvous.join, self.worker_id, self.worker.incarnation, leaving=leaving
+        )
+        self._seen_generation = round_.generation
+        self._broken = None
+        if self._ckpt is not None:
+            self._ckpt.close(wait=False)  # its open steps belong to the old round
+            self._old_ckpts.append(self._ckpt)
+        self._ckpt = CheckpointManager(
+            self.storage, self.keep_count, job_id=self.job_id, redis=self.context,
+            worker_id=self.worker_id, rank=round_.rank, world_size=round_.world_size,
+            commit_timeout=self.commit_timeout,
+        )  # fmt: skip
+        log.info(
+            "worker %r: round %d, rank %d of %d (restarts: %d failure, %d growth)",
+            self.worker_id, round_.number, round_.rank, round_.world_size,
+            round_.failure_restarts, round_.growth_restarts,
+        )  # fmt: skip
+        if self.on_round is not None:
+            self.on_round(round_)
+        return round_
+
+    def _on_generation(self, generation: int) -> None:
+        """Heartbeat thread: the membership moved; is our round still whole? (Off the hot
+        path: one script call per membership change.)"""
+        if generation == self._seen_generation or self._broken is not None:
+            return
+        self._seen_generation = generation
+        round_ = self.round
+        try:
+            self.rendezvous.check(round_)
+        except RoundBrokenError as exc:
+            if round_ is self.round:
+                self._broken = exc
+                log.warning("worker %r: %s", self.worker_id, exc)
+                self._abort_epoch_barrier(round_, exc)
+        except Exception:  # the heartbeat thread must go on
+            log.exception("worker %r: round check failed", self.worker_id)
+
+    def _epoch_barrier(self, round_: Round) -> Barrier:
+        name = f"{RESERVED_PREFIX}epoch:round:{round_.number}"
+        return Barrier.reserved(
+            self.context, name, round_.world_size, self.epoch_timeout, self.context.keys.epoch
+        )
+
+    def _abort_epoch_barrier(self, round_: Round, exc: RoundBrokenError) -> None:
+        # Members waiting at the broken round's epoch barrier wake at once.
+        try:
+            self._epoch_barrier(round_).abort(self.worker_id, f"round over: {exc.reason}")
+        except (StrataError, redis_py.RedisError) as err:
+            log.info("could not break round %d's epoch barrier: %s", round_.number, err)
+
+    def _guard(self) -> None:
+        """The per-step check: a flag read, no round trip. A broken round is left here."""
+        lost = self.worker.lost
+        if lost is not None:
+            raise lost
+        broken = self._broken
+        if broken is None:
+            return
+        if not self.elastic:
+            raise broken
+        self.round = self._join(leaving=broken.round)
+        self._rebase()
+
+    def _rebase(self) -> None:
+        # A new round: the shards done by now are in every member's model (data parallel).
+        for stream in self._streams.values():
+            cursor = stream.cursor
+            if cursor is not None and cursor.round != self.round.number:
+                lk = self.context.keys.lease_keys(stream.params.name, cursor.position.epoch)
+                done = self._retry(self.context.client.hkeys, lk.done)
+                cursor.position.base = {int(s) for s in done}
+                cursor.round = self.round.number
+
+    # -- data -----------------------------------------------------------------------------
+    def get_shards(self, dataset: str, batch_size: int | None = None) -> ShardStream:
+        """This worker's batches of ``dataset``: iterate it once per epoch.
+
+        Args:
+            dataset: a registered dataset's name.
+            batch_size: samples per batch (default: the orchestrator's).
+
+        Returns:
+            A ``ShardStream``; each iteration walks the job's current epoch.
+
+        Raises:
+            DatasetNotFoundError: ``dataset`` is not registered (the message says how).
+        """
+        params = get_dataset(self.context, dataset)
+        size = self.batch_size if batch_size is None else batch_size
+        size = check_int("batch_size", size, low=1, high=2**31)
+        stream = ShardStream(self, params, size)
+        self._streams[params.name] = stream
+        return stream
+
+    def _batches(self, stream: ShardStream) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        self._guard()
+        params, size = stream.params, stream.batch_size
+        epoch = self._retry(current_epoch, self.context)
+        lk = self.context.keys.lease_keys(params.name, epoch)
+        done, offsets = self._retry(self._read_epoch, lk.done, lk.offsets)
+        position = Position(params.name, epoch, params.num_shards, {int(s) for s in done})
+        stream.cursor = _Cursor(position, self.round.number)
+        starts = {int(s): int(o) for s, o in offsets.items()}
+        self._set_status("training")
+        leases = ShardLeases(self.context, params, epoch, self.worker_id, ttl=self.lease_ttl)
+        with leases.draining():
+            last_id = "$"
+            while True:
+                self._guard()
+                lease = self._retry(leases.acquire)
+                if lease is None:
+                    if leases.drained:
+                        self._retry(leases.keep_record)
+                        break
+                    last_id = self._retry(leases.wait_for_work, last_id)
+                    continue
+                shard = lease.shard_id
+                indices = lease.indices()
+                start = starts.get(shard, 0)
+                position.partial[shard] = start
+                for offset in range(start, len(indices), size):
+                    if self._broken is not None or lease.lost is not None:
+                        self._guard()
+                        if lease.lost is not None:
+                            break  # taken back: whoever has it now trains it
+                    batch = indices[offset : offset + size]
+                    position.partial[shard] = offset + len(batch)
+                    yield batch
+                if lease.lost is not None:
+                    position.partial.pop(shard, None)
+                    continue
+                try:
+                    self._retry(leases.complete, lease)
+                except LeaseLostError as exc:
+                    log.warning("worker %r: %s", self.worker_id, exc)
+                del position.partial[shard]
+                position.own.add(shard)
+        self._set_status("idle")
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(
+        self, step: int, epoch: int, state: State = None, *, metadata: Mapping[str, Any] | None = None
+    ) -> Future[CheckpointInfo] | None:
+        """Save this rank's part of checkpoint (epoch, step), in the background.
+
+        The part holds ``state`` (or the ``state_provider``'s, or nothing) and this rank's data
+        position in every dataset it iterates. The checkpoint commits when every rank of the
+        round saved it; a rank whose epoch ended before ``step`` fills its part in at the
+        epoch barrier (with its last saved state and position, or the provider's now).
+
+        Args:
+            step: the loop's step (it may restart every epoch), ``0 <= step < 2**24``.
+            epoch: the loop's epoch, ``0 <= epoch < 2**13``.
+            state: bytes, a buffer, or a mapping of part name -> buffer.
+            metadata: JSON-able values recorded with the position.
+
+        Returns:
+            The save's future (``result()`` waits for the commit), or None when (epoch, step)
+            is not after this worker's previous checkpoint in this round (a warning says so).
+
+        Raises:
+            TypeError, ValueError: a bad argument.
+        """
+        check_int("step", step, low=0, high=2**STEP_BITS - 1)
+        check_int("epoch", epoch, low=0, high=2**EPOCH_BITS - 1)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
+        self._guard()
+        internal = checkpoint_step(epoch, self.round.number, step)
+        if internal <= self._last_step:
+            _, _, last = split_step(self._last_step)
+            log.warning(
+                "worker %r: checkpoint (epoch=%d, step=%d) is not after its previous one "
+                "(step %d of this round); not saved", self.worker_id, epoch, step, last,
+            )  # fmt: skip
+            return None
+        if state is None and self.state_provider is not None:
+            state = self.state_provider()
+        meta = {"epoch": epoch, "step": step, "round": self.round.number, "rank": self.rank,
+                "worker": self.worker_id, "metadata": dict(metadata or {})}  # fmt: skip
+        parts = self._parts(state, meta)
+        self._set_status("checkpointing")
+        try:
+            self._retry(self._announce, internal)
+            future = self._submit(parts, internal, epoch)
+            self._last_parts = parts
+        finally:
+            self._set_status("training")
+        return future
+
+    def _read_epoch(self, done_key: str, offsets_key: str) -> tuple[list[str], dict[str, str]]:
+        with self.context.client.pipeline(transaction=False) as pipe:
+            pipe.hkeys(done_key)
+            pipe.hgetall(offsets_key)
+            done, offsets = pipe.execute()
+        return done, offsets
+
+    def _announce(self, internal: int) -> None:
+        # The round's members that end the epoch before this step fill it in (see _fill).
+        key = self.context.keys.round_checkpoints(self.round.number)
+        with self.context.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {str(internal): internal})
+            pipe.pexpire(key, 86_400_000)
+            pipe.execute()
+
+    def _parts(self, state: State, meta: dict[str, Any]) -> dict[str, Any]:
+        positions = [s.cursor.position for s in self._streams.values() if s.cursor is not None]
+        parts: dict[str, Any] = {}
+        if isinstance(state, Mapping):
+            parts.update(state)
+        elif state is not None:
+            parts["model.bin"] = state
+        if POSITION_PART in parts:
+            raise ValueError(f"state must not have a part named {POSITION_PART!r} (reserved)")
+        # Keep the bytes of this save: a fill at the epoch barrier may save them again.
+        parts = {
+            name: buf if isinstance(buf, bytes) else bytes(memoryview(buf).cast("B"))
+            for name, buf in parts.items()
+        }
+        parts[POSITION_PART] = encode_positions(positions, meta)
+        return parts
+
+    def _submit(self, parts: dict[str, Any], internal: int, epoch: int) -> Future[CheckpointInfo]:
+        assert self._ckpt is not None
+        future = self._ckpt.save(parts, step=internal, epoch=epoch)
+        self._last_step = internal
+        return future
+
+    def _fill_checkpoints(self, new_epoch: int) -> None:
+        """After the epoch barrier: save this rank's part of every checkpoint of the round
+        that others opened in the finished epoch after this worker's last one (its epoch
+        ended before their step). The loop's epoch is taken to be the job's."""
+        key = self.context.keys.round_checkpoints(self.round.number)
+        below = checkpoint_step(new_epoch, 0, 0)
+        steps = self._retry(
+            self.context.client.zrangebyscore, key, f"({self._last_step}", f"({below}"
+        )
+        for raw in steps:
+            internal = int(raw)
+            epoch, _, step = split_step(internal)
+            if self.state_provider is not None or self._last_parts is None:
+                state = None if self.state_provider is None else self.state_provider()
+                meta = {"epoch": epoch, "step": step, "round": self.round.number,
+                        "rank": self.rank, "worker": self.worker_id, "filled": True}  # fmt: skip
+                parts = self._parts(state, meta)
+            else:
+                parts = self._last_parts
+            try:
+                self._submit(parts, internal, epoch)
+            except (CheckpointError, ValueError) as exc:
+                log.warning("worker %r: could not fill checkpoint %d: %s",
+                            self.worker_id, internal, exc)  # fmt: skip
+
+    def wait_for_checkpoints(self, timeout: float | None = None) -> None:
+        """Wait until this worker's saves in flight are committed or failed."""
+        if self._ckpt is not None:
+            self._ckpt.wait(timeout)
+
+    @property
+    def checkpoints(self) -> CheckpointManager:
+        """The current round's checkpoint manager (``list()``, ``load()``, ...)."""
+        assert self._ckpt is not None
+        return self._ckpt
+
+    def load_state(self, name: str = "model.bin", rank: int | None = None) -> bytes | None:
+        """A part of the checkpoint this job resumed from (None if it did not resume).
+
+        Args:
+            name: the part's name.
+            rank: whose part (default: this worker's rank if the checkpoint has it, else 0).
+        """
+        info = self.resumed
+        if info is None:
+            return None
+        if rank is None:
+            rank = self.rank if self.rank < info.world_size else 0
+        return self.checkpoints.load(info.step, name=name, rank=rank)
+
+    # -- resume ---------------------------------------------------------------------------
+    def _restore(self) -> None:
+        """A fresh round: put the data position back to the newest verified checkpoint (or
+        to the start of epoch 0 without one). Every member calls it; the first one does it."""
+        ckpt = self.checkpoints
+        positions: list[Position] = []
+        for info in ckpt.list():
+            try:
+                parts = [
+                    ckpt.load(info.step, name=POSITION_PART, rank=r)
+                    for r in range(info.world_size)
+                ]
+            except (CheckpointError, ValueError) as exc:
+                log.warning("checkpoint step %d cannot be resumed from: %s", info.step, exc)
+                continue
+            decoded = [decode_positions(raw) for raw in parts]
+            positions = [p for ps, _ in decoded for p in ps]
+            self.resumed, self.resumed_meta = info, decoded[0][1]
+            break
+        epoch = positions[0].epoch if positions else 0
+        if positions and any(p.epoch != epoch for p in positions):
+            raise CheckpointError(
+                f"checkpoint step {self.resumed and self.resumed.step} of job {self.job_id!r} "
+                "records positions of different epochs",
+                job_id=self.job_id,
+                step=self.resumed.step if self.resumed else None,
+            )
+        later = max(0, self._retry(current_epoch, self.context) - epoch) + 1
+        datasets = self._retry(list_datasets, self.context)
+        for params in datasets:
+            done, offsets = merge_positions(p for p in positions if p.dataset == params.name)
+            restore_position(
+                self.context, params, epoch, done, offsets, workers=list(self.round.members),
+                mark=self.round.number, later_epochs=later,
+            )  # fmt: skip
+        if not datasets:
+            self.context.client.set(self.context.keys.epoch, epoch)
+        log.info(
+            "worker %r: resumed at epoch %d from %s", self.worker_id, epoch,
+            f"checkpoint step {self.resumed.step}" if self.resumed else "the start (no checkpoint)",
+        )  # fmt: skip
+
+    # -- epochs ---------------------------------------------------------------------------
+    def advance_epoch(self) -> int:
+        """Meet the round's other members, then move the job to the next epoch.
+
+        A barrier over this round's members (never a lone early worker). If the round
+        breaks meanwhile, the survivors rendezvous again and meet in the new round
+        (``elastic``). After it, this rank fills in the checkpoints of the epoch it missed,
+        and the round is reviewed: workers waiting to join make the members rendezvous
+        again before the next epoch.
+
+        Returns:
+            The new epoch (the same for every member).
+
+        Raises:
+            BarrierTimeoutError: members did not arrive within ``epoch_timeout``.
+            RoundBrokenError: the round broke and ``elastic`` is False.
+        """
+        self._set_status("idle")
+        while True:
+            self._guard()
+            round_ = self.round
+            try:
+                release = self._epoch_barrier(round_).wait(self.worker_id)
+                break
+            except BarrierBrokenError as exc:
+                try:
+                    self.rendezvous.check(round_)
+                except RoundBrokenError as broken:
+                    if round_ is self.round:
+                        self._broken = broken
+                    if not self.elastic:
+                        raise broken from exc
+                    continue
+                raise
+        epoch = release.epoch
+        assert epoch is not None
+        self._fill_checkpoints(epoch)
+        if not self._retry(self.rendezvous.review, self.round, epoch) and self._broken is None:
+            # Workers are waiting (or the round broke): the next step rendezvouses again.
+            self._broken = RoundBrokenError.because(self.job_id, self.round.number, "", "superseded")
+        return epoch
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _set_status(self, status: str) -> None:
+        if status == self._status:
+            return
+        try:
+            self.worker.set_status(status)
+            self._status = status
+        except (redis_py.ConnectionError, redis_py.TimeoutError) as exc:
+            log.info("worker %r: status %r not recorded: %s", self.worker_id, status, exc)
+
+    def _retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call ``fn``, retrying while Redis is unreachable (up to ``redis_retry`` seconds)."""
+        deadline = time.monotonic() + self.redis_retry
+        delay = 0.05
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except (redis_py.ConnectionError, redis_py.TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("worker %r: Redis unreachable (%s); retrying", self.worker_id, exc)
+                time.sleep(delay)
+                delay = min(1.0, delay * 2)
+
+    def close(self) -> None:
+        """Leave cleanly: wait for the saves in flight, stop heartbeats, deregister."""
+        if self._closed:
+            return
+        self._closed = True
+        worker = getattr(self, "worker", None)
+        if self._ckpt is not None:
+            self._ckpt.close(wait=True)
+        for old in self._old_ckpts:
+            old.close(wait=False)
+        if worker is not None:
+            worker.on_generation = None
+            worker.stop_heartbeat()
+            if worker.lost is None:
+                try:
+                    worker.deregister()
+                except (WorkerError, redis_py.RedisError) as exc:
+                    log.info("worker %r: not deregistered: %s", self.worker_id, exc)
+        if self._owns_storage:
+            self.storage.close()
+        if self._owns_client:
+            self.context.close()
+
+    def __enter__(self) -> TrainingOrchestrator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
