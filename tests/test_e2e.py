@@ -1,0 +1,311 @@
+"""End to end: the seeds' training loop in real worker processes against a real redis-server,
+with workers killed, late, stalled, restarted with fewer, and Redis killed under AOF."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+import strata_redis
+from strata_redis.data.sharding import assignment
+from strata_redis.orchestrator import split_step
+from strata_redis.server import RedisServer
+
+from .procs import join_all, kill9, spawn, wait_for
+
+JOB = "e2e"
+DATASET = "imagenet_total"
+
+
+def _register(url: str, total: int = 4000, per_shard: int = 100) -> strata_redis.DatasetParams:
+    # the one registration line a launcher (or rank 0) runs before the workers start
+    return strata_redis.ShardManager(url, job_id=JOB).register_dataset_params(
+        DATASET, total, per_shard, True, 7
+    )
+
+
+def _seeds_worker(url: str, worker_id: str, ckpt: str, logdir: str, cfg: dict[str, Any]) -> None:
+    """One worker process: the seeds' loop as written, plus one line recording each batch."""
+    import time
+
+    import strata_redis
+
+    log = open(os.path.join(logdir, f"{cfg.get('run', 'a')}-{worker_id}.log"), "a")  # noqa: SIM115
+    trained: list[int] = []  # this worker's "model": the samples it trained this epoch
+    epoch_of_model = [-1]
+
+    def state() -> bytes:
+        return np.asarray(trained, dtype=np.int64).tobytes()
+
+    orchestrator = strata_redis.TrainingOrchestrator(
+        coordinator_url=url, worker_id=worker_id, job_id=JOB, checkpoint_path=ckpt,
+        min_workers=cfg["min_workers"], last_call=cfg.get("last_call", 1.0),
+        heartbeat_timeout=cfg.get("heartbeat_timeout", 3.0), batch_size=cfg.get("batch", 4),
+        state_provider=state, epoch_timeout=cfg.get("epoch_timeout", 120.0),
+        commit_timeout=60.0,
+    )  # fmt: skip
+    with orchestrator:
+        shard_info = orchestrator.get_shards("imagenet_total")
+        for epoch in range(orchestrator.epoch, 2):
+            for step, batch in enumerate(shard_info):
+                time.sleep(cfg["sleep"])
+                if epoch_of_model[0] != epoch:
+                    trained.clear()
+                    epoch_of_model[0] = epoch
+                trained.extend(batch.tolist())
+                log.write(f"{epoch} {' '.join(map(str, batch.tolist()))}\n")
+                log.flush()
+                if step % 100 == 0:
+                    orchestrator.save_checkpoint(step=step, epoch=epoch)
+            orchestrator.advance_epoch()
+        orchestrator.wait_for_checkpoints(60)
+    log.close()
+
+
+def _samples(logdir: Path, run: str | None = None) -> dict[int, Counter[int]]:
+    """epoch -> how many times each sample was trained, from the workers' logs."""
+    out: dict[int, Counter[int]] = {}
+    for path in logdir.glob("*.log"):
+        if run is not None and not path.name.startswith(f"{run}-"):
+            continue
+        for line in path.read_text().splitlines():
+            epoch, *samples = line.split()
+            out.setdefault(int(epoch), Counter()).update(int(s) for s in samples)
+    return out
+
+
+def _done(raw: redis.Redis, epoch: int) -> dict[str, str]:
+    return raw.hgetall(f"strata:{{{JOB}}}:shards_done:{epoch}:{DATASET}")  # type: ignore[return-value]
+
+
+def _start(url: str, tmp: Path, ids: list[str], cfg: dict[str, Any], stagger: float = 0.0) -> list[Any]:
+    procs = []
+    for i, wid in enumerate(ids):
+        if i and stagger:
+            time.sleep(stagger)  # a staggered start: the first worker must not run alone
+        procs.append(spawn(_seeds_worker, url, wid, str(tmp / "ckpt"), str(tmp / "logs"), cfg))
+    return procs
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Path:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    return tmp_path
+
+
+def test_full_workflow(redis_url: str, raw: redis.Redis, dirs: Path) -> None:
+    params = _register(redis_url)
+    ids = [f"worker-0{i}" for i in range(1, 5)]
+    procs = _start(redis_url, dirs, ids, {"min_workers": 4, "sleep": 0.001}, stagger=0.3)
+    assert join_all(procs, timeout=120) == [0, 0, 0, 0]
+
+    # two epochs, every sample of each trained exactly once, every shard recorded once
+    samples = _samples(dirs / "logs")
+    assert sorted(samples) == [0, 1]
+    for epoch in (0, 1):
+        assert samples[epoch] == Counter(range(params.total_samples)), epoch
+        assert len(_done(raw, epoch)) == params.num_shards
+    assert raw.get(f"strata:{{{JOB}}}:epoch") == "2"
+    # one round of the four: nobody advanced alone
+    rdzv = raw.hgetall(f"strata:{{{JOB}}}:rendezvous")
+    assert rdzv["round"] == "1" and rdzv["world_size"] == "4", rdzv
+    # checkpoints committed by the four ranks, identified by (epoch, step)
+    ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=redis_url)
+    infos = ckpt.list()
+    assert infos and all(i.world_size == 4 for i in infos)
+    assert infos[0].epoch == 1 and split_step(infos[0].step)[0] == 1
+    assert [(i.epoch, split_step(i.step)[2]) for i in infos] == sorted(
+        [(i.epoch, split_step(i.step)[2]) for i in infos], reverse=True
+    )  # ordered by (epoch, step): step 0 of epoch 1 after step 200 of epoch 0
+    ckpt.close()
+    # every worker left cleanly
+    assert set(raw.hvals(f"strata:{{{JOB}}}:status")) == {"left"}
+
+
+def test_worker_failure_recovery(redis_url: str, raw: redis.Redis, dirs: Path) -> None:
+    params = _register(redis_url)
+    ids = [f"worker-0{i}" for i in range(1, 5)]
+    timeout = 3.0
+    cfg = {"min_workers": 3, "sleep": 0.005, "heartbeat_timeout": timeout, "last_call": 1.0}
+    procs = _start(redis_url, dirs, ids, cfg)
+    wait_for(lambda: len(_done(raw, 0)) >= 8, 60, why=lambda: _done(raw, 0))
+    killed_ms = int(raw.time()[0]) * 1000
+    kill9(procs[1])
+    codes = join_all([p for i, p in enumerate(procs) if i != 1], timeout=120)
+    assert codes == [0, 0, 0]
+
+    rdzv = raw.hgetall(f"strata:{{{JOB}}}:rendezvous")
+    assert int(rdzv["restarts_failure"]) == 1, rdzv
+    assert int(rdzv.get("restarts_growth", 0)) == 0, rdzv
+    # the survivors were in a new round within the heartbeat timeout (+ one tick, + the
+    # rejoin), measured on Redis' clock
+    events = raw.xrange(f"strata:{{{JOB}}}:rendezvous_events")
+    closed = [int(f["ms"]) for _, f in events if f["type"] == "close" and f["round"] == "2"]
+    assert closed and closed[0] - killed_ms <= (timeout + 2.0) * 1000, (closed, killed_ms)
+    # the survivors finished both epochs: every shard done once, every sample trained
+    samples = _samples(dirs / "logs")
+    for epoch in (0, 1):
+        assert len(_done(raw, epoch)) == params.num_shards
+        assert set(samples[epoch]) == set(range(params.total_samples))
+    assert all(c == 1 for c in samples[1].values())  # epoch 1 ran whole in the new round
+    # shards stay where they were: the seeds' > 80 % of the survivors' shards, and our bar:
+    # consistent hashing moves only the dead worker's shards (bounded loads: a few more)
+    before = assignment(params, ids)
+    after = assignment(params, [w for w in ids if w != ids[1]])
+    kept = [s for s in range(params.num_shards) if before.worker_of(s) != ids[1]]
+    stayed = sum(before.worker_of(s) == after.worker_of(s) for s in kept) / len(kept)
+    assert stayed > 0.8
+    moved = sum(before.worker_of(s) != after.worker_of(s) for s in range(params.num_shards))
+    assert moved <= params.num_shards / 4 + 0.02 * params.num_shards + 1, moved
+
+
+def _stall_worker(url: str, worker_id: str, ckpt: str) -> None:
+    """Join, take one batch, then stall (alive, heartbeating) until killed."""
+    with strata_redis.TrainingOrchestrator(
+        url, worker_id, job_id=JOB, checkpoint_path=ckpt, min_workers=2, last_call=0.5,
+        heartbeat_timeout=3.0,
+    ) as orch:  # fmt: skip
+        next(iter(orch.get_shards(DATASET)))
+        time.sleep(120)
+
+
+def _advance_worker(url: str, worker_id: str, ckpt: str, out: str) -> None:
+    """Drain the epoch, then wait at the epoch barrier with a short timeout; report."""
+    with strata_redis.TrainingOrchestrator(
+        url, worker_id, job_id=JOB, checkpoint_path=ckpt, min_workers=2, last_call=0.5,
+        heartbeat_timeout=3.0, epoch_timeout=2.0,
+    ) as orch:  # fmt: skip
+        for _ in orch.get_shards(DATASET):
+            pass
+        try:
+            orch.advance_epoch()
+            result = {"error": None}
+        except strata_redis.BarrierTimeoutError as exc:
+            result = {"error": type(exc).__name__, "missing": exc.missing, "msg": str(exc)}
+        Path(out).write_text(json.dumps(result))
+
+
+def test_barrier_timeout(redis_url: str, dirs: Path) -> None:
+    _register(redis_url, total=400, per_shard=20)
+    out = dirs / "result.json"
+    staller = spawn(_stall_worker, redis_url, "worker-slow", str(dirs / "ckpt"))
+    fast = spawn(_advance_worker, redis_url, "worker-fast", str(dirs / "ckpt"), str(out))
+    try:
+        assert join_all([fast], timeout=60) == [0]
+    finally:
+        kill9(staller)
+    result = json.loads(out.read_text())
+    assert result["error"] == "BarrierTimeoutError", result
+    assert result["missing"] == ["worker-slow"], result
+
+
+def test_late_joiner_waits_for_the_next_round(redis_url: str, raw: redis.Redis, dirs: Path) -> None:
+    params = _register(redis_url, total=2000, per_shard=50)
+    cfg = {"min_workers": 2, "sleep": 0.02, "last_call": 0.5}
+    procs = _start(redis_url, dirs, ["worker-01", "worker-02"], cfg)
+    wait_for(lambda: len(_done(raw, 0)) >= 2, 60, why=lambda: _done(raw, 0))
+    late = _start(redis_url, dirs, ["worker-03"], {**cfg, "run": "late"})
+    assert join_all(procs + late, timeout=120) == [0, 0, 0]
+
+    rdzv = raw.hgetall(f"strata:{{{JOB}}}:rendezvous")
+    assert int(rdzv["restarts_growth"]) >= 1, rdzv
+    assert int(rdzv.get("restarts_failure", 0)) == 0, rdzv
+    late_samples = _samples(dirs / "logs", run="late")
+    assert 0 not in late_samples  # it waited for the next round: nothing of epoch 0
+    assert late_samples[1], "the late worker trained in epoch 1"
+    samples = _samples(dirs / "logs")
+    for epoch in (0, 1):
+        assert samples[epoch] == Counter(range(params.total_samples)), epoch
+
+
+def test_restart_from_checkpoint_with_fewer_workers(
+    redis_url: str, raw: redis.Redis, dirs: Path
+) -> None:
+    """4 workers, all killed mid-epoch after a checkpoint; 3 resume: every sample of the
+    epoch is trained exactly once relative to the restored model (its ranks' states)."""
+    params = _register(redis_url, total=4000, per_shard=100)
+    cfg = {"min_workers": 4, "sleep": 0.01, "heartbeat_timeout": 2.0}
+    procs = _start(redis_url, dirs, [f"worker-0{i}" for i in range(1, 5)], cfg)
+    ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=redis_url)
+
+    def committed_mid_epoch() -> bool:
+        return any(split_step(i.step)[::2] == (0, 100) for i in ckpt.list())
+
+    wait_for(committed_mid_epoch, 90, why=lambda: [split_step(i.step) for i in ckpt.list()])
+    for proc in procs:
+        kill9(proc)
+    assert len(_done(raw, 0)) < params.num_shards, "the kill came after the epoch"
+    info = ckpt.list()[0]
+    model = np.concatenate([
+        np.frombuffer(ckpt.load(info.step, rank=r), dtype=np.int64) for r in range(4)
+    ])  # fmt: skip
+    assert len(model) == len(set(model.tolist()))
+
+    procs = _start(redis_url, dirs, [f"worker-0{i}" for i in range(1, 4)],
+                   {**cfg, "min_workers": 3, "run": "b"})  # fmt: skip
+    assert join_all(procs, timeout=120) == [0, 0, 0]
+    after = _samples(dirs / "logs", run="b")
+    relative = Counter(model.tolist()) + after[0]
+    assert relative == Counter(range(params.total_samples))  # none skipped, none twice
+    assert after[1] == Counter(range(params.total_samples))
+    ckpt.close()
+
+
+def test_redis_killed_with_aof_mid_epoch(
+    redis_factory: Callable[..., RedisServer], dirs: Path
+) -> None:
+    server = redis_factory(aof=True, extra=["--appendfsync", "everysec"])
+    params = _register(server.url, total=2000, per_shard=50)
+    cfg = {"min_workers": 2, "sleep": 0.004, "heartbeat_timeout": 10.0, "last_call": 0.5}
+    procs = _start(server.url, dirs, ["worker-01", "worker-02"], cfg)
+    with redis.Redis.from_url(server.url, decode_responses=True) as raw:
+        wait_for(lambda: len(_done(raw, 0)) >= 5, 60, why=lambda: _done(raw, 0))
+    server.restart(kill=True)
+    assert join_all(procs, timeout=120) == [0, 0]
+    with redis.Redis.from_url(server.url, decode_responses=True) as raw:
+        for epoch in (0, 1):
+            assert len(_done(raw, epoch)) == params.num_shards
+    samples = _samples(dirs / "logs")
+    for epoch in (0, 1):
+        # a completion lost in the last second is trained again, never skipped
+        assert set(samples[epoch]) == set(range(params.total_samples))
+
+
+def test_bad_arguments_write_nothing(redis_url: str, raw: redis.Redis, tmp_path: Path) -> None:
+    bad: list[tuple[dict[str, Any], type[Exception], str]] = [
+        ({"worker_id": ""}, ValueError, "worker_id"),
+        ({"worker_id": 7}, TypeError, "worker_id"),
+        ({"batch_size": 0}, ValueError, "batch_size"),
+        ({"min_workers": 3, "max_workers": 2}, ValueError, "max_workers"),
+        ({"heartbeat_timeout": 1.0, "heartbeat_interval": 2.0}, ValueError, "heartbeat_interval"),
+        ({"keep_count": 0}, ValueError, "keep_count"),
+        ({"last_call": -1}, ValueError, "last_call"),
+        ({"elastic": "yes"}, TypeError, "elastic"),
+        ({"state_provider": 3}, TypeError, "state_provider"),
+    ]
+    for kwargs, exc, match in bad:
+        with pytest.raises(exc, match=match):
+            strata_redis.TrainingOrchestrator(
+                redis_url, **{"job_id": JOB, "checkpoint_path": tmp_path, **kwargs}
+            )
+    assert raw.dbsize() == 0
+
+    with strata_redis.TrainingOrchestrator(
+        redis_url, "worker-01", job_id=JOB, checkpoint_path=tmp_path, last_call=0.1
+    ) as orch:  # fmt: skip
+        with pytest.raises(strata_redis.DatasetNotFoundError, match="register_dataset_params"):
+            orch.get_shards("nope")
+        with pytest.raises(ValueError, match="step"):
+            orch.save_checkpoint(step=-1, epoch=0)
+        with pytest.raises(TypeError, match="epoch"):
+            orch.save_checkpoint(step=1, epoch="0")  # type: ignore[arg-type]
