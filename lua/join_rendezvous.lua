@@ -72,7 +72,6 @@ end
 local function open(n, reason)
   redis.call('HSET', R, 'round', n, 'state', 'joining', 'opened_ms', now, 'deadline_ms', 0,
     'world_size', 0)
-  redis.call('HDEL', R, 'broken', 'reason')
   if n > 1 then redis.call('HINCRBY', R, 'restarts_' .. reason, 1) end
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', cap, '*', 'type', 'open', 'round', n,
     'reason', reason, 'ms', now)
@@ -161,11 +160,12 @@ if not member then
     redis.call('ZADD', KEYS[2], now, id)
     return {S.OK, 'waiting', g, now, last_event()}
   end
-  redis.call('HSET', R, 'broken', culprit, 'reason', why)
+  redis.call('HSET', R, 'broken_round', g, 'broken', culprit, 'reason', why)
 end
 -- a round ended by members leaving (a finished job, a relaunch) is not a failure restart
 local kind = 'failure'
-if redis.call('HGET', R, 'reason') == 'left' then kind = 'leave' end
+local fate = redis.call('HMGET', R, 'broken_round', 'reason')
+if tonumber(fate[1]) == g and fate[2] == 'left' then kind = 'leave' end
 redis.call('PEXPIRE', KEYS[8], keep_ms)
 open(g + 1, kind)
 return join(g + 1, KEYS[10], KEYS[11], KEYS[9])

@@ -8,9 +8,9 @@
 -- returns {S.OK, 'keep'} | {S.OK, 'grow'}: round g+1 is open, join it
 --       | {S.OK, 'moved'}: round g is over already (broken or superseded), join again
 local R = KEYS[1]
-local f = redis.call('HMGET', R, 'round', 'state', 'broken', 'decided_epoch', 'decision',
+local f = redis.call('HMGET', R, 'round', 'state', 'broken_round', 'decided_epoch', 'decision',
   'world_size')
-if f[1] ~= ARGV[1] or f[2] ~= 'closed' or f[3] then return {S.OK, 'moved'} end
+if f[1] ~= ARGV[1] or f[2] ~= 'closed' or f[3] == ARGV[1] then return {S.OK, 'moved'} end
 if f[4] == ARGV[2] then return {S.OK, f[5]} end
 for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   if not redis.call('ZSCORE', KEYS[3], w) then redis.call('ZREM', KEYS[2], w) end

@@ -281,14 +281,16 @@ class TrainingOrchestrator:
         """The job's current epoch (one Redis read)."""
         return current_epoch(self.context)
 
-    def _join(self, leaving: int) -> Round:
+    def _join(self, leaving: int, *, abort: bool = False) -> Round:
         round_ = self._retry(
             self.rendezvous.join, self.worker_id, self.worker.incarnation, leaving=leaving
         )
         self._seen_generation = round_.generation
         self._broken = None
         if self._ckpt is not None:
-            self._ckpt.close(wait=False)  # its open steps belong to the old round
+            if abort:  # a member is gone: the old round's open steps can never commit
+                self._ckpt.abort_pending(f"rendezvous round {self.round.number} broke")
+            self._ckpt.close(wait=False)  # (after growth, they commit in the background)
             self._old_ckpts.append(self._ckpt)
         self._ckpt = CheckpointManager(
             self.storage, self.keep_count, job_id=self.job_id, redis=self.context,
@@ -318,6 +320,8 @@ class TrainingOrchestrator:
                 self._broken = exc
                 log.warning("worker %r: %s", self.worker_id, exc)
                 self._abort_epoch_barrier(round_, exc)
+                if exc.reason != "superseded":
+                    self._abort_saves(exc)
         except Exception:  # the heartbeat thread must go on
             log.exception("worker %r: round check failed", self.worker_id)
 
@@ -334,6 +338,14 @@ class TrainingOrchestrator:
         except (StrataError, redis_py.RedisError) as err:
             log.info("could not break round %d's epoch barrier: %s", round_.number, err)
 
+    def _abort_saves(self, exc: RoundBrokenError) -> None:
+        # The broken round's open checkpoints can never commit: free their waiters now.
+        ckpt = self._ckpt
+        if ckpt is not None:
+            aborted = ckpt.abort_pending(f"rendezvous round {exc.round} is over ({exc.reason})")
+            if aborted:
+                log.info("worker %r: aborted checkpoint steps %s", self.worker_id, aborted)
+
     def _guard(self) -> None:
         """The per-step check: a flag read, no round trip. A broken round is left here."""
         lost = self.worker.lost
@@ -344,7 +356,7 @@ class TrainingOrchestrator:
             return
         if not self.elastic:
             raise broken
-        self.round = self._join(leaving=broken.round)
+        self.round = self._join(leaving=broken.round, abort=broken.reason != "superseded")
         self._rebase()
 
     def _rebase(self) -> None:

@@ -191,6 +191,23 @@ class CheckpointManager:
         """
         self.pipeline.wait(timeout)
 
+    def abort_pending(self, reason: str) -> builtins.list[int]:
+        """Abort every step this manager has in flight and not committed, for every rank.
+
+        For when the ranks this one waits for will never ack (the group broke up): the
+        saves fail at once with ``CheckpointAbortedError`` instead of after
+        ``commit_timeout``. A step being committed by its leader is left alone.
+
+        Args:
+            reason: why, recorded with the abort (1 to 1000 characters).
+
+        Returns:
+            The steps aborted.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"reason must be a non-empty str, got {reason!r}")
+        return self.pipeline.abort_pending(reason)
+
     def prune(self) -> PruneReport:
         """Run a retention pass now, on this thread (one also runs after every commit).
 

@@ -300,6 +300,16 @@ class SavePipeline:
                     )  # fmt: skip
             reported = {f: t for f, t in reported.items() if f in running}
 
+    def abort_pending(self, reason: str) -> list[int]:
+        """Abort every step this rank has in flight and not committed; returns those aborted.
+
+        For a rank that knows the others will never ack (its group of ranks broke up): the
+        waiters wake at once instead of after ``commit_timeout``, and room frees for new saves.
+        """
+        with self._lock:
+            steps = sorted(f.step for f in self._in_flight if not f.done())
+        return [step for step in steps if self.protocol.abort(step, reason)]
+
     def wait(self, timeout: float | None = None) -> None:
         """Wait until every save in flight is done and retention has caught up.
 
