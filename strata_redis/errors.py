@@ -235,9 +235,7 @@ class RoundBrokenError(RendezvousError):
             e.g. to admit workers that arrived late).
     """
 
-    def __init__(
-        self, message: str, *, job_id: str, round: int, culprit: str, reason: str
-    ) -> None:
+    def __init__(self, message: str, *, job_id: str, round: int, culprit: str, reason: str) -> None:
         super().__init__(message, job_id=job_id, round=round)
         self.culprit = culprit
         self.reason = reason

@@ -437,7 +437,12 @@ class TrainingOrchestrator:
 
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(
-        self, step: int, epoch: int, state: State = None, *, metadata: Mapping[str, Any] | None = None
+        self,
+        step: int,
+        epoch: int,
+        state: State = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
     ) -> Future[CheckpointInfo] | None:
         """Save this rank's part of checkpoint (epoch, step), in the background.
 
@@ -583,8 +588,7 @@ class TrainingOrchestrator:
         for info in ckpt.list():
             try:
                 parts = [
-                    ckpt.load(info.step, name=POSITION_PART, rank=r)
-                    for r in range(info.world_size)
+                    ckpt.load(info.step, name=POSITION_PART, rank=r) for r in range(info.world_size)
                 ]
             except (CheckpointError, ValueError) as exc:
                 log.warning("checkpoint step %d cannot be resumed from: %s", info.step, exc)
@@ -655,7 +659,9 @@ class TrainingOrchestrator:
         self._fill_checkpoints(epoch)
         if not self._retry(self.rendezvous.review, self.round, epoch) and self._broken is None:
             # Workers are waiting (or the round broke): the next step rendezvouses again.
-            self._broken = RoundBrokenError.because(self.job_id, self.round.number, "", "superseded")
+            self._broken = RoundBrokenError.because(
+                self.job_id, self.round.number, "", "superseded"
+            )
         return epoch
 
     # -- plumbing -------------------------------------------------------------------------

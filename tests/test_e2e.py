@@ -3,8 +3,10 @@ with workers killed, late, stalled, restarted with fewer, and Redis killed under
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -16,6 +18,7 @@ import pytest
 import redis
 
 import strata_redis
+from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.data.sharding import assignment
 from strata_redis.orchestrator import split_step
 from strata_redis.server import RedisServer
@@ -87,7 +90,9 @@ def _done(raw: redis.Redis, epoch: int) -> dict[str, str]:
     return raw.hgetall(f"strata:{{{JOB}}}:shards_done:{epoch}:{DATASET}")  # type: ignore[return-value]
 
 
-def _start(url: str, tmp: Path, ids: list[str], cfg: dict[str, Any], stagger: float = 0.0) -> list[Any]:
+def _start(
+    url: str, tmp: Path, ids: list[str], cfg: dict[str, Any], stagger: float = 0.0
+) -> list[Any]:
     procs = []
     for i, wid in enumerate(ids):
         if i and stagger:
@@ -246,6 +251,8 @@ def test_restart_from_checkpoint_with_fewer_workers(
         kill9(proc)
     assert len(_done(raw, 0)) < params.num_shards, "the kill came after the epoch"
     info = ckpt.list()[0]
+    positions = [decode_positions(ckpt.load(info.step, POSITION_PART, r))[0][0] for r in range(4)]
+    assert any(p.partial for p in positions), "the restore must resume shards part-way"
     model = np.concatenate([
         np.frombuffer(ckpt.load(info.step, rank=r), dtype=np.int64) for r in range(4)
     ])  # fmt: skip
@@ -309,3 +316,81 @@ def test_bad_arguments_write_nothing(redis_url: str, raw: redis.Redis, tmp_path:
             orch.save_checkpoint(step=-1, epoch=0)
         with pytest.raises(TypeError, match="epoch"):
             orch.save_checkpoint(step=1, epoch="0")  # type: ignore[arg-type]
+
+
+# -- the rendezvous and the per-step check, in one process (threads) ----------------------------
+
+
+def _concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls on threads at once; return each one's result or exception."""
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_rendezvous_gives_every_member_the_same_round(job: strata_redis.Job) -> None:
+    workers = [job.register_worker(f"w{i}", heartbeat_interval=0.5) for i in range(4)]
+    rdzv = strata_redis.Rendezvous(
+        job.context, min_workers=3, max_workers=3, last_call=0.3, timeout=2.0
+    )
+    results = _concurrently(*[lambda w=w: rdzv.join(w.worker_id, w.incarnation) for w in workers])
+    rounds = [r for r in results if isinstance(r, strata_redis.Round)]
+    late = [r for r in results if not isinstance(r, strata_redis.Round)]
+    assert len(rounds) == 3 and len(late) == 1
+    assert isinstance(late[0], strata_redis.RendezvousTimeoutError)  # it waited for round 2
+    assert sorted(r.rank for r in rounds) == [0, 1, 2]  # dense
+    assert {(r.number, r.world_size, r.members) for r in rounds} == {
+        (1, 3, rounds[0].members)
+    }  # the same for every member
+    for worker, result in zip(workers, results, strict=True):
+        if isinstance(result, strata_redis.Round):
+            assert result.members[result.rank] == worker.worker_id
+    for w in workers:
+        w.stop_heartbeat()
+
+
+def test_a_lone_early_worker_cannot_close_a_round(job: strata_redis.Job) -> None:
+    worker = job.register_worker("early", heartbeat_interval=0.5)
+    rdzv = strata_redis.Rendezvous(job.context, min_workers=2, last_call=0.1, timeout=1.0)
+    with pytest.raises(strata_redis.RendezvousTimeoutError, match="1 of the min_workers=2") as err:
+        rdzv.join("early", worker.incarnation)
+    assert err.value.joined == ["early"]
+    worker.stop_heartbeat()
+
+
+def test_per_step_check_raises_when_a_member_dies(redis_url: str, tmp_path: Path) -> None:
+    """elastic=False: the batch loop raises RoundBrokenError soon after a member is declared
+    failed (learned by the heartbeat thread; the loop itself makes no round trip for it)."""
+    _register(redis_url, total=100_000, per_shard=10_000)
+    timeout = 1.0
+
+    def make(wid: str) -> strata_redis.TrainingOrchestrator:
+        return strata_redis.TrainingOrchestrator(
+            redis_url, wid, job_id=JOB, checkpoint_path=tmp_path, min_workers=2,
+            last_call=0.2, heartbeat_timeout=timeout, elastic=False,
+        )  # fmt: skip
+
+    a, b = _concurrently(lambda: make("a"), lambda: make("b"))
+    assert a.round == dataclasses.replace(b.round, rank=a.rank)
+    batches = iter(a.get_shards(DATASET, batch_size=8))
+    next(batches)
+    b.worker.stop_heartbeat()  # b goes silent: it will be declared failed
+    stopped = time.monotonic()
+    with pytest.raises(strata_redis.RoundBrokenError, match="member 'b' failed") as err:
+        for _ in batches:
+            time.sleep(0.001)
+    assert time.monotonic() - stopped <= timeout + 1.0
+    assert err.value.culprit == "b"
+    a.close()
+    b.close()

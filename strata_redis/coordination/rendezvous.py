@@ -23,7 +23,7 @@ from ..scripts import check
 from ..status import Status
 from ..validate import check_int, check_seconds
 
-__all__ = ["Round", "Rendezvous"]
+__all__ = ["Rendezvous", "Round"]
 
 #: how long a finished round's keys stay readable (ms)
 KEEP_ROUND_MS: Final = 86_400_000
@@ -93,8 +93,7 @@ class Rendezvous:
         self.max_workers = check_int("max_workers", max_workers, low=1, high=100_000)
         if self.max_workers < self.min_workers:
             raise ValueError(
-                f"max_workers must be at least min_workers ({self.min_workers}), "
-                f"got {max_workers}"
+                f"max_workers must be at least min_workers ({self.min_workers}), got {max_workers}"
             )
         self.last_call = check_seconds("last_call", last_call, high=86400)
         self.timeout = check_seconds("timeout", timeout, high=7 * 86400)
