@@ -242,6 +242,7 @@ class TrainingOrchestrator:
         self._last_step = -1  # the newest internal checkpoint step this worker saved
         self._last_parts: dict[str, Any] | None = None  # the last save's parts, for fills
         self._status = ""
+        self._job_epoch = 0  # the job's epoch as this worker last saw it
         self._closed = False
         self.resumed: CheckpointInfo | None = None
         self.resumed_meta: dict[str, Any] = {}
@@ -250,7 +251,7 @@ class TrainingOrchestrator:
             self.context, self.worker_id, replace=replace, heartbeat_interval=heartbeat_interval
         )
         try:
-            self.round: Round = self._join(leaving=0)
+            self._join(leaving=0)
             if self.round.fresh and resume:
                 self._restore()
         except BaseException:
@@ -282,14 +283,13 @@ class TrainingOrchestrator:
         return current_epoch(self.context)
 
     def _join(self, leaving: int, *, abort: bool = False) -> Round:
+        """Join a round (leaving round ``leaving`` if it broke); it becomes ``self.round``."""
         round_ = self._retry(
             self.rendezvous.join, self.worker_id, self.worker.incarnation, leaving=leaving
         )
-        self._seen_generation = round_.generation
-        self._broken = None
         if self._ckpt is not None:
             if abort:  # a member is gone: the old round's open steps can never commit
-                self._ckpt.abort_pending(f"rendezvous round {self.round.number} broke")
+                self._ckpt.abort_pending(f"rendezvous round {leaving} broke")
             self._ckpt.close(wait=False)  # (after growth, they commit in the background)
             self._old_ckpts.append(self._ckpt)
         self._ckpt = CheckpointManager(
@@ -302,6 +302,9 @@ class TrainingOrchestrator:
             self.worker_id, round_.number, round_.rank, round_.world_size,
             round_.failure_restarts, round_.growth_restarts,
         )  # fmt: skip
+        self.round = round_
+        self._seen_generation = round_.generation
+        self._broken = None
         if self.on_round is not None:
             self.on_round(round_)
         return round_
@@ -354,9 +357,12 @@ class TrainingOrchestrator:
         broken = self._broken
         if broken is None:
             return
+        if broken.round != self.round.number:  # about a round this worker already left
+            self._broken = None
+            return
         if not self.elastic:
             raise broken
-        self.round = self._join(leaving=broken.round, abort=broken.reason != "superseded")
+        self._join(leaving=broken.round, abort=broken.reason != "superseded")
         self._rebase()
 
     def _rebase(self) -> None:
@@ -393,7 +399,7 @@ class TrainingOrchestrator:
     def _batches(self, stream: ShardStream) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
         self._guard()
         params, size = stream.params, stream.batch_size
-        epoch = self._retry(current_epoch, self.context)
+        epoch = self._job_epoch = self._retry(current_epoch, self.context)
         lk = self.context.keys.lease_keys(params.name, epoch)
         done, offsets = self._retry(self._read_epoch, lk.done, lk.offsets)
         position = Position(params.name, epoch, params.num_shards, {int(s) for s in done})
@@ -480,7 +486,8 @@ class TrainingOrchestrator:
         if state is None and self.state_provider is not None:
             state = self.state_provider()
         meta = {"epoch": epoch, "step": step, "round": self.round.number, "rank": self.rank,
-                "worker": self.worker_id, "metadata": dict(metadata or {})}  # fmt: skip
+                "worker": self.worker_id, "job_epoch": self._job_epoch,
+                "metadata": dict(metadata or {})}  # fmt: skip
         parts = self._parts(state, meta)
         self._set_status("checkpointing")
         try:
@@ -544,7 +551,8 @@ class TrainingOrchestrator:
             if self.state_provider is not None or self._last_parts is None:
                 state = None if self.state_provider is None else self.state_provider()
                 meta = {"epoch": epoch, "step": step, "round": self.round.number,
-                        "rank": self.rank, "worker": self.worker_id, "filled": True}  # fmt: skip
+                        "rank": self.rank, "worker": self.worker_id, "filled": True,
+                        "job_epoch": self._job_epoch - 1}  # fmt: skip
                 parts = self._parts(state, meta)
             else:
                 parts = self._last_parts
@@ -597,7 +605,8 @@ class TrainingOrchestrator:
             positions = [p for ps, _ in decoded for p in ps]
             self.resumed, self.resumed_meta = info, decoded[0][1]
             break
-        epoch = positions[0].epoch if positions else 0
+        epoch = int(self.resumed_meta.get("job_epoch", 0))
+        epoch = positions[0].epoch if positions else epoch
         if positions and any(p.epoch != epoch for p in positions):
             raise CheckpointError(
                 f"checkpoint step {self.resumed and self.resumed.step} of job {self.job_id!r} "
@@ -615,6 +624,7 @@ class TrainingOrchestrator:
             )  # fmt: skip
         if not datasets:
             self.context.client.set(self.context.keys.epoch, epoch)
+        self._job_epoch = epoch
         log.info(
             "worker %r: resumed at epoch %d from %s", self.worker_id, epoch,
             f"checkpoint step {self.resumed.step}" if self.resumed else "the start (no checkpoint)",
@@ -642,7 +652,8 @@ class TrainingOrchestrator:
             self._guard()
             round_ = self.round
             try:
-                release = self._epoch_barrier(round_).wait(self.worker_id)
+                # a retried arrival counts once, so a Redis blip is retried here
+                release = self._retry(self._epoch_barrier(round_).wait, self.worker_id)
                 break
             except BarrierBrokenError as exc:
                 try:
@@ -656,6 +667,7 @@ class TrainingOrchestrator:
                 raise
         epoch = release.epoch
         assert epoch is not None
+        self._job_epoch = epoch
         self._fill_checkpoints(epoch)
         if not self._retry(self.rendezvous.review, self.round, epoch) and self._broken is None:
             # Workers are waiting (or the round broke): the next step rendezvouses again.
