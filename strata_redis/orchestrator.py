@@ -51,7 +51,7 @@ from .data.position import (
     merge_positions,
     restore_position,
 )
-from .data.sharding import DatasetParams
+from .data.sharding import DatasetParams, assignment
 from .errors import (
     BarrierBrokenError,
     CheckpointError,
@@ -115,12 +115,23 @@ class ShardStream:
     Attributes:
         params: the dataset.
         batch_size: samples per batch.
+        mode: ``"leases"`` (fenced leases, own shards first, then stealing; every shard once
+            per epoch whoever fails) or ``"static"`` (this worker's shards of the round's
+            assignment, no leases: the plan of the epoch's start is kept, and a failed
+            worker's shards are not redone).
     """
 
-    def __init__(self, orchestrator: TrainingOrchestrator, params: DatasetParams, batch_size: int):
+    def __init__(
+        self,
+        orchestrator: TrainingOrchestrator,
+        params: DatasetParams,
+        batch_size: int,
+        mode: str = "leases",
+    ) -> None:
         self._orchestrator = orchestrator
         self.params = params
         self.batch_size = batch_size
+        self.mode = mode
         self.cursor: _Cursor | None = None
 
     def __repr__(self) -> str:
@@ -376,12 +387,15 @@ class TrainingOrchestrator:
                 cursor.round = self.round.number
 
     # -- data -----------------------------------------------------------------------------
-    def get_shards(self, dataset: str, batch_size: int | None = None) -> ShardStream:
+    def get_shards(
+        self, dataset: str, batch_size: int | None = None, *, mode: str = "leases"
+    ) -> ShardStream:
         """This worker's batches of ``dataset``: iterate it once per epoch.
 
         Args:
             dataset: a registered dataset's name.
             batch_size: samples per batch (default: the orchestrator's).
+            mode: ``"leases"`` (default) or ``"static"`` (see ``ShardStream``).
 
         Returns:
             A ``ShardStream``; each iteration walks the job's current epoch.
@@ -392,7 +406,9 @@ class TrainingOrchestrator:
         params = get_dataset(self.context, dataset)
         size = self.batch_size if batch_size is None else batch_size
         size = check_int("batch_size", size, low=1, high=2**31)
-        stream = ShardStream(self, params, size)
+        if mode not in ("leases", "static"):
+            raise ValueError(f"mode must be 'leases' or 'static', got {mode!r}")
+        stream = ShardStream(self, params, size, mode)
         self._streams[params.name] = stream
         return stream
 
@@ -406,6 +422,10 @@ class TrainingOrchestrator:
         stream.cursor = _Cursor(position, self.round.number)
         starts = {int(s): int(o) for s, o in offsets.items()}
         self._set_status("training")
+        if stream.mode == "static":
+            yield from self._static_batches(stream, position, starts)
+            self._set_status("idle")
+            return
         leases = ShardLeases(self.context, params, epoch, self.worker_id, ttl=self.lease_ttl)
         with leases.draining():
             last_id = "$"
@@ -440,6 +460,26 @@ class TrainingOrchestrator:
                 del position.partial[shard]
                 position.own.add(shard)
         self._set_status("idle")
+
+    def _static_batches(
+        self, stream: ShardStream, position: Position, starts: dict[int, int]
+    ) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        plan = assignment(stream.params, list(self.round.members))
+        done = set(position.base)
+        for shard in plan.shards(self.worker_id, position.epoch):
+            if shard.shard_id in done:
+                continue
+            indices = shard.indices()
+            start = starts.get(shard.shard_id, 0)
+            position.partial[shard.shard_id] = start
+            for offset in range(start, len(indices), stream.batch_size):
+                if self._broken is not None:
+                    self._guard()
+                batch = indices[offset : offset + stream.batch_size]
+                position.partial[shard.shard_id] = offset + len(batch)
+                yield batch
+            del position.partial[shard.shard_id]
+            position.own.add(shard.shard_id)
 
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(
@@ -593,6 +633,9 @@ class TrainingOrchestrator:
         to the start of epoch 0 without one). Every member calls it; the first one does it."""
         ckpt = self.checkpoints
         positions: list[Position] = []
+        # Storage is the truth: a commit whose Redis mark was lost (AOF's last second, a
+        # flushed server) is found again from its metadata.json.
+        ckpt.rebuild_index()
         for info in ckpt.list():
             try:
                 parts = [
