@@ -254,6 +254,9 @@ class TrainingOrchestrator:
         self._last_parts: dict[str, Any] | None = None  # the last save's parts, for fills
         self._status = ""
         self._job_epoch = 0  # the job's epoch as this worker last saw it
+        # added to round numbers in checkpoint steps: a job restarted on an empty Redis
+        # numbers its rounds from 1 again, but its checkpoints must come after the old ones
+        self._round_offset = 0
         self._closed = False
         self.resumed: CheckpointInfo | None = None
         self.resumed_meta: dict[str, Any] = {}
@@ -314,6 +317,8 @@ class TrainingOrchestrator:
             round_.failure_restarts, round_.growth_restarts,
         )  # fmt: skip
         self.round = round_
+        offset = self._retry(self.context.client.hget, self.context.keys.rendezvous, "round_offset")
+        self._round_offset = int(offset or 0)
         self._seen_generation = round_.generation
         self._broken = None
         if self.on_round is not None:
@@ -443,7 +448,7 @@ class TrainingOrchestrator:
                 start = starts.get(shard, 0)
                 position.partial[shard] = start
                 for offset in range(start, len(indices), size):
-                    if self._broken is not None or lease.lost is not None:
+                    if self._broken is not None or lease.lost or self.worker.lost:
                         self._guard()
                         if lease.lost is not None:
                             break  # taken back: whoever has it now trains it
@@ -473,7 +478,7 @@ class TrainingOrchestrator:
             start = starts.get(shard.shard_id, 0)
             position.partial[shard.shard_id] = start
             for offset in range(start, len(indices), stream.batch_size):
-                if self._broken is not None:
+                if self._broken is not None or self.worker.lost:
                     self._guard()
                 batch = indices[offset : offset + stream.batch_size]
                 position.partial[shard.shard_id] = offset + len(batch)
@@ -515,7 +520,7 @@ class TrainingOrchestrator:
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
         self._guard()
-        internal = checkpoint_step(epoch, self.round.number, step)
+        internal = checkpoint_step(epoch, self.round.number + self._round_offset, step)
         if internal <= self._last_step:
             _, _, last = split_step(self._last_step)
             log.warning(
@@ -648,6 +653,12 @@ class TrainingOrchestrator:
             positions = [p for ps, _ in decoded for p in ps]
             self.resumed, self.resumed_meta = info, decoded[0][1]
             break
+        resumed_round = split_step(self.resumed.step)[1] if self.resumed else 0
+        if resumed_round >= self.round.number + self._round_offset:
+            self._round_offset = resumed_round + 1 - self.round.number
+            self.context.client.hset(
+                self.context.keys.rendezvous, "round_offset", self._round_offset
+            )
         epoch = int(self.resumed_meta.get("job_epoch", 0))
         epoch = positions[0].epoch if positions else epoch
         if positions and any(p.epoch != epoch for p in positions):
@@ -750,6 +761,9 @@ class TrainingOrchestrator:
         self._closed = True
         worker = getattr(self, "worker", None)
         if self._ckpt is not None:
+            if worker is not None and worker.lost is not None:
+                # no other rank can complete this one's open steps now: fail them at once
+                self._ckpt.abort_pending(f"worker {self.worker_id!r} is out: {worker.lost}")
             self._ckpt.close(wait=True)
         for old in self._old_ckpts:
             old.close(wait=False)

@@ -54,8 +54,10 @@ def _seeds_worker(url: str, worker_id: str, ckpt: str, logdir: str, cfg: dict[st
         min_workers=cfg["min_workers"], last_call=cfg.get("last_call", 1.0),
         heartbeat_timeout=cfg.get("heartbeat_timeout", 3.0), batch_size=cfg.get("batch", 4),
         state_provider=state, epoch_timeout=cfg.get("epoch_timeout", 120.0),
-        commit_timeout=60.0,
+        commit_timeout=60.0, keep_count=cfg.get("keep_count", 5),
     )  # fmt: skip
+    if orchestrator.resumed is not None:
+        Path(logdir, f"resumed-{worker_id}").write_text(str(orchestrator.resumed.step))
     with orchestrator:
         shard_info = orchestrator.get_shards("imagenet_total")
         for epoch in range(orchestrator.epoch, 2):
@@ -268,6 +270,7 @@ def test_restart_from_checkpoint_with_fewer_workers(
                    {**cfg, "min_workers": 3, "run": "b"})  # fmt: skip
     assert join_all(procs, timeout=120) == [0, 0, 0]
     after = _samples(dirs / "logs", run="b")
+    assert {p.read_text() for p in (dirs / "logs").glob("resumed-*")} == {str(info.step)}
     relative = Counter(model.tolist()) + after[0]
     assert relative == Counter(range(params.total_samples))  # none skipped, none twice
     assert after[1] == Counter(range(params.total_samples))
@@ -292,6 +295,44 @@ def test_redis_killed_with_aof_mid_epoch(
     for epoch in (0, 1):
         # a completion lost in the last second is trained again, never skipped
         assert set(samples[epoch]) == set(range(params.total_samples))
+
+
+def test_redis_restarted_empty_resumes_from_checkpoint(
+    redis_factory: Callable[..., RedisServer], dirs: Path
+) -> None:
+    """Redis comes back empty (no persistence): the workers stop with a clear error; the job
+    relaunched resumes from the newest checkpoint in storage (the index rebuilt from it),
+    exactly once relative to the restored model, and its new checkpoints come after it."""
+    server = redis_factory()
+    params = _register(server.url, total=2400, per_shard=100)
+    cfg = {"min_workers": 3, "sleep": 0.01, "heartbeat_timeout": 2.0, "keep_count": 100}
+    procs = _start(server.url, dirs, ["worker-01", "worker-02", "worker-03"], cfg)
+    ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=server.url)
+    wait_for(
+        lambda: any(split_step(i.step)[::2] == (0, 100) for i in ckpt.list()), 90,
+        why=lambda: [split_step(i.step) for i in ckpt.list()],
+    )  # fmt: skip
+    ckpt.close()
+    server.restart(kill=True)  # no AOF, no RDB: everything in Redis is gone
+    codes = join_all(procs, timeout=60)
+    assert all(code not in (0, None) for code in codes), codes  # stopped, with an error
+
+    _register(server.url, total=2400, per_shard=100)  # the launcher's line, run again
+    procs = _start(server.url, dirs, ["worker-01", "worker-02"],
+                   {**cfg, "min_workers": 2, "run": "b"})  # fmt: skip
+    assert join_all(procs, timeout=120) == [0, 0]
+    (step,) = {int(p.read_text()) for p in (dirs / "logs").glob("resumed-*")}
+    assert split_step(step)[0] == 0 and split_step(step)[2] >= 100
+    ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=server.url)
+    info = ckpt.verify(step)
+    model = np.concatenate([
+        np.frombuffer(ckpt.load(step, rank=r), dtype=np.int64) for r in range(info.world_size)
+    ])  # fmt: skip
+    after = _samples(dirs / "logs", run="b")
+    assert Counter(model.tolist()) + after[0] == Counter(range(params.total_samples))
+    assert after[1] == Counter(range(params.total_samples))
+    assert ckpt.list()[0].step > step  # the relaunched job's checkpoints come after it
+    ckpt.close()
 
 
 def test_bad_arguments_write_nothing(redis_url: str, raw: redis.Redis, tmp_path: Path) -> None:
