@@ -11,8 +11,11 @@
   worker joins with ``max_workers=100``; the time from the first join until every member
   has its round.
 
-Recovery after a SIGKILL is timed by ``tests/test_e2e.py::test_worker_failure_recovery``
-(the survivors are in a new round within the heartbeat timeout + 2 s there).
+- recovery: two workers (threads) in a round with a 1 s heartbeat timeout; one goes silent
+  as a SIGKILLed process would (its heartbeats stop, it never deregisters, its lease stays);
+  the time until the survivor's batch loop runs in a new round (which also took the silent
+  worker's shard back). The goal is the heartbeat timeout + 1 s; the seeds' bar is < 30 s.
+  ``tests/test_e2e.py::test_worker_failure_recovery`` does it with real processes and SIGKILL.
 """
 
 from __future__ import annotations
@@ -96,6 +99,53 @@ def rendezvous_100(loops: int, url: str) -> float:
     return total
 
 
+RECOVERY_TIMEOUT = 1.0
+
+
+def _make(
+    made: dict[str, strata_redis.TrainingOrchestrator], url: str, wid: str, job: str, tmp: str
+) -> None:
+    # max_workers=2: round 1 closes with both; min_workers=1: the survivor goes on alone
+    made[wid] = strata_redis.TrainingOrchestrator(
+        url, wid, job_id=job, checkpoint_path=tmp, min_workers=1, max_workers=2, last_call=30,
+        heartbeat_timeout=RECOVERY_TIMEOUT,
+    )  # fmt: skip
+
+
+def recovery(loops: int, url: str) -> float:
+    total = 0.0
+    for _ in range(loops):
+        job = f"bench-{uuid.uuid4().hex[:8]}"
+        strata_redis.ShardManager(url, job_id=job).register_dataset_params(
+            "bench", 1_000_000, 10_000, True, 1
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            made: dict[str, strata_redis.TrainingOrchestrator] = {}
+            threads = [
+                threading.Thread(target=_make, args=(made, url, w, job, tmp))
+                for w in ("survivor", "victim")
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            survivor, victim = made["survivor"], made["victim"]
+            held = iter(victim.get_shards("bench"))
+            next(held)  # the victim holds a lease
+            batches = iter(survivor.get_shards("bench"))
+            next(batches)
+            victim.worker.stop_heartbeat()  # silent from now on, as after a SIGKILL
+            start = time.perf_counter()
+            while survivor.round.number == 1:
+                next(batches)
+                time.sleep(0.001)
+            total += time.perf_counter() - start
+            survivor.close()
+            held.close()  # type: ignore[attr-defined]
+            victim.close()  # already declared failed: it cannot deregister, as after a kill
+    return total
+
+
 def main() -> None:
     runner = make_runner()
     url = runner.args.redis_url
@@ -104,6 +154,7 @@ def main() -> None:
     runner.bench_time_func(
         "rendezvous of 100 workers: first join -> all closed", rendezvous_100, url
     )
+    runner.bench_time_func("recovery: silent worker -> survivor in a new round", recovery, url)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ def value(bench: pyperf.Benchmark, stat: str) -> float:
         return _percentile(values, 50 if stat == "p50" else 99) * 1e3
     if stat == "mean":
         return statistics.fmean(values) * 1e3
+    if stat == "seconds":
+        return statistics.fmean(values)
     size = _size_bytes(bench)
     rate = size / statistics.fmean(values)
     return rate / 1e6 if stat == "mb_s" else rate / 1e9
