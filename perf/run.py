@@ -42,7 +42,7 @@ def main() -> int:
     )
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
-    parser.add_argument("--no-load", action="store_true", help="skip perf/load.py and perf/cost.py")
+    parser.add_argument("--no-load", action="store_true", help="skip load.py, cost.py, curves.py")
     args = parser.parse_args()
 
     names = args.benchmarks or sorted(p.stem for p in HERE.glob("bench_*.py"))
@@ -94,7 +94,8 @@ def main() -> int:
                 (HERE / "baseline").mkdir(exist_ok=True)
                 shutil.copy(out, baseline)
         if not args.no_load:
-            for script in ("load", "cost"):  # load scenarios; per-worker cost and recovery
+            # load scenarios; per-worker cost and recovery; scaling curves
+            for script in ("load", "cost", "curves"):
                 print(f"== {script} (perf/{script}.py)", flush=True)
                 cmd = [sys.executable, str(HERE / f"{script}.py"), "--results",
                        str(args.results), "--redis-url", args.redis_url]  # fmt: skip
