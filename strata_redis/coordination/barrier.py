@@ -349,7 +349,9 @@ class Barrier:
     # -- waiting -------------------------------------------------------------------------
     def _await(self, worker_id: str, a: _Arrival, deadline: float, timeout: float) -> Release:
         outcome = a.outcome
-        slice_s = self.context.heartbeat_timeout / 2
+        # a slice: reap every half heartbeat timeout, and never block past the socket
+        # timeout (a silent partition then ends in a TimeoutError, not a hang)
+        slice_s = min(self.context.heartbeat_timeout / 2, self.context.max_block)
         release_key = self.context.keys.barrier_release(self.name, a.generation)
         events_key = self.context.keys.events
         wake_id, events_id = a.wake_id, a.events_id

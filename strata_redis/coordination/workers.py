@@ -106,7 +106,8 @@ class Worker:
     """A registered worker of a job. Made by ``register_worker`` (``Job.register_worker``).
 
     The background heartbeat thread (started by default) sends a heartbeat every
-    ``interval`` seconds and runs the reaper step in the same round trip. It survives Redis
+    ``interval`` seconds and runs the reaper step in the same round trip, through the
+    context's heartbeat client (a small pool of its own, never behind blocking waits). It survives Redis
     blips (redis-py reconnects on the next tick). If it learns that this worker was declared
     failed, left, or was replaced, it stops, sets ``lost`` and calls ``on_lost``.
     """
@@ -154,7 +155,7 @@ class Worker:
             WorkerFailedError: the reaper declared it failed; register again to rejoin.
             WorkerLeftError, WorkerReplacedError, WorkerNotRegisteredError: likewise.
         """
-        self.context.scripts.run(*self.heartbeat_call(), self._context)
+        self.context.heartbeat_scripts.run(*self.heartbeat_call(), self._context)
 
     def set_status(self, status: str) -> None:
         """Set ``idle``, ``training`` or ``checkpointing`` (also counts as a heartbeat).
@@ -165,7 +166,7 @@ class Worker:
         """
         if status not in SETTABLE_STATUSES:
             raise ValueError(f"status must be one of {SETTABLE_STATUSES}, got {status!r}")
-        self.context.scripts.run(*self.heartbeat_call(status), self._context)
+        self.context.heartbeat_scripts.run(*self.heartbeat_call(status), self._context)
 
     def deregister(self) -> None:
         """Leave the job gracefully: status ``left``, and the membership generation moves.
@@ -220,29 +221,41 @@ class Worker:
         return self._thread is not None and self._thread.is_alive()
 
     def _beat(self, interval: float) -> None:
-        outage = False
+        # heartbeats go through the heartbeat client: a pool of their own, so they never
+        # wait for a connection behind this process's blocking barrier/checkpoint waits
+        outage = ""  # what stopped the last heartbeat, logged once until one gets through
         while not self._stop.is_set():
             try:
-                beat, reply = self.context.scripts.run_many(
+                beat, reply = self.context.heartbeat_scripts.run_many(
                     [self.heartbeat_call(), reap_call(self.context)]
                 )
                 check(beat, self._context)
                 reaped(self.context, reply)
                 if outage:
-                    log.warning(
-                        "worker %r: Redis reachable again, heartbeats resumed", self.worker_id
-                    )
-                    outage = False
+                    log.warning("worker %r: heartbeats resumed (after: %s)", self.worker_id, outage)
+                    outage = ""
             except WorkerError as exc:
                 self.lost = exc
                 log.error("worker %r: heartbeat refused, stopping: %s", self.worker_id, exc)
                 if self.on_lost is not None:
                     self.on_lost(exc)
                 return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except redis.exceptions.MaxConnectionsError as exc:
+                # a limit of this process (PoolExhaustedError says which), not of Redis
+                if not outage:
+                    log.error("worker %r: heartbeat not sent: %s", self.worker_id, exc)
+                outage = "connection pool limit"
+            except redis.TimeoutError as exc:
+                if not outage:
+                    log.warning(
+                        "worker %r: Redis did not answer a heartbeat in time (%s); retrying",
+                        self.worker_id, exc,
+                    )  # fmt: skip
+                outage = "Redis timeout"
+            except redis.ConnectionError as exc:
                 if not outage:
                     log.warning("worker %r: Redis unreachable (%s); retrying", self.worker_id, exc)
-                    outage = True
+                outage = "Redis unreachable"
             except Exception:  # the thread must keep beating whatever a tick hits
                 log.exception("worker %r: heartbeat tick failed", self.worker_id)
             self._stop.wait(interval)

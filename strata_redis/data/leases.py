@@ -325,7 +325,7 @@ class ShardLeases:
         """
         self._start_renewer()
         self._iterating = True
-        wait_ms = max(10, min(1000, int(self.ttl * 250)))
+        wait_ms = max(10, min(1000, int(self.ttl * 250), int(self.context.max_block * 1000)))
         last_id = "$"
         try:
             previous: Lease | None = None
