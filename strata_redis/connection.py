@@ -80,11 +80,12 @@ class StrataPool(redis.BlockingConnectionPool):
 
     def __init__(self, *, pool_name: str = "client", **kwargs: Any) -> None:
         self.pool_name = pool_name
-        super().__init__(**kwargs)
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
 
-    def get_connection(self, *args: Any, **options: Any) -> Any:  # noqa: D102
+    def get_connection(self, *args: Any, **options: Any) -> Any:
+        """A free connection, waiting up to ``timeout`` (``PoolExhaustedError`` after)."""
         try:
-            return super().get_connection()
+            return super().get_connection()  # type: ignore[no-untyped-call]
         except MaxConnectionsError:
             raise
         except redis.ConnectionError as exc:

@@ -87,7 +87,7 @@ class JobContext:
             self.client: Any = shared.client
             self.scripts: Scripts = shared.scripts
             self._heartbeat: list[Scripts] = shared._heartbeat
-            self._heartbeat_lock = shared._heartbeat_lock
+            self._heartbeat_lock: threading.Lock = shared._heartbeat_lock
         else:
             self.client = make_client(redis, max_connections=max_connections)  # type: ignore[arg-type]
             self.scripts = Scripts(self.client)

@@ -42,9 +42,7 @@ def test_300_workers_150_at_one_barrier_in_one_process(
     # redis-py 8's default pool (100 connections) made this print "Redis unreachable (Too
     # many connections)", break the barrier and declare all 300 workers failed
     job = strata_redis.connect(redis_url, "budget", heartbeat_timeout=6.0)
-    workers = [
-        job.register_worker(f"w-{i:03d}", heartbeat_interval=1.0) for i in range(300)
-    ]
+    workers = [job.register_worker(f"w-{i:03d}", heartbeat_interval=1.0) for i in range(300)]
     barrier = job.barrier("step-1", expected=150, timeout=120)
     results: dict[str, object] = {}
 

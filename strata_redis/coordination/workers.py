@@ -107,9 +107,10 @@ class Worker:
 
     The background heartbeat thread (started by default) sends a heartbeat every
     ``interval`` seconds and runs the reaper step in the same round trip, through the
-    context's heartbeat client (a small pool of its own, never behind blocking waits). It survives Redis
-    blips (redis-py reconnects on the next tick). If it learns that this worker was declared
-    failed, left, or was replaced, it stops, sets ``lost`` and calls ``on_lost``.
+    context's heartbeat client (a small pool of its own, never behind blocking waits). It
+    survives Redis blips (redis-py reconnects on the next tick). If it learns that this
+    worker was declared failed, left, or was replaced, it stops, sets ``lost`` and calls
+    ``on_lost``.
     """
 
     def __init__(
