@@ -8,17 +8,17 @@
 -- ARGV[2] = offset: the id of this chunk's first shard
 -- ARGV[3..] = priority, shard id, ... (ids offset, offset + 1, ...; the priority orders
 --             stealing: highest first)
--- returns {0, 1} the pool is complete (this call completed it) | {0, 0} it existed
---       | {0, 2, loaded}: not complete; send the chunk starting at shard id `loaded`
+-- returns {0, 1, total}: the pool is complete (it was, or this chunk completed it)
+--       | {0, 0, loaded}: not complete; send the chunk starting at shard id `loaded`
 --       | {22} EPOCH_MISMATCH: it exists with another shard count
 local meta = redis.call('HMGET', KEYS[1], 'num_shards', 'swept', 'loaded')
 if meta[1] and meta[1] ~= ARGV[1] then return {S.EPOCH_MISMATCH} end
-if meta[2] then return {S.OK, 0} end
+if meta[2] then return {S.OK, 1, tonumber(meta[1])} end
 local loaded = tonumber(meta[3] or '0')
 local total = tonumber(ARGV[1])
 local offset = tonumber(ARGV[2])
 -- a chunk another caller already added, or one beyond the next: say where to go on
-if offset ~= loaded then return {S.OK, 2, loaded} end
+if offset ~= loaded then return {S.OK, 0, loaded} end
 local count = (#ARGV - 2) / 2
 -- unpack() is bounded by Lua's stack: add in pieces
 local piece = 4000
@@ -29,10 +29,10 @@ end
 loaded = loaded + count
 if loaded < total then
   redis.call('HSET', KEYS[1], 'num_shards', ARGV[1], 'loaded', loaded)
-  return {S.OK, 2, loaded}
+  return {S.OK, 0, loaded}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'num_shards', ARGV[1], 'loaded', loaded, 'created_ms', now,
   'swept', '-1')
-return {S.OK, 1}
+return {S.OK, 1, loaded}

@@ -183,13 +183,13 @@ class ShardLeases:
             pairs = np.empty(2 * (end - offset), dtype=np.int64)
             pairs[0::2] = priority[offset:end]
             pairs[1::2] = np.arange(offset, end)
-            reply = self.context.scripts.run(
+            complete, loaded = self.context.scripts.run(
                 "init_epoch", [k.meta, k.todo, k.done],
                 [total, offset, *pairs.tolist()], self._context(),
             )  # fmt: skip
-            if int(reply[0]) != 2:
+            if int(complete):
                 return
-            offset = int(reply[1])
+            offset = int(loaded)
 
     # -- the four lease calls --------------------------------------------------------------
     def acquire(self) -> Lease | None:
