@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -15,7 +16,7 @@ from ..context import JobContext
 from ..errors import StrataError, WorkerError
 from ..scripts import check
 from ..validate import check_id, check_int, check_seconds
-from .registry import SETTABLE_STATUSES, reap_call, reaped
+from .registry import SETTABLE_STATUSES, RedisClock, reap_call, reaped
 
 __all__ = ["Worker", "register_worker"]
 
@@ -128,6 +129,7 @@ class Worker:
         self.lost: StrataError | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._clock = RedisClock()
 
     def __repr__(self) -> str:
         job, incarnation = self.context.job_id, self.incarnation
@@ -227,10 +229,14 @@ class Worker:
         outage = ""  # what stopped the last heartbeat, logged once until one gets through
         while not self._stop.is_set():
             try:
+                # the reaper step says when it was sent: if Redis stalls before running it,
+                # it judges nobody (live workers' heartbeats may be queued behind it)
+                sent = time.monotonic()
                 beat, reply = self.context.heartbeat_scripts.run_many(
-                    [self.heartbeat_call(), reap_call(self.context)]
+                    [self.heartbeat_call(), reap_call(self.context, self._clock.now_ms())]
                 )
-                check(beat, self._context)
+                (now_ms,) = check(beat, self._context)
+                self._clock.sample(sent, time.monotonic(), int(now_ms))
                 reaped(self.context, reply)
                 if outage:
                     log.warning("worker %r: heartbeats resumed (after: %s)", self.worker_id, outage)
