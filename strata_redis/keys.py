@@ -64,7 +64,7 @@ class Keys:
 
     @property
     def reaper(self) -> str:
-        """HASH the reaper's view of Redis stalls: ``last`` step, ``quiet`` since, ``grace`` until."""
+        """HASH the reaper's view of Redis stalls: ``last`` step, ``quiet``, ``grace`` (ms)."""
         return f"{self.base}:reaper"
 
     # -- barriers and epochs -------------------------------------------------------------

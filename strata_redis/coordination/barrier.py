@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import redis
 
-from ..context import JobContext
+from ..context import JobContext, as_context
 from ..errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
 from ..scripts import Call, check
 from ..status import Status
@@ -351,7 +351,7 @@ class Barrier:
         outcome = a.outcome
         # a slice: reap every half heartbeat timeout, and never block past the socket
         # timeout (a silent partition then ends in a TimeoutError, not a hang)
-        slice_s = min(self.context.heartbeat_timeout / 2, self.context.max_block)
+        slice_s = min(self.context.heartbeat_timeout / 2, as_context(self.context).max_block)
         release_key = self.context.keys.barrier_release(self.name, a.generation)
         events_key = self.context.keys.events
         wake_id, events_id = a.wake_id, a.events_id

@@ -160,7 +160,7 @@ def reap_call(ctx: JobContext, sent_ms: float | None = None) -> Call:
             sent,
             int(timeout_ms * STALL_FRACTION),
             timeout_ms // 2,
-        ],  # fmt: skip
+        ],
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from ..context import JobContext
+from ..context import JobContext, as_context
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
 from ..scripts import check
@@ -345,7 +345,9 @@ class ShardLeases:
         """
         self._start_renewer()
         self._iterating = True
-        wait_ms = max(10, min(1000, int(self.ttl * 250), int(self.context.max_block * 1000)))
+        wait_ms = max(
+            10, min(1000, int(self.ttl * 250), int(as_context(self.context).max_block * 1000))
+        )
         last_id = "$"
         try:
             previous: Lease | None = None
