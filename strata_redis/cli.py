@@ -83,15 +83,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    url = getattr(args, "redis_url", None)
+    where = redact(url) if url else "the default Redis"
     try:
         return int(args.func(args))
-    except redis.ConnectionError as exc:
-        url = getattr(args, "redis_url", None)
-        where = redact(url) if url else "the default Redis"
-        print(f"strata: cannot reach {where}: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        print(f"strata: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+        return _fail(f"permission denied by {where}: {_text(exc)}", 1)
+    except redis.exceptions.MaxConnectionsError as exc:
+        return _fail(_text(exc), 1)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        return _fail(f"cannot reach {where}: {_text(exc)}", 2)
+    except redis.ResponseError as exc:
+        if "NOPERM" in str(exc) or "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+            return _fail(f"permission denied by {where}: {_text(exc)}", 1)
+        return _fail(f"{where} refused a command: {_text(exc)}", 1)
+    except redis.RedisError as exc:
+        return _fail(f"Redis error from {where}: {_text(exc)}", 1)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        return _fail(_text(exc), 2)
+
+
+def _text(exc: BaseException) -> str:
+    """One line of an exception's message, credentials redacted."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return redact(lines[0]) if "@" in lines[0] else lines[0]
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"strata: {message}", file=sys.stderr)
+    return code

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from ..context import JobContext
+from ..context import JobContext, as_context
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
 from ..scripts import check
@@ -33,6 +33,8 @@ log = logging.getLogger("strata_redis.leases")
 
 #: own candidates sent per acquire (bounds the script's arguments)
 CANDIDATES = 8
+#: shards per init_epoch call: one chunk (a ZADD of this many) holds Redis for a few ms
+INIT_CHUNK = 4096
 #: how long a (dataset, epoch)'s record is kept in Redis
 RECORD_TTL_S = 30 * 86400
 
@@ -161,15 +163,33 @@ class ShardLeases:
         # Steal priority = a shard's position in its owner's order: thieves take the shards
         # their owners would reach last.
         positions = np.arange(len(ids)) - np.searchsorted(owners, owners)
-        pairs = np.empty(2 * len(ids), dtype=np.int64)
-        pairs[0::2] = positions
-        pairs[1::2] = ids
-        k = self.keys
-        self.context.scripts.run(
-            "init_epoch", [k.meta, k.todo, k.done],
-            [self.params.num_shards, *pairs.tolist()], self._context(),
-        )  # fmt: skip
+        priority = np.empty(len(ids), dtype=np.int64)
+        priority[ids] = positions
+        self._init_pool(priority)
         self._prepared = True
+
+    def _init_pool(self, priority: np.ndarray) -> None:
+        """Create the epoch's pool in chunks of ``INIT_CHUNK`` shards (ids in order).
+
+        Every caller cuts the same chunks, and the script adds only the next one, so racing
+        callers and a caller that died half-way neither double nor miss a shard; a caller
+        that finds chunks added by others goes on from where they are.
+        """
+        total = self.params.num_shards
+        k = self.keys
+        offset = 0
+        while True:
+            end = min(offset + INIT_CHUNK, total)
+            pairs = np.empty(2 * (end - offset), dtype=np.int64)
+            pairs[0::2] = priority[offset:end]
+            pairs[1::2] = np.arange(offset, end)
+            complete, loaded = self.context.scripts.run(
+                "init_epoch", [k.meta, k.todo, k.done],
+                [total, offset, *pairs.tolist()], self._context(),
+            )  # fmt: skip
+            if int(complete):
+                return
+            offset = int(loaded)
 
     # -- the four lease calls --------------------------------------------------------------
     def acquire(self) -> Lease | None:
@@ -325,7 +345,9 @@ class ShardLeases:
         """
         self._start_renewer()
         self._iterating = True
-        wait_ms = max(10, min(1000, int(self.ttl * 250)))
+        wait_ms = max(
+            10, min(1000, int(self.ttl * 250), int(as_context(self.context).max_block * 1000))
+        )
         last_id = "$"
         try:
             previous: Lease | None = None
