@@ -39,8 +39,8 @@ MiB = 1024 * 1024
 log = logging.getLogger("strata_redis.dashboard.demo")
 
 DEFAULTS: dict[str, Any] = {
-    "interval": 0.5,  # heartbeat interval, s
-    "timeout": 3.0,  # heartbeat timeout, s
+    "interval": 1.0,  # heartbeat interval, s
+    "timeout": 6.0,  # heartbeat timeout, s
     "lease_ttl": 5.0,
     "work_s": 0.12,  # seconds per shard (the slow worker takes 3x)
     "total_samples": 6_400,

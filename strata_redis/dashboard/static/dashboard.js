@@ -17,7 +17,7 @@
 
   const state = {
     doc: null, lastOk: null, failure: null, inFlight: false, offset: 0, limit: 500,
-    charts: {}, polls: 0, errors: 0,
+    charts: {}, datasetNodes: new Map(), polls: 0,
   };
   window.strataDashboard = state;     // for people poking around, and for the browser test
 
@@ -136,9 +136,10 @@
     renderCheckpoints(doc);
   }
 
-  function card(label, value, small, bad) {
+  function card(label, value, small, bad, sub) {
     return el("div", { class: bad ? "card bad" : "card" }, el("div", { class: "label", text: label }),
-      el("div", { class: "value" }, value, small ? el("small", { text: ` ${small}` }) : null));
+      el("div", { class: "value" }, value, small ? el("small", { text: ` ${small}` }) : null),
+      sub ? el("div", { class: "sub", text: sub }) : null);
   }
 
   function renderOverview(doc) {
@@ -153,12 +154,17 @@
     const cards = [
       one ? card("epoch", one.epoch) : card("jobs", doc.jobs.length),
       one ? card("membership gen.", one.membership_generation) : card("datasets", doc.datasets.length),
-      card("workers live", live, `training ${sum((j) => j.workers.training)} · ckpt ${sum((j) => j.workers.checkpointing)} · idle ${sum((j) => j.workers.idle)}`),
-      card("failed (recent)", failed, stale ? `${stale} silent` : "", failed + stale > 0),
-      card("barrier p99", p99.length ? fmt(Math.max(...p99), 1) : "–", "ms"),
-      card("checkpoint", mbs.length ? fmt(mbs[mbs.length - 1], 0) : "–", "MB/s last save"),
-      card("latest checkpoint", one ? (one.latest_checkpoint ?? "–") : doc.checkpoints.filter((c) => c.state === "committed").length, one ? "step" : "committed"),
-      card("Redis", fmt(doc.metrics.redis.commands_per_s, 0), "commands/s"),
+      card("workers live", live, "", false,
+        `${sum((j) => j.workers.training)} training · ${sum((j) => j.workers.checkpointing)} ckpt · ${sum((j) => j.workers.idle)} idle`),
+      card("failed", failed, "", failed + stale > 0,
+        `last 10 min${stale ? ` · ${stale} silent` : ""} · ${sum((j) => j.workers.left)} left`),
+      card("barrier p99", p99.length ? fmt(Math.max(...p99), 1) : "–", "ms", false,
+        `p50 ${fmt(Math.max(0, ...m.map((j) => j.barrier.p50_ms ?? 0)), 1)} ms · ${sum((j) => j.barrier.releases)} releases`),
+      card("checkpoint", mbs.length ? fmt(mbs[mbs.length - 1], 0) : "–", "MB/s", false,
+        `last save · ${sum((j) => j.checkpoint.aborted_steps)} steps aborted`),
+      card("latest checkpoint", one ? (one.latest_checkpoint ?? "–") : doc.checkpoints.filter((c) => c.state === "committed").length,
+        one ? "step" : "committed"),
+      card("requests", fmt(doc.metrics.redis.commands_per_s, 0), "/s", false, "Redis commands, whole server"),
     ];
     $("overview").replaceChildren(...cards);
   }
@@ -215,16 +221,19 @@
 
   function renderDatasets(doc, multi) {
     const box = $("datasets");
+    const nodes = state.datasetNodes;
     const keep = new Set();
+    box.querySelector(".none")?.remove();
     for (const d of doc.datasets) {
-      const key = `${d.job_id}\u0000${d.name}`;
+      const key = JSON.stringify([d.job_id, d.name]);
       keep.add(key);
-      let node = box.querySelector(`[data-key="${CSS.escape(key)}"]`);
+      let node = nodes.get(key);
       if (!node) {
-        node = el("div", { class: "dataset", "data-key": key },
+        node = el("div", { class: "dataset" },
           el("div", {}, el("div", { class: "name" }), el("div", { class: "bar" }, el("div", { class: "done" }), el("div", { class: "leased" })),
             el("div", { class: "counts" }), el("div", { class: "meta" })),
           el("div", { class: "chart dist" }));
+        nodes.set(key, node);
         box.append(node);
       }
       const p = d.progress;
@@ -251,13 +260,14 @@
           { label: "leased now", stroke: "#1565c0", width: 0, points: { show: true, size: 7, fill: "#1565c0" } }],
       }, [xs, dist.map((r) => r.done), dist.map((r) => r.leased)]);
     }
-    for (const node of [...box.children]) {
-      if (!keep.has(node.dataset.key)) {
-        destroyChart(`dist:${node.dataset.key}`);
+    for (const [key, node] of [...nodes]) {
+      if (!keep.has(key)) {
+        destroyChart(`dist:${key}`);
         node.remove();
+        nodes.delete(key);
       }
     }
-    if (!doc.datasets.length) box.replaceChildren(el("div", { class: "meta", text: "no datasets registered" }));
+    if (!doc.datasets.length) box.append(el("div", { class: "meta none", text: "no datasets registered" }));
   }
 
   function timeChart(name, target, series, tables, yLabel) {
@@ -271,7 +281,8 @@
     const data = rows.length === 1 ? rows[0] : uPlot.join(rows);
     drawChart(name, target, {
       height: 180,
-      scales: { x: { time: true } },
+      // At least a minute of x axis, so one point does not stretch it over years.
+      scales: { x: { time: true, range: (u, lo, hi) => (hi - lo < 60 ? [hi - 60, hi + 2] : [lo, hi + 2]) } },
       axes: [{}, { label: yLabel, size: 50 }],
       series: [{}, ...series.filter((_, i) => tables[Math.floor(i / (series.length / tables.length))][0].length)],
     }, data);
