@@ -306,8 +306,9 @@ def test_security_headers_and_no_cdn(redis_url: str) -> None:
     html = page.get_data(as_text=True)
     assert "script-src 'self'" in page.headers["Content-Security-Policy"]
     assert "http://" not in html.replace("http://127.0.0.1", "") and "https://" not in html
-    for asset in ("/static/dashboard.js", "/static/vendor/uplot/uPlot.iife.min.js",
-                  "/static/vendor/uplot/uPlot.min.css", "/static/vendor/uplot/LICENSE"):  # fmt: skip
+    vendor = "/static/vendor/uplot"
+    for asset in ("/static/dashboard.js", f"{vendor}/uPlot.iife.min.js",
+                  f"{vendor}/uPlot.min.css", f"{vendor}/LICENSE"):  # fmt: skip
         with client.get(asset) as reply:  # a file response: close it
             assert reply.status_code == 200, asset
 
