@@ -281,11 +281,15 @@
     const data = rows.length === 1 ? rows[0] : uPlot.join(rows);
     drawChart(name, target, {
       height: 180,
-      // At least a minute of x axis, so one point does not stretch it over years.
-      scales: { x: { time: true, range: (u, lo, hi) => (hi - lo < 60 ? [hi - 60, hi + 2] : [lo, hi + 2]) } },
+      scales: { x: { time: true } },
       axes: [{}, { label: yLabel, size: 50 }],
       series: [{}, ...series.filter((_, i) => tables[Math.floor(i / (series.length / tables.length))][0].length)],
     }, data);
+    // At least a minute of x axis: a single point would otherwise stretch it over years.
+    const xs = data[0];
+    const lo = xs[0];
+    const hi = xs[xs.length - 1];
+    if (hi - lo < 60) state.charts[name].plot.setScale("x", { min: hi - 60, max: hi + 2 });
   }
 
   function renderCharts(doc, multi) {
