@@ -7,19 +7,25 @@ reads is bounded by what the page shows, never by a job's history:
   ``gone_window`` seconds (found in the newest ``EVENTS_READ`` membership events), with
   registration details only for the requested page of them;
 - membership events, barrier releases and save records: the newest ``EVENTS_READ``,
-  ``LATENCIES_READ`` and ``RECORDS_READ`` entries of their capped streams;
+  ``LATENCIES_READ`` and ``RECORDS_READ`` entries of their capped streams, read
+  incrementally: stream entries never change, so each document asks only for the entries
+  newer than the newest it kept (``StreamTail``);
 - checkpoints: the newest ``CHECKPOINTS_READ`` committed steps of the index, and the steps
   of the save records read; a committed step's summary never changes, so it is decoded once
   and kept (``_committed_cache``);
 - datasets: every registered dataset's progress in the job's current epoch (three O(1)
-  counts), and the per-worker distribution of its shards (the lease and completion hashes)
-  only for datasets of at most ``DISTRIBUTION_MAX_SHARDS`` shards, so no read holds Redis
-  for more than a few milliseconds;
+  counts, exact in every document), the leases held now (the lease hash: about one per
+  live worker), and the per-worker distribution of completed shards (the completion hash),
+  read at most every ``DISTRIBUTION_EVERY_S`` seconds and only for datasets of at most
+  ``DISTRIBUTION_MAX_SHARDS`` shards, so no read holds Redis for more than a few
+  milliseconds;
 - the list of jobs (the all-jobs view only): a ``SCAN`` for ``strata:{*}:generation`` keys,
   advanced by at most ``SCAN_CALLS`` calls per document and repeated every
   ``JOBS_REFRESH_S`` seconds (``JobDirectory``); with a job given there is no ``SCAN``.
 
-A document costs two pipelined round trips (plus the bounded ``SCAN`` steps of the job list).
+A document costs two pipelined round trips (plus the bounded ``SCAN`` steps of the job list)
+and about 25 commands per job; what they return grows with the workers listed and the
+shards of the datasets (at most ``DISTRIBUTION_MAX_SHARDS``), not with the job's history.
 Reads go through the public key schema (``strata_redis.keys.Keys``) where the core has no
 read API for what the page needs; each such place is marked ``# direct read``.
 """
@@ -31,7 +37,7 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import orjson
@@ -54,6 +60,10 @@ RECORDS_READ: Final = 200
 CHECKPOINTS_READ: Final = 10
 #: datasets with more shards than this show progress counts but no per-worker distribution
 DISTRIBUTION_MAX_SHARDS: Final = 20_000
+#: the completion record is read for the distribution chart at most this often (seconds)
+DISTRIBUTION_EVERY_S: Final = 5.0
+#: registration details kept decoded (raw JSON -> dict; they change only on registration)
+INFO_CACHE: Final = 20_000
 #: jobs shown in detail in the all-jobs view (the rest are counted in ``jobs_listing``)
 MAX_JOBS: Final = 20
 #: the largest page of workers
@@ -66,6 +76,8 @@ JOBS_REFRESH_S: Final = 30.0
 SERIES_POINTS: Final = 60
 #: committed-step summaries kept decoded (they never change)
 COMMITTED_CACHE: Final = 4096
+#: streams whose newest entries are kept between documents (three per job)
+TAILS_KEPT: Final = 3 * 4 * MAX_JOBS
 
 _STEP_FIELDS: Final = (
     "state", "world_size", "epoch", "opened_ms", "leader", "acked_ms", "committed_ms",
@@ -133,6 +145,60 @@ class JobDirectory:
             return SCAN_CALLS
 
 
+Entry = tuple[str, dict[str, str]]
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class StreamTail:
+    """The newest ``cap`` entries of one capped stream, kept between documents.
+
+    Stream entries never change: each read asks only for the entries after the newest one
+    kept (``XREVRANGE key + (<id> COUNT cap``) and the stream's length. A stream that holds
+    fewer entries than are kept (trimmed, deleted or flushed) keeps only that many of the
+    newest, so nothing gone from Redis is shown for long.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.entries: list[Entry] = []  # newest first
+        self._lock = threading.Lock()
+        self._memo: dict[str, Any] = {}  # what was derived from the entries, until they change
+
+    def queue(self, pipe: Any, key: str) -> None:
+        with self._lock:
+            newest = self.entries[0][0] if self.entries else None
+        if newest is None:
+            pipe.xrevrange(key, count=self.cap)
+        else:
+            pipe.xrevrange(key, max="+", min=f"({newest}", count=self.cap)
+        pipe.xlen(key)
+
+    def take(self, new: list[Entry], length: int) -> list[Entry]:
+        """Merge a read's new entries (newest first); return the kept ones, newest first."""
+        with self._lock:
+            if self.entries:  # a concurrent document may have merged some of them already
+                top = _entry_key(self.entries[0][0])
+                new = [e for e in new if _entry_key(e[0]) > top]
+            merged = new if len(new) >= self.cap else new + self.entries
+            kept = merged[: min(self.cap, length)]
+            if len(kept) != len(self.entries) or (kept and kept[0][0] != self.entries[0][0]):
+                self._memo = {}
+            self.entries = kept
+            return self.entries
+
+    def derived(self, name: str, make: Callable[[list[Entry]], Any]) -> Any:
+        """``make(entries)``, computed once per change of the kept entries."""
+        with self._lock:
+            memo, entries = self._memo, self.entries
+        if name not in memo:
+            memo[name] = make(entries)
+        return memo[name]
+
+
 class DashboardState:
     """Reads dashboard documents from one Redis. Thread-safe; keeps small caches.
 
@@ -157,6 +223,10 @@ class DashboardState:
         self.directory = JobDirectory()
         self._lock = threading.Lock()
         self._committed_cache: OrderedDict[tuple[str, int], dict[str, Any] | None] = OrderedDict()
+        self._tails: OrderedDict[str, StreamTail] = OrderedDict()
+        self._infos: dict[str, dict[str, Any]] = {}
+        # (job, dataset, epoch) -> (time.monotonic() of the read, workers' completed shards)
+        self._completed: dict[tuple[str, str, int], tuple[float, Counter[str]]] = {}
         # (redis ms, total commands processed, commands this reader sent so far)
         self._samples: deque[tuple[int, int, int]] = deque(maxlen=SERIES_POINTS * 10)
         self._sent = 0
@@ -196,7 +266,7 @@ class DashboardState:
         else:
             check_job_id(job)
             ids = [job]
-        jobs = [_JobRead(j, Keys(j)) for j in ids]
+        jobs = [_JobRead(j, Keys(j), self) for j in ids]
 
         # Round 1: the clock, the server's counters, and each job's bounded heads.
         round1 = self.client.pipeline(transaction=False)
@@ -235,7 +305,7 @@ class DashboardState:
         for j in jobs:
             replies = j.take_details(replies, self)
 
-        workers = [w for j in jobs for w in j.worker_rows(now_ms, self.heartbeat_timeout, page)]
+        workers = [w for j in jobs for w in j.worker_rows(now_ms, self.heartbeat_timeout)]
         doc: dict[str, Any] = {
             "schema": SCHEMA,
             "redis": self.redis_description,
@@ -293,6 +363,44 @@ class DashboardState:
             "series": _thin(points),
         }
 
+    def tail(self, key: str, cap: int) -> StreamTail:
+        """The kept newest entries of stream ``key``."""
+        with self._lock:
+            tail = self._tails.get(key)
+            if tail is None:
+                tail = self._tails[key] = StreamTail(cap)
+                while len(self._tails) > TAILS_KEPT:
+                    self._tails.popitem(last=False)
+            self._tails.move_to_end(key)
+            return tail
+
+    def decode_info(self, raw: str | None) -> dict[str, Any]:
+        """A worker's registration details (JSON), decoded once per distinct value."""
+        if not raw:
+            return {}
+        info = self._infos.get(raw)
+        if info is None:
+            info = orjson.loads(raw)
+            with self._lock:
+                if len(self._infos) >= INFO_CACHE:
+                    self._infos.clear()
+                self._infos[raw] = info
+        return info
+
+    def completed(self, key: tuple[str, str, int]) -> Counter[str] | None:
+        """The kept per-worker completions of a dataset epoch, if read recently enough."""
+        with self._lock:
+            kept = self._completed.get(key)
+        if kept is None or time.monotonic() - kept[0] >= DISTRIBUTION_EVERY_S:
+            return None
+        return kept[1]
+
+    def keep_completed(self, key: tuple[str, str, int], counts: Counter[str]) -> None:
+        with self._lock:
+            if len(self._completed) > 4 * MAX_JOBS:
+                self._completed.clear()
+            self._completed[key] = (time.monotonic(), counts)
+
     # -- the committed-step cache --------------------------------------------------------
     def cached_committed(self, job_id: str, step: int) -> tuple[bool, dict[str, Any] | None]:
         with self._lock:
@@ -312,9 +420,14 @@ class DashboardState:
 class _JobRead:
     """One job's part of a document: what to queue on each round, and what came back."""
 
-    def __init__(self, job_id: str, keys: Keys) -> None:
+    def __init__(self, job_id: str, keys: Keys, state: DashboardState) -> None:
         self.job_id = job_id
         self.k = keys
+        self._event_tail = state.tail(keys.events, EVENTS_READ)
+        # direct reads: the latency record and the save records (job.barrier_latencies() and
+        # CheckpointManager.records() read them whole each time, one round trip each)
+        self._latency_tail = state.tail(keys.barrier_latency, LATENCIES_READ)
+        self._record_tail = state.tail(keys.checkpoint_records, RECORDS_READ)
         self.beats: list[tuple[str, float]] = []
         self.registered = 0
         self.generation = 0
@@ -340,21 +453,24 @@ class _JobRead:
     # -- round 1 ---------------------------------------------------------------------------
     def queue_heads(self, pipe: Any) -> None:
         k = self.k
-        pipe.zrange(k.heartbeats, 0, -1, withscores=True)  # live workers only
+        # live workers with their last heartbeat (without zrange()'s score_cast_func
+        # round, which takes twice as long at 1,000 workers)
+        pipe.execute_command("ZRANGE", k.heartbeats, 0, -1, "WITHSCORES")
         pipe.hlen(k.status)
         pipe.get(k.generation)
         pipe.get(k.epoch)  # direct read: Job.current_epoch() is one round trip of its own
         pipe.hgetall(k.datasets)
-        pipe.xrevrange(k.events, count=EVENTS_READ)
-        pipe.xrevrange(k.barrier_latency, count=LATENCIES_READ)  # direct read, see module doc
+        self._event_tail.queue(pipe, k.events)
+        self._latency_tail.queue(pipe, k.barrier_latency)
         pipe.zrange(k.checkpoints, 0, CHECKPOINTS_READ - 1, desc=True)  # direct read
-        pipe.xrevrange(k.checkpoint_records, count=RECORDS_READ)  # direct read
+        self._record_tail.queue(pipe, k.checkpoint_records)
         pipe.get(k.fence)  # direct read: lease grants so far (no API)
 
     def take_heads(self, replies: Sequence[Any]) -> list[Any]:
-        beats, registered, gen, epoch, datasets, events, lat, steps, records, fence = (
-            _ok(r) for r in replies[:10]
-        )
+        (beats, registered, gen, epoch, datasets, events, events_len, lat, lat_len, steps,
+         records, records_len, fence) = (_ok(r) for r in replies[:13])  # fmt: skip
+        if beats and not isinstance(beats[0], (list, tuple)):  # a flat reply (redis-py < 6)
+            beats = list(zip(beats[::2], beats[1::2], strict=True))
         self.beats = [(str(w), float(s)) for w, s in beats]
         self.registered = int(registered)
         self.generation = int(gen or 0)
@@ -364,14 +480,14 @@ class _JobRead:
             (strata_redis.DatasetParams(name=n, **orjson.loads(v)) for n, v in datasets.items()),
             key=lambda p: p.name,
         )
-        self.events = list(events)
-        self.latencies = list(lat)
+        self.events = self._event_tail.take(events, events_len)
+        self.latencies = self._latency_tail.take(lat, lat_len)
         self.committed_steps = [int(s) for s in steps]
-        self.records = list(records)
+        self.records = self._record_tail.take(records, records_len)
         self.exists = bool(
-            registered or gen or datasets or steps or records or events or epoch or fence
+            registered or gen or datasets or steps or records_len or events_len or epoch or fence
         )
-        return list(replies[10:])
+        return list(replies[13:])
 
     def candidates(self, gone_since_ms: int) -> list[str]:
         """The workers to list: live ones, and those whose failure or leave is recent."""
@@ -400,10 +516,13 @@ class _JobRead:
             pipe.hlen(lk.holders)
             pipe.zcard(lk.todo)
             small = params.num_shards <= DISTRIBUTION_MAX_SHARDS
+            key = (self.job_id, params.name, self.epoch)
+            kept = state.completed(key) if small else None
             if small:  # both hashes hold at most num_shards fields
                 pipe.hgetall(lk.holders)
-                pipe.hgetall(lk.done)
-            self._details.append((params, small))
+                if kept is None:
+                    pipe.hvals(lk.done)  # "<token> <worker>" per shard done: who did it
+            self._details.append((params, small, key, kept))
         record_steps = {int(f["step"]) for _, f in self.records if "step" in f}
         self._uncached = []
         for step in self.committed_steps:
@@ -428,9 +547,9 @@ class _JobRead:
         if self._page:
             infos, incs = replies.pop(0), replies.pop(0)
             for w, raw, inc in zip(self._page, infos, incs, strict=True):
-                self.info[w] = orjson.loads(raw) if raw else {}
+                self.info[w] = state.decode_info(raw)
                 self.incarnation[w] = int(inc or 0)
-        for params, small in self._details:
+        for params, small, key, kept in self._details:
             created, done, leased, todo = (replies.pop(0) for _ in range(4))
             total = params.num_shards
             started = created is not None
@@ -442,9 +561,12 @@ class _JobRead:
                 "todo": int(todo) if started else total,
             }
             if small:
-                holders, completed = replies.pop(0), replies.pop(0)
+                holders = replies.pop(0)
+                if kept is None:
+                    kept = Counter([v.partition(" ")[2] for v in replies.pop(0)])
+                    state.keep_completed(key, kept)
                 self.holders[params.name] = holders
-                self.distribution[params.name] = _distribution(holders, completed)
+                self.distribution[params.name] = _distribution(holders, kept)
             else:
                 self.holders[params.name] = {}
                 self.distribution[params.name] = None
@@ -459,9 +581,8 @@ class _JobRead:
         return replies
 
     # -- the document's parts -----------------------------------------------------------------
-    def worker_rows(
-        self, now_ms: int, timeout_s: float, page: set[tuple[str, str]]
-    ) -> list[dict[str, Any]]:
+    def worker_rows(self, now_ms: int, timeout_s: float) -> list[dict[str, Any]]:
+        """The rows of this job's workers on the requested page."""
         last = dict(self.beats)
         held: dict[str, list[dict[str, Any]]] = {}
         for name, holders in self.holders.items():
@@ -469,28 +590,30 @@ class _JobRead:
                 token, expires, _prio, worker = value.split(" ", 3)
                 held.setdefault(worker, []).append({
                     "dataset": name, "epoch": self.epoch, "shard_id": int(shard),
-                    "token": int(token),
-                    "expires_in_s": round((int(expires) - now_ms) / 1000, 3),
+                    "token": int(token), "expires_in_s": (int(expires) - now_ms) / 1000,
                 })  # fmt: skip
+        for shards in held.values():
+            if len(shards) > 1:
+                shards.sort(key=lambda s: (s["dataset"], s["shard_id"]))
         rows = []
-        for w in self._candidates:
-            if (self.job_id, w) not in page:
-                continue
+        status, info, incarnation, job_id = self.status, self.info, self.incarnation, self.job_id
+        timeout_ms = timeout_s * 1000
+        for w in self._page:
             seen = last.get(w)
-            age = None if seen is None else max(0.0, (now_ms - seen) / 1000)
-            meta = self.info.get(w, {})
+            age_ms = None if seen is None else max(0.0, now_ms - seen)
+            meta = info.get(w) or {}
             rows.append({
-                "job_id": self.job_id,
+                "job_id": job_id,
                 "worker_id": w,
-                "status": self.status.get(w) or "unknown",
-                "stale": age is not None and age > timeout_s,
-                "last_seen_s": None if age is None else round(age, 3),
+                "status": status.get(w) or "unknown",
+                "stale": age_ms is not None and age_ms > timeout_ms,
+                "last_seen_s": None if age_ms is None else age_ms / 1000,
                 "host": meta.get("host"),
                 "address": meta.get("address"),
-                "gpu_count": int(meta.get("gpu_count", 0)),
-                "labels": dict(meta.get("labels", {})),
-                "incarnation": self.incarnation.get(w, 0),
-                "shards": sorted(held.get(w, []), key=lambda s: (s["dataset"], s["shard_id"])),
+                "gpu_count": meta.get("gpu_count", 0),
+                "labels": meta.get("labels") or {},
+                "incarnation": incarnation.get(w, 0),
+                "shards": held.get(w, []),
             })  # fmt: skip
         return rows
 
@@ -519,8 +642,11 @@ class _JobRead:
         }
 
     def events_out(self) -> list[dict[str, Any]]:
+        return list(self._event_tail.derived("events", self._events_out))
+
+    def _events_out(self, entries: list[Entry]) -> list[dict[str, Any]]:
         out = []
-        for entry_id, f in reversed(self.events):
+        for entry_id, f in reversed(entries):
             event: dict[str, Any] = {
                 "job_id": self.job_id,
                 "id": entry_id,
@@ -600,9 +726,9 @@ class _JobRead:
                 key: sum(p[key] for p in self.progress.values())
                 for key in ("done", "leased", "todo")
             },
-            "barrier": _barrier_metrics(self.latencies),
+            "barrier": self._latency_tail.derived("barrier", _barrier_metrics),
             "checkpoint": _checkpoint_metrics(self.records, self.step_state),
-            "membership": {"series": _membership_series(self.events)},
+            "membership": {"series": self._event_tail.derived("series", _membership_series)},
         }
 
 
@@ -616,9 +742,8 @@ def _entry_ms(entry_id: str) -> int:
     return int(entry_id.split("-", 1)[0])
 
 
-def _distribution(holders: dict[str, str], done: dict[str, str]) -> list[dict[str, Any]]:
+def _distribution(holders: dict[str, str], completed: Counter[str]) -> list[dict[str, Any]]:
     """Per worker: shards it completed in the epoch, and shards it holds a lease on now."""
-    completed = Counter(v[v.index(" ") + 1 :] for v in done.values())
     leased = Counter(v.split(" ", 3)[3] for v in holders.values())
     return [
         {"worker_id": w, "done": completed.get(w, 0), "leased": leased.get(w, 0)}
