@@ -18,7 +18,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 import strata_redis
-from strata_redis.dashboard import create_app
+from strata_redis.dashboard import DashboardState, create_app
 from strata_redis.dashboard.app import COOKIE, schema_text
 from strata_redis.server import RedisServer
 
@@ -371,3 +371,31 @@ def test_gone_workers_drop_out_after_the_window(redis_url: str, job: strata_redi
     assert [w["worker_id"] for w in doc["workers"]] == ["live"]
     assert doc["jobs"][0]["gone_workers"] == 1
     assert 'worker="old"' not in client.get("/metrics").get_data(as_text=True)
+
+
+def test_streams_are_read_incrementally(redis_url: str, raw: redis.Redis) -> None:
+    """Each document asks only for entries newer than the newest kept; a stream that was
+    trimmed or flushed shows no more than it holds."""
+    state = DashboardState(raw)
+    key = "strata:{tail}:events"
+    tail = state.tail(key, 5)
+
+    def read() -> list[str]:
+        pipe = raw.pipeline(transaction=False)
+        tail.queue(pipe, key)
+        new, length = pipe.execute()
+        return [e[0] for e in tail.take(new, length)]
+
+    ids = [raw.xadd(key, {"n": str(i)}) for i in range(3)]
+    assert read() == ids[::-1]
+    more = [raw.xadd(key, {"n": str(i)}) for i in range(3, 5)]
+    before = raw.info("commandstats")["cmdstat_xrevrange"]["calls"]
+    assert read() == (ids + more)[::-1]
+    assert raw.info("commandstats")["cmdstat_xrevrange"]["calls"] == before + 1
+    newest = [raw.xadd(key, {"n": str(i)}) for i in range(5, 12)]  # more than the cap
+    assert read() == newest[::-1][:5]
+    raw.xtrim(key, maxlen=2, approximate=False)
+    assert read() == newest[::-1][:2]
+    raw.flushall()
+    again = raw.xadd(key, {"n": "x"})
+    assert read() == [again]

@@ -182,8 +182,10 @@ def test_demo_starts_serves_and_stops_cleanly() -> None:
         def moving() -> bool:
             status, body = _get(f"{url}api/dashboard")
             doc = json.loads(body) if status == 200 else {}
-            return bool(doc) and doc["jobs"][0]["live_workers"] == 3 and (
-                doc["datasets"][0]["progress"]["done"] > 0
+            return (
+                bool(doc)
+                and doc["jobs"][0]["live_workers"] == 3
+                and (doc["datasets"][0]["progress"]["done"] > 0)
             )
 
         wait_for(moving, 90, step=0.5)
