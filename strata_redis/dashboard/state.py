@@ -533,10 +533,11 @@ class _JobRead:
                 self._uncached.append(step)
         if self._uncached:
             pipe.hmget(k.checkpoint_info, [str(s) for s in self._uncached])  # direct read
-        # Steps of the newest save records that are not committed: their state hash tells
-        # aborted (who and why) or still open. At most RECORDS_READ distinct steps.
-        self._open_steps = sorted(record_steps - set(self.committed_steps), reverse=True)
-        self._open_steps = self._open_steps[:CHECKPOINTS_READ]
+        # The steps shown: the newest CHECKPOINTS_READ of the committed ones read and those
+        # of the save records read. Those not committed: their state hash tells aborted (who
+        # and why) or still open.
+        shown = sorted(record_steps | set(self.committed_steps), reverse=True)[:CHECKPOINTS_READ]
+        self._open_steps = [s for s in shown if s not in self.committed_steps]
         for step in self._open_steps:
             pipe.hmget(k.checkpoint_step(step), _STEP_FIELDS)  # direct read
 
