@@ -116,14 +116,24 @@ def bench_api(loops: int, url: str, n: int) -> float:
     return elapsed
 
 
-def bench_http(loops: int, url: str, n: int) -> float:
+_SERVERS: dict[int, int] = {}  # workers -> the port of this process's waitress server
+
+
+def _server_port(url: str, n: int) -> int:
+    """One waitress server per process and job, left running until the process exits
+    (waitress has no clean way to stop a loop running in another thread)."""
     from waitress import create_server
 
-    app = create_app(url, job=job_id(n), min_interval=0)
-    server: Any = create_server(app, host="127.0.0.1", port=0, threads=4)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    conn = http.client.HTTPConnection("127.0.0.1", server.effective_port, timeout=30)
+    if n not in _SERVERS:
+        app = create_app(url, job=job_id(n), min_interval=0)
+        server: Any = create_server(app, host="127.0.0.1", port=0, threads=4)
+        threading.Thread(target=server.run, daemon=True).start()
+        _SERVERS[n] = server.effective_port
+    return _SERVERS[n]
+
+
+def bench_http(loops: int, url: str, n: int) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", _server_port(url, n), timeout=30)
     path = f"/api/dashboard?job={job_id(n)}"
     conn.request("GET", path)
     conn.getresponse().read()
@@ -135,8 +145,6 @@ def bench_http(loops: int, url: str, n: int) -> float:
     elapsed = time.perf_counter() - start
     assert reply.status == 200
     conn.close()
-    server.task_dispatcher.shutdown()  # its threads first: then the sockets can close
-    server.close()
     return elapsed
 
 
