@@ -29,6 +29,41 @@ from .procs import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _ctrl_c_works() -> None:
+    # A runner started in the background (nohup, `cmd &` in a script) ignores SIGINT, and
+    # its children inherit that: give the command under test the terminal's default back.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """``strata <args>`` as a subprocess that Ctrl-C (SIGINT) stops, as in a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "strata_redis", *args], text=True, preexec_fn=_ctrl_c_works,
+        **kwargs,
+    )  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    """Ctrl-C, then wait; a process that does not stop is killed (and the test fails)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+        raise
+    finally:
+        rest = proc.stdout.read() if proc.stdout else ""
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return rest
+
+
 def strata(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "strata_redis", *args],
@@ -85,11 +120,8 @@ def test_status_json_is_the_api_document(busy_job: strata_redis.Job, redis_url: 
 
 
 def test_status_watch_refreshes_in_place(busy_job: strata_redis.Job, redis_url: str) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "strata_redis", "status", "--redis-url", redis_url, "--job",
-         busy_job.job_id, "--watch", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
+                 "0.2", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
@@ -115,10 +147,7 @@ def test_dashboard_refuses_an_open_address_without_a_token(redis_url: str) -> No
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "strata_redis", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    proc = popen(*args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     seen = []
@@ -131,6 +160,8 @@ def _serve(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Po
         if not line and proc.poll() is not None:
             break
     proc.kill()
+    proc.wait(15)
+    proc.stdout.close()
     raise AssertionError(f"no URL from strata {' '.join(args)}: {seen}")
 
 
@@ -164,10 +195,7 @@ def test_dashboard_serves_with_a_token_and_stops_on_ctrl_c(
         assert status == 200 and json.loads(body)["jobs"][0]["job_id"] == busy_job.job_id
         assert _get(f"{url}healthz")[0] == 200
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(20)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        stop(proc, 30)
     assert proc.returncode == 0
     assert _closed(int(url.rsplit(":", 1)[1].strip("/")))
 
@@ -199,15 +227,7 @@ def test_demo_starts_serves_and_stops_cleanly() -> None:
             for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN
         )  # fmt: skip
     finally:
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        try:
-            proc.wait(60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            rest = proc.stdout.read() if proc.stdout else ""
-            if proc.stdout:
-                proc.stdout.close()
+        rest = stop(proc)  # Ctrl-C
     assert proc.returncode == 0, rest
     assert "demo: stopped" in rest
     _gone, alive = psutil.wait_procs(descendants, timeout=20)
