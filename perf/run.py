@@ -6,6 +6,7 @@
     python perf/run.py --save-baseline    # then copy the results to perf/baseline/
     python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
+    python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
 
 Each benchmark module may define ``RATIOS``: (name, reference name) pairs whose mean ratio
 is printed after the run; ratios are measured in one run, side by side, on one machine.
