@@ -1,14 +1,38 @@
 -- reap_workers: declare failed every worker whose last heartbeat (Redis' clock) is older
 -- than the timeout. Atomic, so any number of processes may run it at once: each failure
 -- is recorded once and moves the membership generation once.
+-- Fair to a Redis stall (a slow command, a fork, SIGSTOP, a failover): when a stamped step
+-- (one that says when it was sent) finds it waited too long to run, or that no stamped step
+-- ran for too long, Redis was not running and live workers' heartbeats may be queued
+-- behind it. Then, for one timeout (the grace), only workers already silent a timeout
+-- before the stall began ("quiet") are declared failed; the others have time to beat.
 -- KEYS[1] = heartbeats ZSET   KEYS[2] = status HASH   KEYS[3] = generation STRING
--- KEYS[4] = events STREAM
+-- KEYS[4] = events STREAM     KEYS[5] = reaper HASH (last, quiet, grace: ms)
 -- ARGV[1] = heartbeat timeout, ms   ARGV[2] = events stream cap
 -- ARGV[3] = at most this many workers per call (bounds the script's run time)
+-- ARGV[4] = when the caller sent this call, ms on Redis' clock (its estimate), or ""
+-- ARGV[5] = the most a stamped call may wait to run, ms; longer means a stall
+-- ARGV[6] = the longest normal gap between two stamped calls, ms; longer means a stall
 -- returns {0, generation, id...}: the ids newly declared failed
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[1])),
+local timeout = tonumber(ARGV[1])
+local cutoff = now - timeout
+local r = redis.call('HMGET', KEYS[5], 'last', 'quiet', 'grace')
+local last, quiet, grace = tonumber(r[1]), tonumber(r[2]), tonumber(r[3] or '0')
+if ARGV[4] ~= '' then
+  local sent = tonumber(ARGV[4])
+  if now - sent > tonumber(ARGV[5]) or (last and now - last > tonumber(ARGV[6])) then
+    local began = math.min(sent, last or sent)
+    if now >= grace or not quiet then quiet = began else quiet = math.min(quiet, began) end
+    grace = now + timeout
+    redis.call('HSET', KEYS[5], 'quiet', quiet, 'grace', grace)
+  end
+  redis.call('HSET', KEYS[5], 'last', now)
+  redis.call('PEXPIRE', KEYS[5], 10 * timeout)
+end
+if now < grace and quiet then cutoff = math.min(cutoff, quiet - timeout) end
+local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. cutoff,
   'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {S.OK, 0}
 for i = 1, #stale, 2 do

@@ -32,5 +32,5 @@ for j = i, #ARGV, chunk do
   local last = math.min(j + chunk - 1, #ARGV)
   redis.call('ZADD', KEYS[4], unpack(ARGV, j, last))
 end
-redis.call('HSET', KEYS[3], 'num_shards', ARGV[4], 'created_ms', now, 'swept', '-1')
+redis.call('HSET', KEYS[3], 'num_shards', ARGV[4], 'loaded', ARGV[4], 'created_ms', now, 'swept', '-1')
 return {S.OK, 1}

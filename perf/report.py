@@ -34,9 +34,12 @@ HERE = Path(__file__).resolve().parent
 THRESHOLD = 0.10
 #: |t| above this counts as significant (about 95 % for the sample sizes pyperf takes)
 T_SIGNIFICANT = 2.0
+#: result files that are summaries (a field per row), not pyperf suites
+SUMMARIES = ("cost",)
 STATUSES = ("target", "acceptable", "degraded", "critical", "not measured")
 UNITS = {"p50": "ms", "p99": "ms", "mean": "ms", "mb_s": "MB/s", "gb_s": "GB/s",
-         "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s"}  # fmt: skip
+         "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s",
+         "fraction": "x"}  # fmt: skip
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Row:
     bench: str | None = None
     name: str | None = None
     reference: str | None = None
+    ref_name: str | None = None
     goal: float | None = None
     measured: float | None = None
     unit: str = ""
@@ -91,6 +95,12 @@ def load_results(results: Path) -> dict[tuple[str, str], pyperf.Benchmark]:
     return out
 
 
+def load_scenarios(results: Path) -> dict[str, dict[str, Any]]:
+    """The summaries of ``perf/load.py`` (``load_peak``, ...) and ``perf/cost.py`` (``cost``)."""
+    paths = [*sorted(results.glob("load_*.json")), results / "cost.json"]
+    return {p.stem: json.loads(p.read_text()) for p in paths if p.exists()}
+
+
 def value(bench: pyperf.Benchmark, stat: str) -> float:
     """A benchmark's figure in the row's unit (ms for times; MB/s or GB/s for rates)."""
     values = bench.get_values()
@@ -105,10 +115,17 @@ def value(bench: pyperf.Benchmark, stat: str) -> float:
     return rate / 1e6 if stat == "mb_s" else rate / 1e9
 
 
-def evaluate(rows: list[Row], results: dict[tuple[str, str], pyperf.Benchmark]) -> list[Row]:
+def evaluate(
+    rows: list[Row],
+    results: dict[tuple[str, str], pyperf.Benchmark],
+    scenarios: dict[str, dict[str, Any]] | None = None,
+) -> list[Row]:
     """Fill each row's measured value, ratio to its reference and status."""
     for row in rows:
         row.unit = UNITS.get(row.stat, row.stat)
+        if row.bench in SUMMARIES or (row.bench or "").startswith("load_"):
+            _evaluate_scenario(row, scenarios or {})
+            continue
         bench = results.get((row.bench or "", row.name or ""))
         if bench is None:
             if row.bench:
@@ -121,6 +138,21 @@ def evaluate(rows: list[Row], results: dict[tuple[str, str], pyperf.Benchmark]) 
             row.ratio = _mean(bench) / _mean(ref)
             row.goal_met = row.goal is None or row.ratio <= row.goal
     return rows
+
+
+def _evaluate_scenario(row: Row, scenarios: dict[str, dict[str, Any]]) -> None:
+    """A row filled from a load scenario's summary: ``name`` is the summary's field."""
+    found = scenarios.get(row.bench or "", {}).get(row.name or "")
+    if found is None:
+        row.notes.append(f"no {row.name} in {row.bench}")
+        return
+    row.measured = float(found)
+    row.status = status(row, row.measured)
+    ref = scenarios.get(row.reference or "", {}).get(row.ref_name or row.name or "")
+    if ref:
+        # as a time ratio, like every other row: <= goal passes
+        row.ratio = ref / row.measured if row.better == "higher" else row.measured / ref
+        row.goal_met = row.goal is None or row.ratio <= row.goal
 
 
 def status(row: Row, measured: float) -> str:
@@ -219,7 +251,8 @@ def render(rows: list[Row], host: dict[str, Any], changes: list[Change] | None =
         ratio = "-"
         if r.ratio is not None:
             mark = "met" if r.goal_met else "MISSED"
-            ratio = f"{r.ratio:.2f}x {r.reference} (<= {r.goal:g}x: {mark})"
+            goal = "" if r.goal is None else f" (<= {r.goal:g}x: {mark})"
+            ratio = f"{r.ratio:.2f}x {r.ref_name or r.reference}{goal}"
         lines.append(f"| {r.metric} | {measured} | {bars} | {r.status} | {ratio} |")
     if changes is not None:
         lines += ["", "## Against the baseline", ""]
@@ -308,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(results: Path, baseline: Path | None = None, fail_on: str | None = None) -> int:
     """Print and write the report; the exit status ``fail_on`` asks for."""
     found = load_results(results)
-    rows = evaluate(load_targets(), found)
+    rows = evaluate(load_targets(), found, load_scenarios(results))
     changes = None if baseline is None else compare(rows, load_results(baseline), found)
     print(write(results, rows, machine(), changes))
     bad = {"critical": {"critical"}, "degraded": {"critical", "degraded"}}.get(fail_on or "", set())

@@ -6,6 +6,7 @@
     python perf/run.py --save-baseline    # then copy the results to perf/baseline/
     python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
+    python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
 
 Each benchmark module may define ``RATIOS``: (name, reference name) pairs whose mean ratio
 is printed after the run; ratios are measured in one run, side by side, on one machine.
@@ -42,6 +43,7 @@ def main() -> int:
     )
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
+    parser.add_argument("--no-load", action="store_true", help="skip load.py, cost.py, curves.py")
     args = parser.parse_args()
 
     names = args.benchmarks or sorted(p.stem for p in HERE.glob("bench_*.py"))
@@ -92,6 +94,15 @@ def main() -> int:
             if args.save_baseline and not args.smoke:
                 (HERE / "baseline").mkdir(exist_ok=True)
                 shutil.copy(out, baseline)
+        if not args.no_load:
+            # load scenarios; per-worker cost and recovery; scaling curves
+            for script in ("load", "cost", "curves"):
+                print(f"== {script} (perf/{script}.py)", flush=True)
+                cmd = [sys.executable, str(HERE / f"{script}.py"), "--results",
+                       str(args.results), "--redis-url", args.redis_url]  # fmt: skip
+                cmd += ["--smoke"] if args.smoke else []
+                if subprocess.run(cmd, cwd=HERE).returncode != 0:
+                    failed.append(script)
     finally:
         if server is not None:
             server.close()

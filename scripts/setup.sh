@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up on a fresh Debian/Ubuntu machine: a redis-server binary (from PATH, else
-# apt-get), a virtual environment in .venv, and strata-redis with its dev extras in it.
+# apt-get), Chromium and chromedriver for the dashboard's browser test (apt-get), a virtual
+# environment in .venv, and strata-redis with its dev extras in it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,19 @@ if ! find_redis; then
     say "no redis-server found and no apt-get: install Redis 7 yourself (macOS: brew install redis;"
     say "Fedora: dnf install redis) or set STRATA_REDIS_SERVER=/path/to/redis-server"
     exit 1
+  fi
+fi
+
+# The dashboard's browser test drives Debian's headless Chromium through its chromedriver.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  if command -v apt-get >/dev/null; then
+    say "no /usr/bin/chromium or /usr/bin/chromedriver: installing Debian's chromium and chromium-driver"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null \
+      || { say "apt-get install chromium chromium-driver failed: run it as root (or with sudo), then retry"; exit 1; }
+  else
+    say "no /usr/bin/chromium and no apt-get: the dashboard's browser test will fail until"
+    say "Chromium and its chromedriver are installed at /usr/bin/chromium and /usr/bin/chromedriver"
   fi
 fi
 

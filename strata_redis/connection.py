@@ -1,26 +1,59 @@
-"""Turning what a user gives us (a URL, ``host:port`` or a client) into a redis-py client.
+"""Turning what a user gives us (a URL, ``host:port`` or a client) into redis-py clients.
 
 Accepted: ``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs, with an ACL user and
-password; a bare ``host:port`` or ``host`` (the seeds write ``"localhost:50051"``); an
-existing ``redis.Redis``. Credentials never leave this module: ``redact`` is what every
-repr, log line and error message shows.
+password; a bare ``host:port`` or ``host`` (the seeds write ``"localhost:50051"``), also with
+``user:password@`` in front; an existing ``redis.Redis``. Credentials never leave this
+module: ``redact`` is what every repr, log line and error message shows.
+
+The connection budget of a process: every client made here has a bounded, blocking pool
+(``max_connections``; a caller waits up to ``POOL_TIMEOUT`` for a free connection, then gets
+``PoolExhaustedError``, which says so and is never "Redis unreachable"), a socket timeout and
+TCP keepalive, so a silent partition ends in ``redis.TimeoutError`` within a bounded time.
+Heartbeats get a small pool of their own (``heartbeat_client``), so they never wait behind
+blocking calls.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import MaxConnectionsError
 from redis.retry import Retry
 
 DEFAULT_URL = "redis://localhost:6379/0"
 URL_ENV = "STRATA_REDIS_URL"
+#: connections one client (one ``JobContext`` and every context sharing it) may open. Each
+#: caller blocked in a barrier or checkpoint wait holds one for at most ``MAX_BLOCK_S``.
+DEFAULT_MAX_CONNECTIONS = 1000
+MAX_MAX_CONNECTIONS = 100_000
+#: seconds a caller waits for a free pooled connection before ``PoolExhaustedError``.
+POOL_TIMEOUT = 30.0
+#: seconds a reply may take before ``redis.TimeoutError`` (a silent partition ends here).
+SOCKET_TIMEOUT = 30.0
+#: blocking commands (BLPOP, XREAD BLOCK) block at most this long per call: well inside the
+#: socket timeout, so a long wait is many short calls and never looks like a dead socket.
+MAX_BLOCK_S = 10.0
+#: connections of a process's heartbeat pool (heartbeats are short: a few serve hundreds).
+HEARTBEAT_CONNECTIONS = 8
+#: TCP keepalive: probe after 10 s idle, every 5 s, give up after 3 misses (about 25 s).
+_KEEPALIVE = {
+    getattr(socket, name): value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+}
 
-_HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$")
+_HOST_PORT = re.compile(
+    r"^(?:(?P<auth>[^@/]*)@)?"
+    r"(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?$"
+)
+# Query parameters of a URL that may carry a secret (redis-py passes any query parameter on).
+_SECRET_QUERY = re.compile(r"pass|user|token|cred|secret|key", re.IGNORECASE)
 # Keys of a pool's connection_kwargs that describe the connection itself; the rest are
 # redis-py internals that must not be passed to a new pool.
 _CONNECTION_KWARGS = {
@@ -30,35 +63,90 @@ _CONNECTION_KWARGS = {
     "socket_connect_timeout", "socket_keepalive", "socket_keepalive_options",
     "client_name", "protocol", "credential_provider", "encoding", "encoding_errors",
 }  # fmt: skip
+# Settings a URL may have given that a heartbeat client copies too.
+_EXTRA_KWARGS = frozenset({"health_check_interval", "retry_on_timeout"})
 
 
-def _client_options() -> dict[str, Any]:
-    # Blocking waits (barriers) bound their own time in the server, so reads have no
-    # socket timeout; a dead server shows up as a closed socket or a failed keepalive.
+class PoolExhaustedError(MaxConnectionsError):
+    """Every connection of a pool stayed busy for ``POOL_TIMEOUT``: a limit of this process.
+
+    Redis itself may be fine; raise ``max_connections`` (or wait in fewer threads at once).
+    Subclasses ``redis.exceptions.MaxConnectionsError`` (a ``redis.ConnectionError``).
+    """
+
+
+class StrataPool(redis.BlockingConnectionPool):
+    """A blocking connection pool whose exhaustion error names the limit and the fix."""
+
+    def __init__(self, *, pool_name: str = "client", **kwargs: Any) -> None:
+        self.pool_name = pool_name
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+
+    def get_connection(self, *args: Any, **options: Any) -> Any:
+        """A free connection, waiting up to ``timeout`` (``PoolExhaustedError`` after)."""
+        try:
+            return super().get_connection()  # type: ignore[no-untyped-call]
+        except MaxConnectionsError:
+            raise
+        except redis.ConnectionError as exc:
+            if str(exc) != "No connection available.":
+                raise
+            raise PoolExhaustedError(
+                f"connection pool limit reached: all {self.max_connections} connections of "
+                f"this process's strata_redis {self.pool_name} pool to "
+                f"{_describe_kwargs(self.connection_kwargs, self.connection_class)} stayed busy "
+                f"for {self.timeout:g}s (each caller blocked in a barrier or checkpoint wait "
+                "holds one); raise max_connections"
+            ) from None
+
+
+def _client_options(socket_timeout: float) -> dict[str, Any]:
     return {
         "decode_responses": True,
-        "socket_timeout": None,
+        "socket_timeout": socket_timeout,
         "socket_connect_timeout": 5.0,
         "health_check_interval": 30,
-        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 4),
     }
 
 
+def _retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=0.5, base=0.05), 4)
+
+
+def check_max_connections(value: object) -> int:
+    """Return ``value`` if it is an int in ``[2, MAX_MAX_CONNECTIONS]``, else raise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_connections must be an int, got {type(value).__name__} {value!r}")
+    if not 2 <= value <= MAX_MAX_CONNECTIONS:
+        raise ValueError(f"max_connections must be 2..{MAX_MAX_CONNECTIONS}, got {value}")
+    return value
+
+
 def redact(url: str) -> str:
-    """The URL with its password (and user name) replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+    """``url`` (or ``host:port`` target) with its credentials replaced by ``***``.
+
+    Everything between the scheme and the last ``@`` of the address goes (user name and
+    password, even a malformed one), and so do query values that may be secrets.
+    """
+    if not isinstance(url, str):
+        return f"<{type(url).__name__}>"
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" in rest:
+        # at the last '@': a password may hold '/', '?', '#' or '@' unescaped
+        rest = "***@" + rest.rpartition("@")[2]
+    head, qmark, query = rest.partition("?")
+    if qmark:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(k, "***" if _SECRET_QUERY.search(k) else v) for k, v in pairs], safe="*/"
+        )
+    return f"{scheme}{sep}{head}{qmark}{query}"
 
 
 def normalize_url(target: str) -> str:
-    """A full Redis URL for a URL, ``host:port`` or ``host``.
+    """A full Redis URL for a URL, ``[user:password@]host:port`` or ``host``.
 
     Raises:
         ValueError: not a URL of a known scheme and not ``host[:port]``.
@@ -72,49 +160,116 @@ def normalize_url(target: str) -> str:
         return target
     match = _HOST_PORT.match(target.strip())
     if match is None:
-        raise ValueError(f"redis target must be a URL or host:port, got {target!r}")
+        raise ValueError(f"redis target must be a URL or host:port, got {redact(target)!r}")
     port = int(match["port"] or 6379)
     if not 0 < port < 65536:
         raise ValueError(f"redis port must be 1..65535, got {port}")
-    return f"redis://{match['host']}:{port}/0"
+    auth = f"{match['auth']}@" if match["auth"] is not None else ""
+    return f"redis://{auth}{match['host']}:{port}/0"
 
 
-def make_client(target: str | redis.Redis | None = None) -> redis.Redis:
+def _pool(
+    kwargs: dict[str, Any], connection_class: Any, *, max_connections: int, name: str
+) -> StrataPool:
+    return StrataPool(
+        pool_name=name, connection_class=connection_class, max_connections=max_connections,
+        timeout=POOL_TIMEOUT, **kwargs,
+    )  # fmt: skip
+
+
+def _connection_kwargs(
+    pool: Any, socket_timeout: float, *, keep: set[str] | frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The connection settings of ``pool`` with ours; ``keep``: more of its settings to keep
+    (a URL's query parameters; they win over ours)."""
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _CONNECTION_KWARGS}
+    kwargs.update(_client_options(socket_timeout))
+    for key in keep:
+        if key in pool.connection_kwargs and key not in ("decode_responses", "retry"):
+            kwargs[key] = pool.connection_kwargs[key]
+    if "path" not in kwargs:
+        kwargs["socket_keepalive"] = True
+        kwargs.setdefault("socket_keepalive_options", _KEEPALIVE)
+    return kwargs
+
+
+def make_client(
+    target: str | redis.Redis | None = None,
+    *,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    socket_timeout: float = SOCKET_TIMEOUT,
+) -> redis.Redis:
     """A decoding redis-py client for ``target`` (default: ``$STRATA_REDIS_URL`` or localhost).
 
-    A given ``redis.Redis`` that does not decode responses is not changed: a second client
-    sharing its connection settings (with ``decode_responses=True``) is returned instead.
+    A URL or ``host:port`` gets a bounded blocking pool of ``max_connections``, a socket
+    timeout and TCP keepalive. A given ``redis.Redis`` that decodes responses is used as it
+    is (its pool and timeouts are the caller's); one that does not is not changed: a second
+    client with its connection settings and ours is returned instead.
 
     Raises:
         TypeError: ``target`` is neither ``str`` nor ``redis.Redis``.
-        ValueError: ``target`` is a malformed URL.
+        ValueError: ``target`` is a malformed URL, or ``max_connections`` is out of range.
     """
+    check_max_connections(max_connections)
     if target is None:
         target = os.environ.get(URL_ENV) or DEFAULT_URL
     if isinstance(target, redis.Redis):
         pool = target.connection_pool
         if pool.connection_kwargs.get("decode_responses"):
             return target
-        kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _CONNECTION_KWARGS}
-        options = _client_options()
-        retry = options.pop("retry")
-        new_pool = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs, **options)
-        return redis.Redis(connection_pool=new_pool, retry=retry)
+        new_pool = _pool(
+            _connection_kwargs(pool, socket_timeout), pool.connection_class,
+            max_connections=max_connections, name="client",
+        )  # fmt: skip
+        return redis.Redis(connection_pool=new_pool, retry=_retry())
     if not isinstance(target, str):
         raise TypeError(
             f"redis must be a URL, host:port or redis.Redis, got {type(target).__name__}"
         )
     url = normalize_url(target)
-    options = _client_options()
-    if not url.startswith("unix://"):
-        options["socket_keepalive"] = True
-    return redis.Redis.from_url(url, **options)
+    try:
+        parsed = redis.ConnectionPool.from_url(url)
+    except ValueError as exc:  # redis-py's messages may quote the URL
+        raise ValueError(f"malformed redis URL {redact(url)!r}: {redact(str(exc))}") from None
+    query = dict(parse_qsl(urlsplit(url).query))
+    kwargs = _connection_kwargs(parsed, socket_timeout, keep=set(query))
+    pool = _pool(kwargs, parsed.connection_class, max_connections=max_connections, name="client")
+    return redis.Redis(connection_pool=pool, retry=_retry())
+
+
+def heartbeat_client(client: redis.Redis, *, socket_timeout: float = SOCKET_TIMEOUT) -> redis.Redis:
+    """A client with the connection settings of ``client`` and a small pool of its own.
+
+    Heartbeats go through it, so they never wait for a connection behind blocking calls
+    (barrier and checkpoint waits) of the same process. A client of another connection
+    class than redis-py's own (an in-process stand-in) is returned as it is.
+    """
+    pool = client.connection_pool
+    if not getattr(pool.connection_class, "__module__", "").startswith("redis."):
+        return client
+    kwargs = _connection_kwargs(pool, socket_timeout, keep=_EXTRA_KWARGS)
+    new_pool = _pool(
+        kwargs, pool.connection_class, max_connections=HEARTBEAT_CONNECTIONS, name="heartbeat"
+    )
+    return redis.Redis(connection_pool=new_pool, retry=_retry())
+
+
+def max_block(client: redis.Redis) -> float:
+    """Seconds a blocking command on ``client`` may block: within its socket timeout."""
+    timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if timeout is None:
+        return MAX_BLOCK_S
+    return max(0.01, min(MAX_BLOCK_S, float(timeout) / 3))
 
 
 def describe(client: redis.Redis) -> str:
     """A credential-free description of where ``client`` connects, for reprs and messages."""
-    kw = client.connection_pool.connection_kwargs
+    pool = client.connection_pool
+    return _describe_kwargs(pool.connection_kwargs, pool.connection_class)
+
+
+def _describe_kwargs(kw: dict[str, Any], connection_class: Any) -> str:
     if "path" in kw:
         return f"unix://{kw['path']}"
-    scheme = "rediss" if "SSL" in client.connection_pool.connection_class.__name__ else "redis"
+    scheme = "rediss" if "SSL" in connection_class.__name__ else "redis"
     return f"{scheme}://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"

@@ -14,7 +14,14 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import redis
 
-from .connection import describe, make_client
+from .connection import (
+    DEFAULT_MAX_CONNECTIONS,
+    SOCKET_TIMEOUT,
+    describe,
+    heartbeat_client,
+    make_client,
+    max_block,
+)
 from .keys import Keys
 from .scripts import Scripts
 from .validate import check_id, check_int, check_seconds
@@ -46,9 +53,17 @@ class JobContext:
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
             worker failed. Every process of a job should use the same value.
         events_cap: approximate length at which the membership event stream is trimmed.
+        max_connections: the most connections this process opens for the client made from
+            a URL (``connection.DEFAULT_MAX_CONNECTIONS``); every thread blocked in a barrier
+            or checkpoint wait holds one. Past it, callers wait up to 30 s for a free one,
+            then get ``connection.PoolExhaustedError``. Heartbeats use a small pool of their
+            own on top (``connection.HEARTBEAT_CONNECTIONS``). Ignored with a shared context
+            or a given decoding ``redis.Redis`` (its pool is the caller's).
 
     Attributes:
-        job_id, keys (the key schema), client, scripts, heartbeat_timeout, events_cap.
+        job_id, keys (the key schema), client, scripts, heartbeat_timeout, events_cap,
+        heartbeat_scripts (the scripts on the heartbeat client), max_block (seconds one
+        blocking command may block).
     """
 
     def __init__(
@@ -58,6 +73,7 @@ class JobContext:
         *,
         heartbeat_timeout: float = 10.0,
         events_cap: int = 10_000,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         shared = as_context(redis) if isinstance(redis, (JobContext, HasContext)) else None
         if job_id is None:
@@ -70,9 +86,14 @@ class JobContext:
         if shared is not None:
             self.client: Any = shared.client
             self.scripts: Scripts = shared.scripts
+            self._heartbeat: list[Scripts] = shared._heartbeat
+            self._heartbeat_lock: threading.Lock = shared._heartbeat_lock
         else:
-            self.client = make_client(redis)  # type: ignore[arg-type]
+            self.client = make_client(redis, max_connections=max_connections)  # type: ignore[arg-type]
             self.scripts = Scripts(self.client)
+            self._heartbeat = []
+            self._heartbeat_lock = threading.Lock()
+        self.max_block: float = max_block(self.client)
         self._memos: dict[str, Any] = {}
         self._memo_lock = threading.Lock()
 
@@ -92,9 +113,27 @@ class JobContext:
                 value = self._memos[name] = factory()
             return value
 
+    @property
+    def heartbeat_scripts(self) -> Scripts:
+        """The scripts on this process's heartbeat client (made on first use, shared).
+
+        A pool of its own, so heartbeats never wait behind blocking calls; its socket
+        timeout is below the heartbeat timeout, so a stalled call fails before the reaper's
+        verdict would.
+        """
+        with self._heartbeat_lock:
+            if not self._heartbeat:
+                timeout = max(1.0, min(SOCKET_TIMEOUT, self.heartbeat_timeout / 2))
+                client = heartbeat_client(self.client, socket_timeout=timeout)
+                self._heartbeat.append(Scripts(client))
+            return self._heartbeat[0]
+
     def close(self) -> None:
-        """Close the client's connections."""
+        """Close the client's connections (and the heartbeat client's)."""
         self.client.close()
+        with self._heartbeat_lock:
+            for scripts in self._heartbeat:
+                scripts.client.close()
 
 
 def as_context(obj: JobContext | HasContext) -> JobContext:

@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from .connection import describe
+from .connection import DEFAULT_MAX_CONNECTIONS, describe
 from .context import HasContext, JobContext
 from .coordination import epochs, latency, registry
 from .coordination.barrier import Barrier
@@ -34,6 +34,9 @@ class Job:
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
             worker failed. Every process of a job should use the same value.
         events_cap: approximate length at which the membership event stream is trimmed.
+        max_connections: the most connections this process opens to Redis for this job's
+            client (default 1000; each thread blocked in a barrier or checkpoint wait holds
+            one). See ``JobContext``.
 
     Attributes:
         context: the ``JobContext`` the features work on (ids, client, keys, scripts).
@@ -46,10 +49,12 @@ class Job:
         *,
         heartbeat_timeout: float = 10.0,
         events_cap: int = 10_000,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self.context = JobContext(
-            redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap
-        )
+            redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap,
+            max_connections=max_connections,
+        )  # fmt: skip
 
     @property
     def job_id(self) -> str:

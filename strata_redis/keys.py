@@ -62,6 +62,11 @@ class Keys:
         """STREAM membership events (join/leave/fail), capped; waiters block on it."""
         return f"{self.base}:events"
 
+    @property
+    def reaper(self) -> str:
+        """HASH the reaper's view of Redis stalls: ``last`` step, ``quiet``, ``grace`` (ms)."""
+        return f"{self.base}:reaper"
+
     # -- barriers and epochs -------------------------------------------------------------
     def barrier(self, name: str) -> str:
         """HASH a barrier's state: gen, expected, first_us, ev, r:<gen> recent outcomes."""

@@ -75,6 +75,11 @@ class Scripts:
             name: client.register_script(src) for name, src in compiled().items()
         }
 
+    @property
+    def client(self) -> redis.Redis:
+        """The client the scripts are registered on."""
+        return self._client
+
     def __getitem__(self, name: str) -> Script:
         return self._scripts[name]
 

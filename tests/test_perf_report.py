@@ -35,9 +35,9 @@ def test_targets_file_loads_and_names_real_benchmarks() -> None:
     rows = report.load_targets()
     assert len(rows) >= 15
     for row in rows:
-        if row.bench:
-            assert (PERF / f"{row.bench}.py").exists(), row.bench
-            assert row.name, row.metric
+        assert row.bench and row.name, f"{row.metric}: every row names what measures it"
+        script = "load" if row.bench.startswith("load_") else row.bench
+        assert (PERF / f"{script}.py").exists(), row.bench
 
 
 def test_bad_targets_are_refused(tmp_path: Path) -> None:
@@ -87,10 +87,23 @@ def test_the_table_is_filled_from_results(tmp_path: Path) -> None:
     assert save["measured"] == pytest.approx(256 * 1024 * 1024 / 0.5 / 1e6, rel=0.03)
     assert save["status"] == "target"  # 537 MB/s is past the seeds' 500
     assert save["goal_met"] is True  # 0.5 s vs 0.45 s: 90 % of the raw write
-    unmeasured = rows["memory per worker, MB"]
+    unmeasured = rows["memory per worker process, MB (RSS with its heartbeat thread)"]
     assert unmeasured["status"] == "not measured" and unmeasured["measured"] is None
     text = (tmp_path / "report.md").read_text()
     assert "Machine:" in text and "| coordination call latency p50 (heartbeat) |" in text
+
+
+def test_summary_rows_from_load_and_cost(tmp_path: Path) -> None:
+    (tmp_path / "load_peak.json").write_text(json.dumps({"rps": 8000.0, "p99_ms": 4.0}))
+    (tmp_path / "load_raw.json").write_text(json.dumps({"rps": 9000.0}))
+    (tmp_path / "cost.json").write_text(json.dumps({"recovery_s": 2.5, "recovery_bar_s": 3.0}))
+    report.report(tmp_path)
+    rows = {r["metric"]: r for r in json.loads((tmp_path / "report.json").read_text())["rows"]}
+    peak = rows["coordinator throughput, requests/s (load: peak, the real mix)"]
+    assert (peak["measured"], peak["status"]) == (8000.0, "acceptable")
+    assert peak["ratio"] == pytest.approx(9000 / 8000) and peak["goal_met"] is True
+    recovery = next(r for m, r in rows.items() if m.startswith("recovery: worker"))
+    assert recovery["ratio"] == pytest.approx(2.5 / 3.0) and recovery["status"] == "target"
 
 
 def test_fail_on_critical(tmp_path: Path) -> None:

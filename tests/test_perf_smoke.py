@@ -34,3 +34,10 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     measured = [r for r in doc["rows"] if r["measured"] is not None]
     assert any(r["metric"].startswith("coordination call latency") for r in measured)
     assert "| metric | measured |" in (tmp_path / "report.md").read_text()
+    # the load scenarios, the per-worker cost and every scaling curve ran, with its chart
+    for name in ("load_peak", "load_raw", "load_sustained", "load_burst", "cost"):
+        assert json.loads((tmp_path / f"{name}.json").read_text()), name
+    curves = json.loads((tmp_path / "curves.json").read_text())
+    for name, curve in curves.items():
+        assert len(curve["seconds"]) == len(curve["sizes"]) >= 2, name
+        assert (tmp_path / f"curve_{name}.png").stat().st_size > 1000, name

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from ..context import JobContext
+from ..context import JobContext, as_context
 from ..errors import (
     CheckpointAbortedError,
     CheckpointError,
@@ -213,7 +213,7 @@ class StepProtocol:
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
-            block = max(0.001, min(CHECK_EVERY_S, remaining))
+            block = max(0.001, min(CHECK_EVERY_S, as_context(self.context).max_block, remaining))
             popped = self.context.client.blpop([wake], timeout=block)
             if popped is not None and popped[1] == "committed":  # final: no check needed
                 return self._committed_info(step, epoch)

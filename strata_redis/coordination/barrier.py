@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import redis
 
-from ..context import JobContext
+from ..context import JobContext, as_context
 from ..errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
 from ..scripts import Call, check
 from ..status import Status
@@ -349,7 +349,9 @@ class Barrier:
     # -- waiting -------------------------------------------------------------------------
     def _await(self, worker_id: str, a: _Arrival, deadline: float, timeout: float) -> Release:
         outcome = a.outcome
-        slice_s = self.context.heartbeat_timeout / 2
+        # a slice: reap every half heartbeat timeout, and never block past the socket
+        # timeout (a silent partition then ends in a TimeoutError, not a hang)
+        slice_s = min(self.context.heartbeat_timeout / 2, as_context(self.context).max_block)
         release_key = self.context.keys.barrier_release(self.name, a.generation)
         events_key = self.context.keys.events
         wake_id, events_id = a.wake_id, a.events_id
@@ -358,7 +360,9 @@ class Barrier:
         while not outcome:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                outcome = self._check(a.generation, "timeout", worker_id, timeout, reap=True)
+                outcome = self._check(
+                    a.generation, "timeout", worker_id, timeout, reap=True, offset_us=a.offset_us
+                )
                 break
             block = min(remaining, slice_s)
             if watcher:
@@ -378,21 +382,23 @@ class Barrier:
                 if not outcome:
                     # a membership event (or the slice's end): settle the generation now
                     outcome = self._check(
-                        a.generation, "check", worker_id, timeout, reap=not entries
-                    )
+                        a.generation, "check", worker_id, timeout, reap=not entries,
+                        offset_us=a.offset_us,
+                    )  # fmt: skip
             else:
                 popped = client.blpop([release_key], timeout=max(block, 0.001))
                 if popped is not None and popped[1].startswith("R "):
                     outcome = popped[1]
                 else:  # the slice ended, or a "broken" token: read the record
                     outcome = self._check(
-                        a.generation, "check", worker_id, timeout, reap=popped is None
-                    )
+                        a.generation, "check", worker_id, timeout, reap=popped is None,
+                        offset_us=a.offset_us,
+                    )  # fmt: skip
         return self._settle(worker_id, a, outcome)
 
     def _check(
         self, generation: int, action: str, worker_id: str, timeout: float, *,
-        reason: str = "", reap: bool = False,
+        reason: str = "", reap: bool = False, offset_us: float | None = None,
     ) -> str:  # fmt: skip
         args: list[str | int] = [
             generation, action, worker_id, reason, self._ttl_ms(timeout), KEEP_OUTCOMES,
@@ -401,7 +407,11 @@ class Barrier:
         call = ("check_barrier", self._keys(generation), args)
         if reap:
             # the reaper step first, in the same round trip, so the check sees its verdicts
-            reap_reply, reply = self.context.scripts.run_many([reap_call(self.context), call])
+            # stamped with its send time on Redis' clock: after a stall it judges nobody
+            sent_ms = None if offset_us is None else (time.monotonic() * 1e6 + offset_us) / 1000
+            reap_reply, reply = self.context.scripts.run_many(
+                [reap_call(self.context, sent_ms), call]
+            )
             reaped(self.context, reap_reply)
         else:
             reply = self.context.scripts.call(*call)

@@ -7,6 +7,9 @@ barriers and heartbeats batch a reaper step with their own call).
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +22,9 @@ from ..validate import check_int
 
 __all__ = [
     "REAP_BATCH",
+    "STALL_FRACTION",
     "STATUSES",
+    "RedisClock",
     "WorkerInfo",
     "events",
     "list_jobs",
@@ -36,6 +41,9 @@ SETTABLE_STATUSES = ("idle", "training", "checkpointing")
 STATUSES = (*SETTABLE_STATUSES, "failed", "left")
 #: workers one reaper step declares failed at most (``reap`` repeats until none are left)
 REAP_BATCH = 1000
+#: a stamped reaper step that waited in Redis longer than this fraction of the heartbeat
+#: timeout before running saw a Redis stall (see ``reap_call``)
+STALL_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -101,13 +109,58 @@ def membership_generation(ctx: JobContext) -> int:
     return int(ctx.client.get(ctx.keys.generation) or 0)
 
 
-def reap_call(ctx: JobContext) -> Call:
-    """One reaper step as a script call, to batch with other calls (see ``reap``)."""
+class RedisClock:
+    """Redis' clock (ms) as estimated from this process's monotonic clock.
+
+    Each sample is one round trip whose reply carried Redis' time; the estimate uses the
+    sample with the shortest round trip among the last ``keep`` (within half of it), so a
+    call that waited out a stall never skews it.
+    """
+
+    def __init__(self, keep: int = 16) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def sample(self, sent: float, received: float, redis_ms: float) -> None:
+        """One round trip: sent and received on ``time.monotonic()``, Redis' time in it."""
+        with self._lock:
+            self._samples.append((received - sent, redis_ms - (sent + received) * 500))
+
+    def now_ms(self) -> float | None:
+        """Redis' time now, ms; None before the first sample."""
+        with self._lock:
+            if not self._samples:
+                return None
+            offset = min(self._samples)[1]
+        return time.monotonic() * 1000 + offset
+
+
+def reap_call(ctx: JobContext, sent_ms: float | None = None) -> Call:
+    """One reaper step as a script call, to batch with other calls (see ``reap``).
+
+    Args:
+        ctx: the job.
+        sent_ms: when the call is sent, ms on Redis' clock (the caller's estimate). Given
+            (heartbeat threads and barrier waiters do), the step detects a Redis stall: it
+            waited to run longer than ``STALL_FRACTION`` of the heartbeat timeout, or no
+            stamped step ran for half the timeout. For one timeout after a stall only
+            workers silent since a timeout before it began are declared failed (see
+            ``lua/reap_workers.lua``).
+    """
     k = ctx.keys
+    timeout_ms = int(ctx.heartbeat_timeout * 1000)
+    sent = "" if sent_ms is None else int(sent_ms)
     return (
         "reap_workers",
-        [k.heartbeats, k.status, k.generation, k.events],
-        [int(ctx.heartbeat_timeout * 1000), ctx.events_cap, REAP_BATCH],
+        [k.heartbeats, k.status, k.generation, k.events, k.reaper],
+        [
+            timeout_ms,
+            ctx.events_cap,
+            REAP_BATCH,
+            sent,
+            int(timeout_ms * STALL_FRACTION),
+            timeout_ms // 2,
+        ],
     )
 
 

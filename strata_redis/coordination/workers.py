@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -15,7 +16,7 @@ from ..context import JobContext
 from ..errors import StrataError, WorkerError
 from ..scripts import check
 from ..validate import check_id, check_int, check_seconds
-from .registry import SETTABLE_STATUSES, reap_call, reaped
+from .registry import SETTABLE_STATUSES, RedisClock, reap_call, reaped
 
 __all__ = ["Worker", "register_worker"]
 
@@ -106,9 +107,11 @@ class Worker:
     """A registered worker of a job. Made by ``register_worker`` (``Job.register_worker``).
 
     The background heartbeat thread (started by default) sends a heartbeat every
-    ``interval`` seconds and runs the reaper step in the same round trip. It survives Redis
-    blips (redis-py reconnects on the next tick). If it learns that this worker was declared
-    failed, left, or was replaced, it stops, sets ``lost`` and calls ``on_lost``.
+    ``interval`` seconds and runs the reaper step in the same round trip, through the
+    context's heartbeat client (a small pool of its own, never behind blocking waits). It
+    survives Redis blips (redis-py reconnects on the next tick). If it learns that this
+    worker was declared failed, left, or was replaced, it stops, sets ``lost`` and calls
+    ``on_lost``.
 
     Each tick also learns the membership generation (the reaper step's reply): it is kept in
     ``generation``, and ``on_generation`` (if set) is called with it from the thread, so a
@@ -132,6 +135,7 @@ class Worker:
         self.on_generation: Callable[[int], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._clock = RedisClock()
 
     def __repr__(self) -> str:
         job, incarnation = self.context.job_id, self.incarnation
@@ -160,7 +164,7 @@ class Worker:
             WorkerFailedError: the reaper declared it failed; register again to rejoin.
             WorkerLeftError, WorkerReplacedError, WorkerNotRegisteredError: likewise.
         """
-        self.context.scripts.run(*self.heartbeat_call(), self._context)
+        self.context.heartbeat_scripts.run(*self.heartbeat_call(), self._context)
 
     def set_status(self, status: str) -> None:
         """Set ``idle``, ``training`` or ``checkpointing`` (also counts as a heartbeat).
@@ -171,7 +175,7 @@ class Worker:
         """
         if status not in SETTABLE_STATUSES:
             raise ValueError(f"status must be one of {SETTABLE_STATUSES}, got {status!r}")
-        self.context.scripts.run(*self.heartbeat_call(status), self._context)
+        self.context.heartbeat_scripts.run(*self.heartbeat_call(status), self._context)
 
     def deregister(self) -> None:
         """Leave the job gracefully: status ``left``, and the membership generation moves.
@@ -226,32 +230,48 @@ class Worker:
         return self._thread is not None and self._thread.is_alive()
 
     def _beat(self, interval: float) -> None:
-        outage = False
+        # heartbeats go through the heartbeat client: a pool of their own, so they never
+        # wait for a connection behind this process's blocking barrier/checkpoint waits
+        outage = ""  # what stopped the last heartbeat, logged once until one gets through
         while not self._stop.is_set():
             try:
-                beat, reply = self.context.scripts.run_many(
-                    [self.heartbeat_call(), reap_call(self.context)]
+                # the reaper step says when it was sent: if Redis stalls before running it,
+                # it judges nobody (live workers' heartbeats may be queued behind it)
+                sent = time.monotonic()
+                beat, reply = self.context.heartbeat_scripts.run_many(
+                    [self.heartbeat_call(), reap_call(self.context, self._clock.now_ms())]
                 )
-                check(beat, self._context)
+                (now_ms,) = check(beat, self._context)
+                self._clock.sample(sent, time.monotonic(), int(now_ms))
                 reaped(self.context, reply)
                 self.generation = int(reply[1])
                 if self.on_generation is not None:
                     self.on_generation(self.generation)
                 if outage:
-                    log.warning(
-                        "worker %r: Redis reachable again, heartbeats resumed", self.worker_id
-                    )
-                    outage = False
+                    log.warning("worker %r: heartbeats resumed (after: %s)", self.worker_id, outage)
+                    outage = ""
             except WorkerError as exc:
                 self.lost = exc
                 log.error("worker %r: heartbeat refused, stopping: %s", self.worker_id, exc)
                 if self.on_lost is not None:
                     self.on_lost(exc)
                 return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except redis.exceptions.MaxConnectionsError as exc:
+                # a limit of this process (PoolExhaustedError says which), not of Redis
+                if not outage:
+                    log.error("worker %r: heartbeat not sent: %s", self.worker_id, exc)
+                outage = "connection pool limit"
+            except redis.TimeoutError as exc:
+                if not outage:
+                    log.warning(
+                        "worker %r: Redis did not answer a heartbeat in time (%s); retrying",
+                        self.worker_id, exc,
+                    )  # fmt: skip
+                outage = "Redis timeout"
+            except redis.ConnectionError as exc:
                 if not outage:
                     log.warning("worker %r: Redis unreachable (%s); retrying", self.worker_id, exc)
-                    outage = True
+                outage = "Redis unreachable"
             except Exception:  # the thread must keep beating whatever a tick hits
                 log.exception("worker %r: heartbeat tick failed", self.worker_id)
             self._stop.wait(interval)

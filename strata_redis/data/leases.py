@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from ..context import JobContext
+from ..context import JobContext, as_context
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
 from ..scripts import check
@@ -34,23 +34,24 @@ log = logging.getLogger("strata_redis.leases")
 
 #: own candidates sent per acquire (bounds the script's arguments)
 CANDIDATES = 8
+#: shards per init_epoch call: one chunk (a ZADD of this many) holds Redis for a few ms
+INIT_CHUNK = 4096
 #: how long a (dataset, epoch)'s record is kept in Redis
 RECORD_TTL_S = 30 * 86400
 
 
-def pool_pairs(
+def steal_priority(
     ids: np.ndarray[Any, np.dtype[np.int64]], owners: np.ndarray[Any, np.dtype[np.intp]]
 ) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """The pool's (steal priority, shard id) pairs, flat, from ``Assignment.grouped``.
+    """Each shard's steal priority (indexed by shard id), from ``Assignment.grouped``.
 
     Steal priority = a shard's position in its owner's order: thieves take the shards their
     owners would reach last.
     """
     positions = np.arange(len(ids)) - np.searchsorted(owners, owners)
-    pairs = np.empty(2 * len(ids), dtype=np.int64)
-    pairs[0::2] = positions
-    pairs[1::2] = ids
-    return pairs
+    priority = np.empty(len(ids), dtype=np.int64)
+    priority[ids] = positions
+    return priority
 
 
 @dataclass
@@ -174,13 +175,31 @@ class ShardLeases:
         plan = assignment(self.params, workers)
         ids, owners = plan.grouped(self.epoch)
         self._own = ids[owners == plan.index(self.worker_id)].tolist()
-        pairs = pool_pairs(ids, owners)
-        k = self.keys
-        self.context.scripts.run(
-            "init_epoch", [k.meta, k.todo, k.done],
-            [self.params.num_shards, *pairs.tolist()], self._context(),
-        )  # fmt: skip
+        self._init_pool(steal_priority(ids, owners))
         self._prepared = True
+
+    def _init_pool(self, priority: np.ndarray) -> None:
+        """Create the epoch's pool in chunks of ``INIT_CHUNK`` shards (ids in order).
+
+        Every caller cuts the same chunks, and the script adds only the next one, so racing
+        callers and a caller that died half-way neither double nor miss a shard; a caller
+        that finds chunks added by others goes on from where they are.
+        """
+        total = self.params.num_shards
+        k = self.keys
+        offset = 0
+        while True:
+            end = min(offset + INIT_CHUNK, total)
+            pairs = np.empty(2 * (end - offset), dtype=np.int64)
+            pairs[0::2] = priority[offset:end]
+            pairs[1::2] = np.arange(offset, end)
+            complete, loaded = self.context.scripts.run(
+                "init_epoch", [k.meta, k.todo, k.done],
+                [total, offset, *pairs.tolist()], self._context(),
+            )  # fmt: skip
+            if int(complete):
+                return
+            offset = int(loaded)
 
     # -- the four lease calls --------------------------------------------------------------
     def acquire(self) -> Lease | None:
@@ -366,7 +385,9 @@ class ShardLeases:
         """Wait a little when others hold the remaining leases: for a membership event (a
         failure frees leases), or a short while for expiries and completions. It reaps, as
         a waiting caller may. Returns the events stream id to pass next time."""
-        wait_ms = max(10, min(1000, int(self.ttl * 250)))
+        wait_ms = max(
+            10, min(1000, int(self.ttl * 250), int(as_context(self.context).max_block * 1000))
+        )
         reap(self.context)
         reply = self.context.client.xread({self.context.keys.events: last_id}, block=wait_ms)
         return str(reply[0][1][-1][0]) if reply else last_id

@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from ..context import JobContext
-from .leases import pool_pairs
+from .leases import steal_priority
 from .sharding import DatasetParams, assignment
 
 __all__ = ["POSITION_PART", "Position", "merge_positions", "restore_position"]
@@ -139,9 +139,13 @@ def restore_position(
         Whether this call restored (False: another member did it for this mark).
     """
     plan = assignment(params, workers)
-    ids, owners = plan.grouped(epoch)
-    keep = ~np.isin(ids, np.fromiter(done, dtype=np.int64, count=len(done)))
-    pairs = pool_pairs(ids[keep], owners[keep])
+    priority = steal_priority(*plan.grouped(epoch))
+    todo = np.setdiff1d(
+        np.arange(params.num_shards), np.fromiter(done, dtype=np.int64, count=len(done))
+    )
+    pairs = np.empty(2 * len(todo), dtype=np.int64)
+    pairs[0::2] = priority[todo]
+    pairs[1::2] = todo
     k = ctx.keys
     keys = [k.rendezvous, k.epoch]
     for e in range(epoch, epoch + later_epochs + 1):

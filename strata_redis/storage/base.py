@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import re
 from types import TracebackType
 from typing import TypeVar
 
@@ -82,10 +83,13 @@ def as_byte_view(data: object, *, arg: str = "data") -> memoryview:
     """Return a flat, read-only byte view of ``data`` without copying it.
 
     Accepts any C-contiguous object with the buffer protocol: ``bytes``, ``bytearray``,
-    ``memoryview``, ``array.array``, numpy arrays of any dtype and shape, ``mmap``.
+    ``memoryview``, ``array.array``, numpy arrays of any plain-data dtype and shape, ``mmap``.
 
     Raises:
-        TypeError: ``data`` does not support the buffer protocol (``str``, ``list``, ...).
+        TypeError: ``data`` does not support the buffer protocol (``str``, ``list``, ...), or
+            its items are not plain data: Python object references (a numpy ``object``
+            dtype, or a structured dtype with such a field) or pointers, whose bytes are
+            memory addresses, meaningless once saved.
         ValueError: ``data`` is a buffer but not C-contiguous.
     """
     if isinstance(data, str):
@@ -97,6 +101,13 @@ def as_byte_view(data: object, *, arg: str = "data") -> memoryview:
             f"{arg} must be a bytes-like object (bytes, bytearray, memoryview or a numpy "
             f"array), got {type(data).__name__}"
         ) from None
+    if _holds_references(data, view.format):
+        raise TypeError(
+            f"{arg} must hold plain data, got a {type(data).__name__} of "
+            f"{_item_kind(data, view.format)}: its bytes are memory addresses of Python "
+            "objects, not their values (convert it to a numeric/bytes dtype, or serialize "
+            "the objects first)"
+        )
     if not view.c_contiguous:
         raise ValueError(
             f"{arg} must be C-contiguous, got a non-contiguous {type(data).__name__} "
@@ -114,6 +125,23 @@ def as_byte_view(data: object, *, arg: str = "data") -> memoryview:
         import numpy as np
 
         return np.frombuffer(view, dtype=np.uint8).data.toreadonly()
+
+
+# struct/PEP 3118 codes of items that are addresses: 'O' a Python object, 'P' a pointer
+# (field names of structured formats, between colons, are cut first)
+_FIELD_NAME = re.compile(r":[^:]*:")
+
+
+def _holds_references(data: object, fmt: str) -> bool:
+    dtype = getattr(data, "dtype", None)
+    if getattr(dtype, "hasobject", False):
+        return True
+    return any(code in _FIELD_NAME.sub("", fmt) for code in "OP")
+
+
+def _item_kind(data: object, fmt: str) -> str:
+    dtype = getattr(data, "dtype", None)
+    return f"dtype {dtype}" if dtype is not None else f"item format {fmt!r}"
 
 
 class Storage(abc.ABC):

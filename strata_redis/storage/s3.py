@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import importlib
 import io
+import logging
 import os
 import re
+import time
 import urllib.parse
 from typing import Any
 
@@ -24,6 +28,8 @@ from .transfer import (
 )
 
 __all__ = ["S3Storage", "check_bucket", "check_endpoint_url"]
+
+log = logging.getLogger("strata_redis.storage")
 
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
 _INSTALL_HINT = "S3Storage needs boto3, an optional dependency: pip install 'strata-redis[s3]'"
@@ -222,14 +228,23 @@ class S3Storage(Storage):
         view = as_byte_view(data)
         size = len(view)
         config = self._transfer_config(size)  # refuses objects over 5 TiB
+        before: set[str] | None = None
         try:
             if size < self._threshold:
                 body = data if type(data) is bytes else ByteReader(view)
                 self._client.put_object(Bucket=self._bucket, Key=key, Body=body)
             else:
+                # the uploads of this key open before ours are not ours to abort on failure
+                before = self._open_uploads(key)
                 self._client.upload_fileobj(ByteReader(view), self._bucket, key, Config=config)
         except self._boto_errors as exc:
+            if before is not None:
+                self._abort_uploads(key, before)
             raise self._error("write", path, exc) from exc
+        except BaseException:  # interrupted (KeyboardInterrupt, a cancelled save)
+            if before is not None:
+                self._abort_uploads(key, before)
+            raise
 
     def write_if_absent(self, path: str, data: object) -> None:
         """Store ``data`` at ``path`` with one conditional PUT (``If-None-Match: *``).
@@ -345,7 +360,61 @@ class S3Storage(Storage):
         found.sort()
         return found
 
+    def remove_abandoned(self, prefix: str, older_than: float | None = None) -> int:
+        """Abort the incomplete multipart uploads under ``prefix``; return how many.
+
+        A killed writer (or one whose own abort failed in an S3 outage) leaves its parts
+        stored, and billed, until this runs or a bucket lifecycle rule
+        (``AbortIncompleteMultipartUpload``) removes them. See ``Storage.remove_abandoned``.
+
+        Raises:
+            StorageError: S3 refused or could not be reached.
+        """
+        prefix = check_prefix(prefix)
+        cutoff = None if older_than is None else time.time() - older_than
+        count = 0
+        try:
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self._bucket, Prefix=self._base + prefix
+            )
+            for page in pages:
+                for upload in page.get("Uploads", ()):
+                    if cutoff is not None and _timestamp(upload.get("Initiated")) >= cutoff:
+                        continue  # may still be running
+                    try:
+                        self._client.abort_multipart_upload(
+                            Bucket=self._bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+                    except self._boto_errors as exc:
+                        if error_code(exc) != "NoSuchUpload":  # finished or aborted meanwhile
+                            raise
+                    count += 1
+        except self._boto_errors as exc:
+            raise self._error("remove abandoned uploads under", prefix, exc) from exc
+        if count:
+            log.info("%s: aborted %d abandoned multipart uploads under %r", self.describe(),
+                     count, prefix)  # fmt: skip
+        return count
+
     # -- helpers -----------------------------------------------------------------------
+    def _open_uploads(self, key: str) -> set[str]:
+        """The ids of the incomplete multipart uploads of exactly ``key``."""
+        reply = self._client.list_multipart_uploads(Bucket=self._bucket, Prefix=key)
+        return {u["UploadId"] for u in reply.get("Uploads", ()) if u["Key"] == key}
+
+    def _abort_uploads(self, key: str, before: set[str]) -> None:
+        """Best effort after a failed or interrupted write: abort the upload it opened.
+
+        The transfer manager aborts on most failures itself; this covers the rest (an
+        interrupt, an abort that failed). What this cannot reach, ``remove_abandoned`` does.
+        """
+        with contextlib.suppress(*self._boto_errors):
+            for upload_id in self._open_uploads(key) - before:
+                with contextlib.suppress(*self._boto_errors):
+                    self._client.abort_multipart_upload(
+                        Bucket=self._bucket, Key=key, UploadId=upload_id
+                    )
+
     def _key(self, path: str) -> tuple[str, str]:
         path = check_path(path)
         key = self._base + path
@@ -400,3 +469,12 @@ class S3Storage(Storage):
             exc, op=op, path=path, backend=self.describe(), bucket=self._bucket,
             bucket_missing=bucket_missing,
         )  # fmt: skip
+
+
+def _timestamp(value: object) -> float:
+    """Seconds since the epoch of a boto3 timestamp (0 for none: counts as old)."""
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return value.timestamp()
+    return 0.0

@@ -1,0 +1,293 @@
+"""Load scenarios: the real mix of a training job's calls against one Redis, from many workers.
+
+    python perf/load.py                          # peak, sustained and burst, small defaults
+    python perf/load.py --scenario sustained --rate 2000 --duration 120
+    python perf/load.py --processes 2 --workers 100 --scenario peak
+    python perf/load.py --smoke                  # every scenario for a second or two
+
+``--processes`` generator processes each run ``--workers`` simulated workers of one job
+(registered through the library) and send the mix a training job sends: heartbeat + reaper
+ticks, lease hand-offs (acquire, complete), barrier arrivals (each released when all of a
+process's workers arrived), checkpoint begin + ack (the last ack commits, metadata.json to a
+temp dir), and status reads (``Job.workers()``, what ``strata status`` and the dashboard
+read). Every call is the library's own; latency is measured from when the call was due
+(open loop), so a stall shows as waiting time, not as fewer samples.
+
+- peak: as fast as it goes (closed loop) for ``--duration``; requests/s and p99.
+- sustained: ``--rate`` requests/s for ``--duration``; p99 of the first and last tenth
+  (drift), Redis and client memory at the start and end.
+- burst: ``--rate`` for a third of the time, ``--burst-rate`` for ``--burst`` seconds, then
+  ``--rate`` again; how long until p99 is back within 1.2 x the baseline's.
+The reference is raw redis-py: the same processes issue the same number of round trips
+(``PING``), as fast as they go. Results: ``<results>/load_<scenario>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+import strata_redis
+from strata_redis.checkpoint.commit import StepProtocol
+from strata_redis.coordination import registry
+from strata_redis.data.leases import ShardLeases
+from strata_redis.data.sharding import DatasetParams
+from strata_redis.server import RedisServer
+from strata_redis.storage import LocalStorage
+
+HERE = Path(__file__).resolve().parent
+JOB = "load"
+DATASET = "load-data"
+#: the mix: share of each kind of call (heartbeats dominate, as in a real job)
+MIX = {"heartbeat": 0.5, "lease": 0.3, "barrier": 0.1, "checkpoint": 0.05, "status": 0.05}
+KINDS = list(MIX)
+
+
+class Simulated:
+    """One generator process's simulated workers, and the next call of each kind."""
+
+    def __init__(self, url: str, index: int, workers: int, tmp: str) -> None:
+        self.job = strata_redis.connect(url, JOB, heartbeat_timeout=3600.0)
+        ctx = self.job.context
+        self.ids = [f"p{index}-w{i}" for i in range(workers)]
+        self.workers = [
+            self.job.register_worker(w, heartbeat_interval=None, replace=True) for w in self.ids
+        ]
+        self.ticks = [[w.heartbeat_call(), registry.reap_call(ctx)] for w in self.workers]
+        params = DatasetParams(DATASET, 10**6, 10, False, 0)
+        self.leases = [ShardLeases(ctx, params, index, w) for w in self.ids]
+        for leases in self.leases:
+            leases.prepare()  # the epoch's pool is made once, before the clock starts
+        self.held: list[Any] = [None] * workers
+        self.barrier = self.job.barrier(f"load-{index}", expected=workers)
+        self.generation = 1
+        self.arrived = 0
+        storage = LocalStorage(tmp)
+        self.protocols = [
+            StepProtocol(ctx, storage, worker_id=w, rank=r, world_size=workers)
+            for r, w in enumerate(self.ids)
+        ]
+        self.step = index * 10**9
+        self.acked = 0
+        self.n = 0
+
+    def call(self, kind: str) -> None:
+        """One call of ``kind``, from the next simulated worker in turn."""
+        i = self.n % len(self.ids)
+        self.n += 1
+        if kind == "heartbeat":
+            self.job.scripts.run_many(self.ticks[i])
+        elif kind == "lease":
+            leases, held = self.leases[i], self.held[i]
+            if held is None:
+                self.held[i] = leases.acquire()
+            else:
+                leases.complete(held)
+                self.held[i] = None
+        elif kind == "barrier":
+            _, keys, args = self.barrier.arrive_call(self.ids[self.arrived], os.urandom(8).hex(),
+                                                     self.generation, 60.0)  # fmt: skip
+            self.job.scripts.call("arrive_barrier", keys, args)
+            self.arrived += 1
+            if self.arrived == len(self.ids):
+                self.arrived, self.generation = 0, self.generation + 1
+        elif kind == "checkpoint":
+            proto = self.protocols[self.acked]
+            if self.acked == 0:
+                self.step += 1
+            proto.begin(self.step, None)
+            led = proto.ack(self.step, {}, 0, 0.0)
+            if led is not None:
+                proto.commit(self.step, None, *led)
+            self.acked = (self.acked + 1) % len(self.protocols)
+        else:
+            registry.workers(self.job.context)
+
+
+def _schedule(args: argparse.Namespace, scenario: str, processes: int) -> list[tuple[float, float]]:
+    """(start, rate per process) segments; rate 0 means as fast as it goes."""
+    if scenario == "peak" or scenario == "raw":
+        return [(0.0, 0.0)]
+    rate = args.rate / processes
+    if scenario == "sustained":
+        return [(0.0, rate)]
+    third = max(1.0, (args.duration - args.burst) / 2)
+    return [(0.0, rate), (third, args.burst_rate / processes), (third + args.burst, rate)]
+
+
+def _generator(
+    url: str, index: int, args: argparse.Namespace, scenario: str, tmp: str,
+    ready: Any, go: Any, out: Connection,
+) -> None:  # fmt: skip
+    sim = Simulated(url, index, args.workers, tmp)
+    raw = redis.Redis.from_url(url)
+    rng = np.random.default_rng(index)
+    kinds = rng.choice(len(KINDS), size=1_000_003, p=list(MIX.values()))
+    segments = _schedule(args, scenario, args.processes)
+    ready.wait()
+    go.wait()
+    start = time.perf_counter()
+    due, n = start, 0
+    done_at, lat, at, kind_of, errors = [], [], [], [], 0
+    while (now := time.perf_counter()) - start < args.duration:
+        rate = [r for s, r in segments if now - start >= s][-1]
+        if rate > 0:
+            due = max(due, start) if n == 0 else due + 1.0 / rate
+            if due > now:
+                time.sleep(due - now)
+        else:
+            due = now
+        k = int(kinds[n % len(kinds)])
+        n += 1
+        try:
+            if scenario == "raw":
+                raw.ping()
+            else:
+                sim.call(KINDS[k])
+        except (strata_redis.StrataError, redis.RedisError):
+            errors += 1
+        end = time.perf_counter()
+        lat.append(end - due)
+        at.append(due - start)
+        kind_of.append(k)
+        done_at.append(end)
+    out.send({
+        "lat": np.asarray(lat, dtype=np.float64), "at": np.asarray(at, dtype=np.float64),
+        "kind": np.asarray(kind_of, dtype=np.int8), "errors": errors,
+        "rss_mb": _rss_mb(), "elapsed": (done_at[-1] - start) if done_at else 0.0,
+    })  # fmt: skip
+    out.close()
+
+
+def run(url: str, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
+    """One scenario: start the generators together, collect their latencies, summarize."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushall()
+    strata_redis.ShardManager(url, job_id=JOB).register_dataset_params(DATASET, 10**6, 10, False)
+    mp = multiprocessing.get_context("spawn")
+    ready = mp.Barrier(args.processes + 1)
+    go = mp.Event()
+    tmp = tempfile.mkdtemp(prefix="strata-load-")
+    pipes, procs = [], []
+    for i in range(args.processes):
+        parent, child = mp.Pipe(duplex=False)
+        proc = mp.Process(target=_generator, args=(url, i, args, scenario, tmp, ready, go, child))
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    ready.wait(timeout=300)
+    before = _redis_stats(client)
+    go.set()
+    parts = [p.recv() for p in pipes]
+    after = _redis_stats(client)
+    for proc in procs:
+        proc.join(30)
+    lat = np.concatenate([p["lat"] for p in parts])
+    at = np.concatenate([p["at"] for p in parts])
+    kind = np.concatenate([p["kind"] for p in parts])
+    elapsed = max(p["elapsed"] for p in parts) or args.duration
+    doc: dict[str, Any] = {
+        "scenario": scenario, "processes": args.processes, "workers": args.workers,
+        "duration_s": args.duration, "requests": len(lat),
+        "rps": len(lat) / elapsed, "errors": sum(p["errors"] for p in parts),
+        **_percentiles(lat),
+        "by_kind": {KINDS[k]: {"count": int((kind == k).sum()), **_percentiles(lat[kind == k])}
+                    for k in range(len(KINDS)) if (kind == k).any()},
+        "redis_cpu_s": after["cpu"] - before["cpu"],
+        "redis_memory_mb": [before["mem"], after["mem"]],
+        "client_rss_mb": [round(p["rss_mb"], 1) for p in parts],
+    }  # fmt: skip
+    if scenario == "sustained":
+        tenth = args.duration / 10
+        first, last = lat[at < tenth], lat[at >= args.duration - tenth]
+        if len(first) and len(last):
+            p_first, p_last = np.percentile(first, 99), np.percentile(last, 99)
+            doc["p99_first_ms"], doc["p99_last_ms"] = p_first * 1e3, p_last * 1e3
+            doc["p99_drift"] = float(p_last / p_first - 1)
+    if scenario == "burst":
+        doc.update(_recovery(lat, at, _schedule(args, scenario, args.processes)))
+    return doc
+
+
+def _recovery(
+    lat: np.ndarray, at: np.ndarray, segments: list[tuple[float, float]]
+) -> dict[str, Any]:
+    """Seconds after the burst until a 1 s window's p99 is within 1.2 x the baseline's."""
+    burst_start, burst_end = segments[1][0], segments[2][0]
+    base = lat[at < burst_start]
+    if not len(base):
+        return {}
+    limit = 1.2 * float(np.percentile(base, 99))
+    t = burst_end
+    while t < at.max():
+        window = lat[(at >= t) & (at < t + 1.0)]
+        if len(window) and np.percentile(window, 99) <= limit:
+            return {"baseline_p99_ms": limit / 1.2 * 1e3, "recover_s": t - burst_end}
+        t += 0.5
+    return {"baseline_p99_ms": limit / 1.2 * 1e3, "recover_s": None}
+
+
+def _percentiles(lat: np.ndarray) -> dict[str, float]:
+    if not len(lat):
+        return {}
+    p = np.percentile(lat, [50, 95, 99, 99.9]) * 1e3
+    return {"p50_ms": p[0], "p95_ms": p[1], "p99_ms": p[2], "p999_ms": p[3]}
+
+
+def _redis_stats(client: redis.Redis) -> dict[str, float]:
+    cpu, mem = client.info("cpu"), client.info("memory")
+    return {"cpu": cpu["used_cpu_sys"] + cpu["used_cpu_user"], "mem": mem["used_memory"] / 1e6}
+
+
+def _rss_mb() -> float:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=["peak", "sustained", "burst", "all"], default="all")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=50, help="simulated workers per process")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per scenario")
+    parser.add_argument("--rate", type=float, default=1000.0, help="requests/s, all processes")
+    parser.add_argument("--burst-rate", type=float, default=4000.0)
+    parser.add_argument("--burst", type=float, default=10.0, help="seconds of burst")
+    parser.add_argument("--results", type=Path, default=HERE / "results")
+    parser.add_argument("--redis-url", help="default: a private redis-server")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds each")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.processes, args.workers, args.duration = 1, 5, 3.0
+        args.rate, args.burst_rate, args.burst = 100.0, 300.0, 1.0
+    args.results.mkdir(parents=True, exist_ok=True)
+    scenarios = ["peak", "sustained", "burst"] if args.scenario == "all" else [args.scenario]
+    server = None if args.redis_url else RedisServer().start()
+    url = args.redis_url or server.url  # type: ignore[union-attr]
+    try:
+        if "peak" in scenarios:
+            scenarios.insert(scenarios.index("peak") + 1, "raw")
+        for scenario in scenarios:
+            doc = run(url, args, scenario)
+            (args.results / f"load_{scenario}.json").write_text(json.dumps(doc, indent=2))
+            line = f"{scenario}: {doc['rps']:.0f} requests/s, p99 {doc.get('p99_ms', 0):.2f} ms"
+            print(line + f", {doc['errors']} errors", flush=True)
+    finally:
+        if server is not None:
+            server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Serving the dashboard with waitress, a production WSGI server (pure Python, threaded)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8050,
+    *,
+    threads: int = 8,
+    ready: Callable[[str], None] = print,
+) -> None:
+    """Serve ``app`` on ``host:port`` until Ctrl-C (SIGINT) or SIGTERM.
+
+    Args:
+        app: a WSGI app (``create_app()``).
+        host, port: where to listen; port 0 picks a free one.
+        threads: request threads.
+        ready: called with the URL once the socket listens (default: print it).
+    """
+    from waitress import create_server
+
+    server: Any = create_server(
+        app, host=host, port=port, threads=threads, ident="strata-dashboard",
+        clear_untrusted_proxy_headers=True,
+    )  # fmt: skip
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    shown = f"[{host}]" if ":" in host else host
+    ready(f"http://{shown}:{server.effective_port}/")
+    try:
+        server.run()  # returns on KeyboardInterrupt (waitress stops its threads then)
+    finally:
+        server.close()

@@ -1,0 +1,401 @@
+"""The dashboard's JSON API and /metrics against a real job: fields, schema, 404s, no writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+import strata_redis
+from strata_redis.dashboard import DashboardState, create_app
+from strata_redis.dashboard.app import COOKIE, schema_text
+from strata_redis.server import RedisServer
+
+from .procs import kill9, spawn, wait_for
+
+JOB = "test-job"
+TIMEOUT = 2.0
+
+
+def _doomed_worker(url: str, job_id: str) -> None:
+    """A worker process that registers, heartbeats, and waits to be killed."""
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=TIMEOUT)
+    job.register_worker("w-doomed", host="gpu-z", gpu_count=2, heartbeat_interval=0.2)
+    time.sleep(120)
+
+
+@dataclass
+class Scenario:
+    job: strata_redis.Job
+    workers: list[strata_redis.Worker]
+    leases: strata_redis.ShardLeases
+    held: strata_redis.Lease
+    ckpt: strata_redis.CheckpointManager
+
+    def quiesce(self) -> None:
+        """Stop every background writer, so Redis only changes when someone asks it to."""
+        for w in self.workers:
+            w.stop_heartbeat()
+        self.job.barrier_latencies()  # flushes this process's latency records
+
+
+@pytest.fixture
+def scenario(redis_url: str, tmp_path: Path) -> Iterator[Scenario]:
+    """A real job: live workers, one killed (failed), one left, a dataset mid-epoch with a
+    lease held, barrier releases, two committed checkpoints and an aborted one."""
+    job = strata_redis.connect(redis_url, JOB, heartbeat_timeout=TIMEOUT)
+    w1 = job.register_worker("w-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8,
+                             labels={"rack": "r1"}, heartbeat_interval=0.2)  # fmt: skip
+    w2 = job.register_worker("w-02", host="gpu-b", gpu_count=4, heartbeat_interval=0.2)
+    w1.set_status("training")
+    job.register_worker("w-03", heartbeat_interval=None).deregister()
+    doomed = spawn(_doomed_worker, redis_url, JOB)
+    wait_for(lambda: "w-doomed" in job.live_workers(), 30)
+    kill9(doomed)
+    wait_for(lambda: {w.worker_id: w.status for w in job.workers()}["w-doomed"] == "failed",
+             TIMEOUT + 5)  # fmt: skip
+
+    strata_redis.ShardManager(job).register_dataset_params("images", 1000, 10, True, 42)
+    leases = job.leases("images", 0, "w-01")
+    for _ in range(30):
+        lease = leases.acquire()
+        assert lease is not None
+        lease.complete()
+    other = job.leases("images", 0, "w-02")
+    for _ in range(5):
+        lease = other.acquire()
+        assert lease is not None
+        lease.complete()
+    held = leases.acquire()
+    assert held is not None
+    for i in range(5):
+        job.barrier("sync", expected=1).wait("w-01")
+        job.barrier(f"once-{i}", expected=1).wait("w-02")
+
+    ckpt = strata_redis.CheckpointManager(tmp_path / "ckpt", keep_count=5, redis=job,
+                                          worker_id="w-01")  # fmt: skip
+    ckpt.save(os.urandom(300_000), step=100, epoch=0).result()
+    ckpt.save(os.urandom(200_000), step=200, epoch=0).result()
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    broken = strata_redis.CheckpointManager(blocked, redis=job, worker_id="w-02")
+    with pytest.raises(strata_redis.CheckpointAbortedError, match="step 300"):
+        broken.save(b"x" * 1000, step=300, epoch=0).result()
+    broken.close()
+    yield Scenario(job, [w1, w2], leases, held, ckpt)
+    ckpt.close()
+    for w in (w1, w2):
+        w.stop_heartbeat()
+    job.close()
+
+
+def api(client: Any, path: str = "/api/dashboard", **headers: str) -> Any:
+    reply = client.get(path, headers=headers)
+    assert reply.status_code == 200, reply.get_data(as_text=True)
+    return reply.get_json()
+
+
+def nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+def test_document_matches_the_library_and_the_schema(scenario: Scenario, redis_url: str) -> None:
+    job = scenario.job
+    client = create_app(redis_url, heartbeat_timeout=TIMEOUT, min_interval=0).test_client()
+    doc = api(client, f"/api/dashboard?job={JOB}")
+    jsonschema.validate(doc, json.loads(schema_text()))
+    assert doc["job"] == JOB and doc["redis"] == redis_url
+    assert doc["read"]["round_trips"] == 2
+
+    (overview,) = doc["jobs"]
+    assert overview["epoch"] == job.current_epoch()
+    assert overview["membership_generation"] == job.membership_generation()
+    assert overview["live_workers"] == len(job.live_workers()) == 2
+    assert overview["registered_workers"] == len(job.workers()) == 4
+    assert overview["latest_checkpoint"] == 200
+
+    # workers: every field as Job.workers() reports it
+    info = {w.worker_id: w for w in job.workers()}
+    rows = {w["worker_id"]: w for w in doc["workers"]}
+    assert sorted(rows) == sorted(info) == ["w-01", "w-02", "w-03", "w-doomed"]
+    for wid, row in rows.items():
+        lib = info[wid]
+        assert (row["status"], row["host"], row["address"], row["gpu_count"], row["labels"],
+                row["incarnation"]) == (lib.status, lib.host, lib.address, lib.gpu_count,
+                                        lib.labels, lib.incarnation), wid  # fmt: skip
+        if lib.last_seen_s is None:
+            assert row["last_seen_s"] is None
+        else:
+            assert row["last_seen_s"] == pytest.approx(lib.last_seen_s, abs=1.0)
+    assert rows["w-doomed"]["status"] == "failed" and rows["w-03"]["status"] == "left"
+    assert [(s["dataset"], s["shard_id"], s["token"]) for s in rows["w-01"]["shards"]] == [
+        ("images", scenario.held.shard_id, scenario.held.token)
+    ]
+    (m,) = doc["metrics"]["jobs"]
+    assert m["workers"] == {"idle": 1, "training": 1, "checkpointing": 0, "failed": 1, "left": 1,
+                            "stale": 0}  # fmt: skip
+
+    # the membership timeline is the events stream
+    events = job.events(500)
+    assert [(e["type"], e["worker_id"], e["generation"], e["id"]) for e in doc["events"]] == [
+        (e["type"], e["worker"], int(e["generation"]), e["id"]) for e in events
+    ]
+
+    # datasets: params, progress and the distribution of the completion record
+    (ds,) = doc["datasets"]
+    (params,) = strata_redis.ShardManager(job).list_datasets()
+    assert (ds["name"], ds["total_samples"], ds["samples_per_shard"], ds["num_shards"],
+            ds["shuffle"], ds["seed"]) == (params.name, params.total_samples,
+                                           params.samples_per_shard, params.num_shards,
+                                           params.shuffle, params.seed)  # fmt: skip
+    progress = scenario.leases.progress()
+    assert ds["progress"] == {"initialized": True, "total": progress.total, "done": progress.done,
+                              "leased": progress.leased, "todo": progress.todo}  # fmt: skip
+    assert (progress.done, progress.leased) == (35, 1)
+    done = Counter(worker for worker, _token in scenario.leases.completions().values())
+    assert {r["worker_id"]: (r["done"], r["leased"]) for r in ds["distribution"]} == {
+        "w-01": (done["w-01"], 1), "w-02": (done["w-02"], 0),
+    }  # fmt: skip
+
+    # barrier latency: percentiles of job.barrier_latencies()
+    latencies = [b.release_ms for b in job.barrier_latencies()]
+    assert m["barrier"]["releases"] == len(latencies) == 10
+    assert m["barrier"]["p50_ms"] == pytest.approx(nearest_rank(latencies, 50), abs=1e-3)
+    assert m["barrier"]["p99_ms"] == pytest.approx(nearest_rank(latencies, 99), abs=1e-3)
+    assert m["barrier"]["series"]
+
+    # checkpoints: committed ones as the index says, the aborted one with its culprit
+    steps = {c["step"]: c for c in doc["checkpoints"]}
+    assert sorted(steps, reverse=True) == [c["step"] for c in doc["checkpoints"]] == [300, 200, 100]
+    for info_ in scenario.ckpt.list():
+        row = steps[info_.step]
+        assert (row["state"], row["epoch"], row["world_size"], row["bytes"], row["files"],
+                row["workers"]) == ("committed", info_.epoch, info_.world_size, info_.nbytes,
+                                    len(info_.files), {"0": "w-01"})  # fmt: skip
+    records = scenario.ckpt.records()
+    by_step = {r.step: r for r in records}
+    assert steps[200]["seconds"] == pytest.approx(by_step[200].seconds)
+    assert steps[300]["state"] == "aborted" and steps[300]["culprit"] == "w-02"
+    assert "could not save its parts" in steps[300]["reason"]
+    c = m["checkpoint"]
+    assert (c["saves"], c["aborted_saves"], c["aborted_steps"]) == (2, 1, 1)
+    assert c["bytes"] == sum(r.nbytes for r in records if r.outcome == "uploaded")
+    newest = max((r for r in records if r.outcome == "uploaded"), key=lambda r: r.at_ms)
+    assert (c["last_step"], c["last_bytes"]) == (newest.step, newest.nbytes)
+
+    # the all-jobs view holds the same job
+    everything = api(client)
+    jsonschema.validate(everything, json.loads(schema_text()))
+    assert [j["job_id"] for j in everything["jobs"]] == [JOB]
+    assert everything["jobs_listing"] == {"known": 1, "shown": 1, "complete": True}
+
+
+def write_calls(raw: redis.Redis) -> tuple[int, dict[str, int]]:
+    """(keyspace changes so far, calls per command that may write: write-flagged or scripts)."""
+    writers = {
+        name for name, spec in raw.command().items()
+        if "write" in spec["flags"] or name in ("eval", "evalsha", "fcall", "eval_ro")
+    }  # fmt: skip
+    stats = raw.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
+    dirty = raw.info("persistence")["rdb_changes_since_last_save"]
+    return dirty, {k.split("|")[0]: v for k, v in calls.items() if k.split("|")[0] in writers}
+
+
+def test_requests_never_write(scenario: Scenario, redis_url: str, raw: redis.Redis) -> None:
+    scenario.quiesce()
+    app = create_app(redis_url, heartbeat_timeout=TIMEOUT, min_interval=0)
+    client = app.test_client()
+    before = write_calls(raw)
+    for path in ("/", f"/job/{JOB}", "/api/dashboard", f"/api/dashboard?job={JOB}",
+                 f"/api/dashboard?job={JOB}&offset=1&limit=2", "/metrics", "/api/schema",
+                 "/api/dashboard?job=nope", "/job/nope"):  # fmt: skip
+        for _ in range(3):
+            client.get(path)
+    after = write_calls(raw)
+    assert after == before, f"writes while serving the dashboard: {before} -> {after}"
+
+
+def test_a_read_only_acl_user_is_enough(redis_factory: Callable[..., RedisServer]) -> None:
+    """The dashboard works for a user that may only read (and without INFO: no request rate)."""
+    server = redis_factory()
+    admin = redis.Redis.from_url(server.url)
+    job = strata_redis.connect(server.url, "acl-job")
+    job.register_worker("w", host="h", heartbeat_interval=None)
+    admin.execute_command("ACL", "SETUSER", "dash", "on", ">s3cret-pw", "~strata:*",
+                          "+@read", "+time", "+ping")  # fmt: skip
+    url = f"redis://dash:s3cret-pw@127.0.0.1:{server.port}/0"
+    client = create_app(url, min_interval=0).test_client()
+    for _ in range(2):
+        doc = api(client)
+    assert [w["worker_id"] for w in doc["workers"]] == ["w"]
+    assert doc["metrics"]["redis"]["commands_per_s"] is None
+    assert "s3cret-pw" not in json.dumps(doc) and "dash@" not in json.dumps(doc)
+    page = client.get("/job/acl-job").get_data(as_text=True)
+    assert "s3cret-pw" not in page and f"redis://127.0.0.1:{server.port}/0" in page
+    assert "s3cret-pw" not in client.get("/metrics").get_data(as_text=True)
+    job.close()
+
+
+def test_bad_requests_are_clear(redis_url: str, job: strata_redis.Job) -> None:
+    job.register_worker("w", heartbeat_interval=None)
+    client = create_app(redis_url, min_interval=0).test_client()
+    reply = client.get("/api/dashboard?job=nope")
+    assert reply.status_code == 404
+    assert reply.get_json()["error"].startswith("no job 'nope' in this Redis")
+    reply = client.get("/api/dashboard?job=a{b}")
+    assert reply.status_code == 404 and "not a valid job id" in reply.get_json()["error"]
+    assert client.get("/job/a%7Bb%7D").status_code == 404
+    for query, message in (("offset=-1", "offset must be between"),
+                           ("limit=many", "limit must be an integer"),
+                           ("limit=0", "limit must be between")):  # fmt: skip
+        reply = client.get(f"/api/dashboard?{query}")
+        assert reply.status_code == 400 and message in reply.get_json()["error"]
+    fixed = create_app(redis_url, job=job.job_id).test_client()
+    assert fixed.get("/api/dashboard?job=other").status_code == 404
+    assert api(fixed)["job"] == job.job_id
+
+
+def test_token_header_or_cookie(redis_url: str, job: strata_redis.Job) -> None:
+    token = "t0ken-" + "x" * 20
+    client = create_app(redis_url, token=token).test_client()
+    assert client.get("/healthz").status_code == 200
+    for path in ("/", "/api/dashboard", "/metrics", "/static/dashboard.js"):
+        assert client.get(path).status_code == 401, path
+    assert (
+        client.get("/api/dashboard", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    )
+    api(client, "/api/dashboard", Authorization=f"Bearer {token}")
+    assert client.get("/?token=wrong").status_code == 401
+    reply = client.get(f"/?token={token}")
+    assert reply.status_code == 303 and reply.headers["Location"] == "/"
+    assert f"{COOKIE}=" in reply.headers["Set-Cookie"] and "HttpOnly" in reply.headers["Set-Cookie"]
+    assert client.get("/").status_code == 200  # the cookie now
+    assert client.get("/api/dashboard").status_code == 200
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        create_app(redis_url, token="short")
+
+
+def test_redis_down_is_503_without_credentials(redis_factory: Callable[..., RedisServer]) -> None:
+    server = redis_factory()
+    url = f"redis://user:pa55word@127.0.0.1:{server.port}/0"
+    client = create_app(url).test_client()
+    server.stop()
+    for path in ("/api/dashboard", "/metrics"):
+        reply = client.get(path)
+        assert reply.status_code == 503, path
+        text = reply.get_data(as_text=True)
+        assert f"127.0.0.1:{server.port}" in text and "pa55word" not in text
+
+
+def test_security_headers_and_no_cdn(redis_url: str) -> None:
+    client = create_app(redis_url).test_client()
+    page = client.get("/")
+    html = page.get_data(as_text=True)
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    assert "http://" not in html.replace("http://127.0.0.1", "") and "https://" not in html
+    vendor = "/static/vendor/uplot"
+    for asset in ("/static/dashboard.js", f"{vendor}/uPlot.iife.min.js",
+                  f"{vendor}/uPlot.min.css", f"{vendor}/LICENSE"):  # fmt: skip
+        with client.get(asset) as reply:  # a file response: close it
+            assert reply.status_code == 200, asset
+
+
+def test_metrics_match_the_api(scenario: Scenario, redis_url: str) -> None:
+    scenario.quiesce()
+    client = create_app(redis_url, heartbeat_timeout=TIMEOUT, min_interval=60).test_client()
+    doc = api(client, "/api/dashboard?limit=5000")  # /metrics reuses this read (min_interval)
+    reply = client.get("/metrics")
+    assert reply.status_code == 200 and reply.mimetype == "text/plain"
+    families = {f.name: f for f in text_string_to_metric_families(reply.get_data(as_text=True))}
+
+    def value(name: str, **labels: str) -> float:
+        matches = [s.value for s in families[name].samples
+                   if all(s.labels.get(k) == v for k, v in labels.items())
+                   and s.name in (name, f"{name}_total")]  # fmt: skip
+        assert len(matches) == 1, (name, labels, families[name].samples)
+        return matches[0]
+
+    (m,) = doc["metrics"]["jobs"]
+    for status, count in m["workers"].items():
+        assert value("strata_workers", job=JOB, status=status) == count
+    assert families["strata_membership_changes"].type == "counter"
+    assert value("strata_membership_changes", job=JOB) == doc["jobs"][0]["membership_generation"]
+    assert value("strata_lease_grants", job=JOB) == m["lease_grants_total"] > 0
+    assert value("strata_epoch", job=JOB) == doc["jobs"][0]["epoch"]
+    (ds,) = doc["datasets"]
+    for state in ("done", "leased", "todo"):
+        assert (
+            value("strata_shards", job=JOB, dataset="images", state=state) == ds["progress"][state]
+        )
+    for q, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
+        assert value("strata_barrier_release_latency_seconds", job=JOB, quantile=q) == (
+            pytest.approx(m["barrier"][key] / 1000)
+        )
+    c = m["checkpoint"]
+    assert value("strata_checkpoint_saves", job=JOB, outcome="uploaded") == c["saves"]
+    assert value("strata_checkpoint_saves", job=JOB, outcome="aborted") == c["aborted_saves"]
+    assert value("strata_checkpoint_saved_bytes", job=JOB) == c["bytes"]
+    assert value("strata_checkpoint_aborted_steps", job=JOB) == c["aborted_steps"] == 1
+    assert value("strata_checkpoint_latest_step", job=JOB) == 200
+    workers = {s.labels["worker"]: s.labels["status"]
+               for s in families["strata_worker_status"].samples}  # fmt: skip
+    assert workers == {w["worker_id"]: w["status"] for w in doc["workers"]}
+    ages = families["strata_worker_heartbeat_age_seconds"].samples
+    assert {s.labels["worker"]: s.value for s in ages} == {
+        w["worker_id"]: w["last_seen_s"] for w in doc["workers"] if w["last_seen_s"] is not None
+    }
+
+
+def test_gone_workers_drop_out_after_the_window(redis_url: str, job: strata_redis.Job) -> None:
+    """Label sets stay bounded: a worker that left long ago is no longer listed or exported."""
+    job.register_worker("old", heartbeat_interval=None).deregister()
+    job.register_worker("live", heartbeat_interval=None)
+    app = create_app(redis_url, gone_window=0.5, min_interval=0)
+    client = app.test_client()
+    assert [w["worker_id"] for w in api(client)["workers"]] == ["live", "old"]
+    time.sleep(0.7)
+    doc = api(client)
+    assert [w["worker_id"] for w in doc["workers"]] == ["live"]
+    assert doc["jobs"][0]["gone_workers"] == 1
+    assert 'worker="old"' not in client.get("/metrics").get_data(as_text=True)
+
+
+def test_streams_are_read_incrementally(redis_url: str, raw: redis.Redis) -> None:
+    """Each document asks only for entries newer than the newest kept; a stream that was
+    trimmed or flushed shows no more than it holds."""
+    state = DashboardState(raw)
+    key = "strata:{tail}:events"
+    tail = state.tail(key, 5)
+
+    def read() -> list[str]:
+        pipe = raw.pipeline(transaction=False)
+        tail.queue(pipe, key)
+        new, length = pipe.execute()
+        return [e[0] for e in tail.take(new, length)]
+
+    ids = [raw.xadd(key, {"n": str(i)}) for i in range(3)]
+    assert read() == ids[::-1]
+    more = [raw.xadd(key, {"n": str(i)}) for i in range(3, 5)]
+    before = raw.info("commandstats")["cmdstat_xrevrange"]["calls"]
+    assert read() == (ids + more)[::-1]
+    assert raw.info("commandstats")["cmdstat_xrevrange"]["calls"] == before + 1
+    newest = [raw.xadd(key, {"n": str(i)}) for i in range(5, 12)]  # more than the cap
+    assert read() == newest[::-1][:5]
+    raw.xtrim(key, maxlen=2, approximate=False)
+    assert read() == newest[::-1][:2]
+    raw.flushall()
+    again = raw.xadd(key, {"n": "x"})
+    assert read() == [again]

@@ -1,0 +1,191 @@
+"""The dashboard page in a real headless Chromium, served by ``strata dashboard``, over real
+worker processes: it loads clean, a SIGKILLed worker turns failed without a reload, charts
+draw, and a page that lost its server says so.
+
+Run with ``STRATA_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to refresh the README's picture.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import strata_redis
+
+from .browser import chromium, full_page_screenshot
+from .procs import kill9, spawn, wait_for
+
+JOB = "browser-job"
+TIMEOUT = 2.0  # the job's heartbeat timeout
+WORKERS = 3
+
+
+def _trainer(url: str, worker_id: str, rank: int, checkpoints: str) -> None:
+    """A worker process: barriers, two checkpoint steps, then slow leases; then idles."""
+    job = strata_redis.connect(url, JOB, heartbeat_timeout=TIMEOUT)
+    worker = job.register_worker(
+        worker_id, host=f"gpu-{rank}", address=f"10.0.0.{rank + 10}:29500", gpu_count=8,
+        labels={"rack": "r1"}, heartbeat_interval=0.25,
+    )  # fmt: skip
+    worker.set_status("training")
+    for _ in range(4):
+        job.barrier("warmup", expected=WORKERS).wait(worker_id, timeout=60)
+    with strata_redis.CheckpointManager(
+        checkpoints, redis=job, worker_id=worker_id, rank=rank, world_size=WORKERS
+    ) as ckpt:
+        for step in (100, 200):
+            worker.set_status("checkpointing")
+            ckpt.save(bytes([rank]) * 2_000_000, step=step, epoch=0).result()
+            worker.set_status("training")
+    for lease in job.leases("images", 0, worker_id, ttl=3):
+        time.sleep(0.3)  # "train" on it
+        lease.complete()
+    worker.set_status("idle")
+    time.sleep(300)
+
+
+@pytest.fixture
+def cluster(redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    job = strata_redis.connect(redis_url, JOB, heartbeat_timeout=TIMEOUT)
+    strata_redis.ShardManager(job).register_dataset_params("images", 3000, 10, True, 42)
+    procs = {
+        f"w-{r}": spawn(_trainer, redis_url, f"w-{r}", r, str(tmp_path / "ckpt"))
+        for r in range(WORKERS)
+    }
+    try:
+        wait_for(lambda: len(job.live_workers()) == WORKERS, 60, why=job.workers)
+        wait_for(lambda: job.client.zscore(job.keys.checkpoints, "200") is not None, 60,
+                 why=lambda: job.events(20))  # fmt: skip
+        yield {"job": job, "procs": procs}
+    finally:
+        for proc in procs.values():
+            if proc.is_alive():
+                kill9(proc)
+        job.close()
+
+
+@pytest.fixture
+def dashboard(redis_url: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``strata dashboard`` (waitress) on a free loopback port; yields it and its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "strata_redis", "dashboard", "--redis-url", redis_url,
+         "--job", JOB, "--port", "0", "--heartbeat-timeout", str(TIMEOUT)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "strata dashboard: serving http://127.0.0.1:N/ ..."
+        match = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert match, f"no URL from strata dashboard: {line!r}"
+        yield proc, match.group(0)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(20)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _chart_report(driver: Any) -> dict[str, Any]:
+    """Per chart: points with a value, and how many strongly coloured (series) pixels it drew."""
+    return dict(
+        driver.execute_script("""
+        const out = {};
+        for (const [name, c] of Object.entries(window.strataDashboard.charts)) {
+          const u = c.plot;
+          const points = u.data.slice(1)
+            .reduce((n, ys) => n + ys.filter((v) => v !== null && v !== undefined).length, 0);
+          const cv = u.ctx.canvas;
+          const px = u.ctx.getImageData(0, 0, cv.width, cv.height).data;
+          let coloured = 0;
+          for (let i = 0; i < px.length; i += 4) {
+            const hi = Math.max(px[i], px[i + 1], px[i + 2]);
+            const lo = Math.min(px[i], px[i + 1], px[i + 2]);
+            if (px[i + 3] > 0 && hi - lo > 60) coloured++;
+          }
+          out[name] = [points, coloured];
+        }
+        return out;
+        """)
+    )
+
+
+@pytest.mark.timeout(240)
+def test_the_page_live_in_a_real_browser(
+    cluster: dict[str, Any],
+    dashboard: tuple[subprocess.Popen[str], str],
+    tmp_path: Path,
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    server, url = dashboard
+    driver = chromium(tmp_path / "profile")
+    try:
+        driver.get(f"{url}job/{JOB}")
+        rows = "#workers tbody tr"
+        wait_for(lambda: driver.execute_script(f"return document.querySelectorAll('{rows}').length")
+                 == WORKERS, 30, why=lambda: driver.get_log("browser"))  # fmt: skip
+
+        def status_of(worker: str) -> str:
+            # The rows are redrawn on every reply: read them in one script, not by reference.
+            return str(driver.execute_script(
+                "const c = document.querySelector(`tr[data-worker='${arguments[0]}'] .pill`);"
+                "return c ? c.textContent : '';", worker))  # fmt: skip
+
+        # A worker SIGKILLed now shows as failed on the open page, without a reload.
+        wait_for(lambda: status_of("w-2") in ("training", "checkpointing", "idle"), 30)
+        job: strata_redis.Job = cluster["job"]
+        wait_for(lambda: job.leases("images", 0, "w-0").progress().done > 0, 60)
+        kill9(cluster["procs"]["w-2"])
+        killed = time.monotonic()
+        wait_for(lambda: status_of("w-2") == "failed", TIMEOUT + 2,
+                 why=lambda: (status_of("w-2"), driver.get_log("browser")))  # fmt: skip
+        shown_after = time.monotonic() - killed
+        assert shown_after <= TIMEOUT + 2
+
+        # Every chart draws: points in its data, and series pixels on its canvas.
+        expected = {"barrier", "checkpoint", "requests", "membership"}
+
+        def charts_drawn() -> bool:
+            report = _chart_report(driver)
+            dist = [k for k in report if k.startswith("dist:")]
+            return (
+                expected <= set(report)
+                and len(dist) == 1
+                and all(points > 0 and coloured > 20 for points, coloured in report.values())
+            )
+
+        wait_for(charts_drawn, 20, step=0.2, why=lambda: _chart_report(driver))
+        conn = driver.find_element(By.ID, "conn-text").text
+        assert re.fullmatch(r"updated \d+(\.\d)? s ago", conn), conn
+        assert driver.find_element(By.ID, "conn").get_attribute("data-state") == "live"
+        text = driver.find_element(By.TAG_NAME, "body").text
+        for needle in ("images · epoch 0", "committed", "fail w-2", "Barrier release latency"):
+            assert needle in text, needle
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], errors
+
+        shot = full_page_screenshot(driver, tmp_path / "dashboard.png")
+        assert shot.stat().st_size > 20_000
+        if os.environ.get("STRATA_DASHBOARD_SCREENSHOT"):
+            shutil.copy(shot, os.environ["STRATA_DASHBOARD_SCREENSHOT"])
+
+        # The server goes away: the page says so instead of showing stale numbers as live.
+        server.terminate()
+        server.wait(20)
+        wait_for(lambda: driver.find_element(By.ID, "conn").get_attribute("data-state") == "lost",
+                 15)  # fmt: skip
+        assert "lost the server" in driver.find_element(By.ID, "conn-text").text
+        assert "not live" in driver.find_element(By.ID, "error").text
+        assert "stale" in (driver.find_element(By.TAG_NAME, "body").get_attribute("class") or "")
+    finally:
+        driver.quit()

@@ -1,0 +1,248 @@
+"""``strata status`` (text, --json, --watch), ``strata dashboard`` and its --demo, as real
+subprocesses; the plain-text help; the dashboard in docker-compose.yml."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import psutil
+import pytest
+import yaml
+
+import strata_redis
+from strata_redis.dashboard.app import schema_text
+
+from .procs import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ctrl_c_works() -> None:
+    # A runner started in the background (nohup, `cmd &` in a script) ignores SIGINT, and
+    # its children inherit that: give the command under test the terminal's default back.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """``strata <args>`` as a subprocess that Ctrl-C (SIGINT) stops, as in a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "strata_redis", *args], text=True, preexec_fn=_ctrl_c_works,
+        **kwargs,
+    )  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    """Ctrl-C, then wait; a process that does not stop is killed (and the test fails)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+        raise
+    finally:
+        rest = proc.stdout.read() if proc.stdout else ""
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return rest
+
+
+def strata(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "strata_redis", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def busy_job(job: strata_redis.Job, tmp_path: Path) -> Iterator[strata_redis.Job]:
+    """Workers, a dataset mid-epoch, barrier releases, a committed checkpoint."""
+    w = job.register_worker("worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8,
+                            heartbeat_interval=None)  # fmt: skip
+    w.set_status("training")
+    job.register_worker("worker-02", heartbeat_interval=None).deregister()
+    strata_redis.ShardManager(job).register_dataset_params("images", 1000, 10, True, 42)
+    leases = job.leases("images", 0, "worker-01")
+    for _ in range(25):
+        lease = leases.acquire()
+        assert lease is not None
+        lease.complete()
+    for _ in range(3):
+        job.barrier("sync", expected=1).wait("worker-01")
+    job.barrier_latencies()  # flush the latency records
+    with strata_redis.CheckpointManager(tmp_path, redis=job, worker_id="worker-01") as ckpt:
+        ckpt.save(b"x" * 1_500_000, step=700, epoch=0).result()
+    yield job
+
+
+def test_status_shows_the_pages_views(busy_job: strata_redis.Job, redis_url: str) -> None:
+    out = strata("status", "--redis-url", redis_url, "--job", busy_job.job_id)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    lines = text.splitlines()
+    assert "membership generation 3, 1 live of 2 workers; epoch 0" in lines[0]
+    assert "1 training, 0 checkpointing, 0 idle, 0 failed and 1 left" in text
+    assert re.search(r"barrier release latency: p50 [\d.]+ ms, p99 [\d.]+ ms", text), text
+    dataset = next(line for line in lines if line.startswith("images"))
+    assert dataset.split()[1:6] == ["0", "25", "0", "75", "100"] and "25.0%" in dataset
+    checkpoint = next(line for line in lines if line.strip().startswith("700"))
+    assert "committed" in checkpoint and "1.5 MB" in checkpoint and "1/1" in checkpoint
+    row = next(line for line in lines if line.startswith("worker-01"))
+    assert row.split()[:2] == ["worker-01", "training"] and "10.0.0.5:29500" in row
+    assert next(line for line in lines if line.startswith("worker-02")).split()[1] == "left"
+
+
+def test_status_json_is_the_api_document(busy_job: strata_redis.Job, redis_url: str) -> None:
+    out = strata("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    jsonschema.validate(doc, json.loads(schema_text()))
+    assert doc["job"] == busy_job.job_id and doc["checkpoints"][0]["step"] == 700
+    every = json.loads(strata("status", "--redis-url", redis_url, "--json").stdout)
+    assert [j["job_id"] for j in every["jobs"]] == [busy_job.job_id]
+
+
+def test_status_watch_refreshes_in_place(busy_job: strata_redis.Job, redis_url: str) -> None:
+    proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
+                 "0.2", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    frames = stdout.split("\x1b[H")
+    assert len(frames) >= 3, stdout  # refreshed, each frame drawn from the top
+    assert all("membership generation 3" in frame for frame in frames[1:])
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["status"], ["dashboard"]])
+def test_help_is_plain_text(command: list[str]) -> None:
+    out = strata(*command, "--help")
+    assert out.returncode == 0, out.stderr
+    for markup in ("``", ":class:", ":func:", ":meth:", "`"):
+        assert markup not in out.stdout, (markup, out.stdout)
+
+
+def test_dashboard_refuses_an_open_address_without_a_token(redis_url: str) -> None:
+    out = strata("dashboard", "--redis-url", redis_url, "--host", "0.0.0.0", "--port", "0")
+    assert out.returncode == 2
+    assert "reachable from other machines: set a token" in out.stderr
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    proc = popen(*args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        match = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        if match and ("serving" in line or line.startswith("dashboard:")):
+            return proc, match.group(0)
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait(15)
+    proc.stdout.close()
+    raise AssertionError(f"no URL from strata {' '.join(args)}: {seen}")
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, err.read()
+
+
+def _closed(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_dashboard_serves_with_a_token_and_stops_on_ctrl_c(
+    busy_job: strata_redis.Job, redis_url: str, tmp_path: Path
+) -> None:
+    token = "a-long-enough-token-1234"
+    (tmp_path / "token").write_text(token + "\n")
+    proc, url = _serve("dashboard", "--redis-url", redis_url, "--port", "0",
+                       "--token-file", str(tmp_path / "token"))  # fmt: skip
+    try:
+        assert _get(f"{url}api/dashboard")[0] == 401
+        status, body = _get(f"{url}api/dashboard", token)
+        assert status == 200 and json.loads(body)["jobs"][0]["job_id"] == busy_job.job_id
+        assert _get(f"{url}healthz")[0] == 200
+    finally:
+        stop(proc, 30)
+    assert proc.returncode == 0
+    assert _closed(int(url.rsplit(":", 1)[1].strip("/")))
+
+
+@pytest.mark.timeout(180)
+def test_demo_starts_serves_and_stops_cleanly() -> None:
+    proc, url = _serve("dashboard", "--demo", "--port", "0", "--workers", "3")
+    descendants: list[Any] = []
+    try:
+        assert proc.stdout is not None
+
+        def moving() -> bool:
+            status, body = _get(f"{url}api/dashboard")
+            doc = json.loads(body) if status == 200 else {}
+            return (
+                bool(doc)
+                and doc["jobs"][0]["live_workers"] == 3
+                and (doc["datasets"][0]["progress"]["done"] > 0)
+            )
+
+        wait_for(moving, 90, step=0.5)
+        status, body = _get(f"{url}metrics")
+        assert status == 200 and b'strata_workers{job="demo",status="training"}' in body
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in descendants)
+        assert "redis-server" in names and names.count("multiprocessing.spawn") >= 3, names
+        redis_port = next(
+            c.laddr.port for p in descendants if "redis-server" in " ".join(p.cmdline())
+            for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN
+        )  # fmt: skip
+    finally:
+        rest = stop(proc)  # Ctrl-C
+    assert proc.returncode == 0, rest
+    assert "demo: stopped" in rest
+    _gone, alive = psutil.wait_procs(descendants, timeout=20)
+    assert not alive, f"orphans left running: {[(p.pid, p.cmdline()) for p in alive]}"
+    assert _closed(int(url.rsplit(":", 1)[1].strip("/"))) and _closed(redis_port)
+
+
+def test_compose_serves_the_dashboard_on_loopback() -> None:
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    dash = spec["services"]["dashboard"]
+    assert dash["command"][0] == "dashboard"
+    assert dash["ports"] == ["127.0.0.1:8050:8050"]
+    assert "redis" in dash["depends_on"]
+    command = dash["command"]
+    assert command[command.index("--redis-url") + 1].startswith("redis://redis:")
+    # Inside the container it binds every interface (to be published), so it says why it
+    # may go without a token: the port is published on the host's loopback only.
+    assert "--no-token" in command and command[command.index("--host") + 1] == "0.0.0.0"
