@@ -183,13 +183,14 @@ def test_worker_failure_recovery(redis_url: str, raw: redis.Redis, dirs: Path) -
 
 
 def _stall_worker(url: str, worker_id: str, ckpt: str) -> None:
-    """Join, take one batch, then stall (alive, heartbeating) until killed."""
+    """Join, drain what it gets of the epoch, then stall (alive, heartbeating) until killed."""
     with strata_redis.TrainingOrchestrator(
         url, worker_id, job_id=JOB, checkpoint_path=ckpt, min_workers=2, last_call=0.5,
         heartbeat_timeout=3.0,
     ) as orch:  # fmt: skip
-        next(iter(orch.get_shards(DATASET)))
-        time.sleep(120)
+        for _ in orch.get_shards(DATASET):
+            time.sleep(0.01)
+        time.sleep(120)  # never arrives at the epoch barrier
 
 
 def _advance_worker(url: str, worker_id: str, ckpt: str, out: str) -> None:
