@@ -99,6 +99,28 @@ def test_worker_runs_under_the_worker_rule_and_status_under_the_reader(
     job.close()
 
 
+@pytest.mark.timeout(120)
+def test_the_training_loop_runs_under_the_worker_rule(
+    acl_redis: tuple[RedisServer, redis.Redis], tmp_path: Path
+) -> None:
+    server, admin = acl_redis
+    url = f"redis://worker:{SECRET}@127.0.0.1:{server.port}/0"
+    ShardManager(url, job_id=JOB).register_dataset_params("ds", 200, 20, True, 1)
+    with strata_redis.TrainingOrchestrator(
+        url, "w-0", job_id=JOB, checkpoint_path=tmp_path / "store", last_call=0.1
+    ) as orch:  # fmt: skip
+        for epoch in range(2):
+            for step, _batch in enumerate(orch.get_shards("ds", batch_size=8)):
+                if step % 10 == 0:
+                    orch.save_checkpoint(step=step, epoch=epoch, state=b"model")
+            orch.advance_epoch()
+    with strata_redis.TrainingOrchestrator(
+        url, "w-0", job_id=JOB, checkpoint_path=tmp_path / "store", last_call=0.1
+    ) as orch:  # fmt: skip
+        assert orch.resumed is not None and orch.load_state() == b"model"
+    assert admin.acl_log() == [], "a command or key was refused"
+
+
 @pytest.mark.parametrize("job_arg", [[], ["--job", JOB], ["--job", "other-job"]])
 def test_cli_permission_error_is_one_line(
     acl_redis: tuple[RedisServer, redis.Redis], job_arg: list[str]
