@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -338,11 +339,23 @@ class TrainingOrchestrator:
             if round_ is self.round:
                 self._broken = exc
                 log.warning("worker %r: %s", self.worker_id, exc)
-                self._abort_epoch_barrier(round_, exc)
-                if exc.reason != "superseded":
-                    self._abort_saves(exc)
+                # on a thread of its own: the heartbeat thread never waits on the main pool
+                threading.Thread(
+                    target=self._on_broken, args=(round_, exc), daemon=True,
+                    name=f"strata-round-broken-{self.worker_id}",
+                ).start()  # fmt: skip
         except Exception:  # the heartbeat thread must go on
             log.exception("worker %r: round check failed", self.worker_id)
+
+    def _on_broken(self, round_: Round, exc: RoundBrokenError) -> None:
+        """Wake this round's waiters: its epoch barrier breaks, its open saves abort."""
+        try:
+            self._abort_epoch_barrier(round_, exc)
+            if exc.reason != "superseded":
+                self._abort_saves(exc)
+        except Exception:  # a best effort: the waits are bounded anyway
+            log.exception("worker %r: could not wake round %d's waiters", self.worker_id,
+                          round_.number)  # fmt: skip
 
     def _epoch_barrier(self, round_: Round) -> Barrier:
         name = f"{RESERVED_PREFIX}epoch:round:{round_.number}"

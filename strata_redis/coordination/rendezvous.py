@@ -175,14 +175,15 @@ class Rendezvous:
     def check(self, round_: Round) -> None:
         """Raise if ``round_`` is over: a member died or left, or a newer round opened.
 
-        One script call; the orchestrator runs it off the hot path, when the heartbeat
-        thread sees the membership generation move.
+        One script call, on the heartbeat client (the orchestrator runs it from the
+        heartbeat thread when the membership generation moves, off the hot path; it must
+        never wait behind this process's blocking calls).
 
         Raises:
             RoundBrokenError: the round is over (``.culprit``, ``.reason``).
         """
         ctx, k = self.context, self.context.keys
-        ctx.scripts.run(
+        ctx.heartbeat_scripts.run(
             "check_round",
             [k.rendezvous, k.round_ranks(round_.number), k.heartbeats, k.status, k.incarnation,
              k.rendezvous_events],
