@@ -7,7 +7,7 @@
 -- does not ask for liveness: a lease not yet taken back is still its holder's.
 -- Acquiring leases one shard of a (dataset, epoch) to a live worker: the first of its own
 -- candidates still in the pool, else (if allowed) the pool's highest-priority shard
--- (stealing another worker's unstarted shard). Before choosing, expired leases, and leases
+-- (stealing another worker's unstarted shard; the epoch meta's 'steals' counts these grants). Before choosing, expired leases, and leases
 -- of workers that are no longer live (checked once per membership generation), go back
 -- to the pool. Every grant carries a new fencing token from a counter that never expires.
 -- KEYS[1] = epoch meta HASH   KEYS[2] = todo ZSET      KEYS[3] = holders HASH
@@ -101,7 +101,10 @@ for i = 6, #ARGV do
 end
 if not pick and ARGV[3] == '1' then
   local top = redis.call('ZRANGE', KEYS[2], 0, 0, 'REV', 'WITHSCORES')
-  if #top > 0 then pick, prio = top[1], top[2] end
+  if #top > 0 then
+    pick, prio = top[1], top[2]
+    redis.call('HINCRBY', KEYS[1], 'steals', 1)
+  end
 end
 if not pick then
   return answer({S.OK, A.NOTHING, redis.call('HLEN', KEYS[5]), redis.call('HLEN', KEYS[3]), consumed})

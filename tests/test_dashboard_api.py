@@ -162,7 +162,8 @@ def test_document_matches_the_library_and_the_schema(scenario: Scenario, redis_u
                                            params.shuffle, params.seed)  # fmt: skip
     progress = scenario.leases.progress()
     assert ds["progress"] == {"initialized": True, "total": progress.total, "done": progress.done,
-                              "leased": progress.leased, "todo": progress.todo}  # fmt: skip
+                              "leased": progress.leased, "todo": progress.todo,
+                              "steals": progress.steals}  # fmt: skip
     assert (progress.done, progress.leased) == (35, 1)
     done = Counter(worker for worker, _token in scenario.leases.completions().values())
     assert {r["worker_id"]: (r["done"], r["leased"]) for r in ds["distribution"]} == {
@@ -340,6 +341,7 @@ def test_metrics_match_the_api(scenario: Scenario, redis_url: str) -> None:
         assert (
             value("strata_shards", job=JOB, dataset="images", state=state) == ds["progress"][state]
         )
+    assert value("strata_lease_steals", job=JOB, dataset="images") == ds["progress"]["steals"]
     for q, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
         assert value("strata_barrier_release_latency_seconds", job=JOB, quantile=q) == (
             pytest.approx(m["barrier"][key] / 1000)

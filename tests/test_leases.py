@@ -197,12 +197,14 @@ def test_own_shards_first_then_steal(job: strata_redis.Job) -> None:
         lease.complete()
     assert got[: len(own)] == own, "own shards first, in this epoch's order"
     assert sorted(got) == list(range(20)), "then every other worker's unstarted shards"
+    assert la.progress().steals == 20 - len(own) > 0, "each of b's shards a took is a steal"
     no_steal = job.leases("ds", 1, "a", steal=False)
     taken = []
     while (lease := no_steal.acquire()) is not None:
         taken.append(lease.shard_id)
         lease.complete()
     assert sorted(taken) == sorted(s.shard_id for s in sm.get_shard_for_worker("ds", "a", 1))
+    assert no_steal.progress().steals == 0
 
 
 def test_only_live_workers_lease(job: strata_redis.Job) -> None:

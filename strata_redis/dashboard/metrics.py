@@ -99,6 +99,16 @@ class _DocumentCollector(Collector):
                 shards.add_metric([d["job_id"], d["name"], key], d["progress"][key])
         yield shards
 
+        steals = CounterMetricFamily(
+            "strata_lease_steals",
+            "Shard leases stolen in the job's current epoch (grants from the shared pool once "
+            "the worker's own shards were gone); resets at a new epoch",
+            labels=["job", "dataset"],
+        )
+        for d in doc["datasets"]:
+            steals.add_metric([d["job_id"], d["name"]], d["progress"]["steals"])
+        yield steals
+
         latency = GaugeMetricFamily(
             "strata_barrier_release_latency_seconds",
             f"Barrier release latency quantiles over the newest {LATENCIES_READ} releases",

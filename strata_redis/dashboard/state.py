@@ -511,7 +511,7 @@ class _JobRead:
             pipe.hmget(k.incarnation, self._page)
         for params in self.dataset_params:
             lk = k.lease_keys(params.name, self.epoch)  # direct reads: the epoch's record
-            pipe.hget(lk.meta, "created_ms")
+            pipe.hmget(lk.meta, ["created_ms", "steals"])
             pipe.hlen(lk.done)
             pipe.hlen(lk.holders)
             pipe.zcard(lk.todo)
@@ -551,7 +551,7 @@ class _JobRead:
                 self.info[w] = state.decode_info(raw)
                 self.incarnation[w] = int(inc or 0)
         for params, small, key, kept in self._details:
-            created, done, leased, todo = (replies.pop(0) for _ in range(4))
+            (created, steals), done, leased, todo = (replies.pop(0) for _ in range(4))
             total = params.num_shards
             started = created is not None
             self.progress[params.name] = {
@@ -560,6 +560,7 @@ class _JobRead:
                 "done": int(done),
                 "leased": int(leased),
                 "todo": int(todo) if started else total,
+                "steals": int(steals or 0),
             }
             if small:
                 holders = replies.pop(0)

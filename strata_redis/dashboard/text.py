@@ -62,15 +62,15 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
     if datasets:
         lines.append(
             f"{'DATASET':<24} {'EPOCH':>5} {'DONE':>7} {'LEASED':>7} {'TO DO':>7} {'SHARDS':>7}"
-            "  PROGRESS"
+            f" {'STOLEN':>7}  PROGRESS"
         )
         for d in datasets:
             p = d["progress"]
             pct = 100 * p["done"] / p["total"] if p["total"] else 0.0
             lines.append(
                 f"{d['name']:<24} {d['epoch']:>5} {p['done']:>7} {p['leased']:>7} {p['todo']:>7} "
-                f"{p['total']:>7}  {_bar(p['done'], p['leased'], p['total'])} {pct:5.1f}%"
-                + ("" if p["initialized"] else "  (epoch not started)")
+                f"{p['total']:>7} {p['steals']:>7}  {_bar(p['done'], p['leased'], p['total'])} "
+                f"{pct:5.1f}%" + ("" if p["initialized"] else "  (epoch not started)")
             )
     else:
         lines.append("no datasets registered")

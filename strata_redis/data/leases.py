@@ -97,12 +97,17 @@ class Lease:
 
 @dataclass(frozen=True)
 class EpochProgress:
-    """Where a (dataset, epoch) stands: shards done, leased now, and not yet leased."""
+    """Where a (dataset, epoch) stands: shards done, leased now, and not yet leased.
+
+    ``steals`` counts the grants taken from the shared pool once a worker's own shards that
+    it asked for were gone (another worker's unstarted shard, as a rule).
+    """
 
     total: int
     done: int
     leased: int
     todo: int
+    steals: int = 0
 
     @property
     def finished(self) -> bool:
@@ -327,8 +332,9 @@ class ShardLeases:
             pipe.hlen(self.keys.done)
             pipe.hlen(self.keys.holders)
             pipe.zcard(self.keys.todo)
-            done, leased, todo = pipe.execute()
-        return EpochProgress(self.params.num_shards, done, leased, todo)
+            pipe.hget(self.keys.meta, "steals")
+            done, leased, todo, steals = pipe.execute()
+        return EpochProgress(self.params.num_shards, done, leased, todo, int(steals or 0))
 
     def keep_record(self) -> None:
         """Keep a finished epoch's record ``RECORD_TTL_S`` more, then let it expire."""

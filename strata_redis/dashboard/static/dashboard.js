@@ -241,7 +241,7 @@
       node.querySelector(".bar .done").style.width = `${(100 * p.done) / Math.max(1, p.total)}%`;
       node.querySelector(".bar .leased").style.width = `${(100 * p.leased) / Math.max(1, p.total)}%`;
       node.querySelector(".counts").textContent =
-        `${p.done} done · ${p.leased} leased · ${p.todo} to do of ${p.total} shards${p.initialized ? "" : " (epoch not started)"}`;
+        `${p.done} done · ${p.leased} leased · ${p.todo} to do of ${p.total} shards · ${p.steals} stolen${p.initialized ? "" : " (epoch not started)"}`;
       node.querySelector(".meta").textContent =
         `${d.total_samples.toLocaleString()} samples, ${d.samples_per_shard} per shard, ${d.shuffle ? `shuffled (seed ${d.seed})` : "not shuffled"}`;
       const chartBox = node.querySelector(".dist");
