@@ -59,7 +59,6 @@ from .errors import (
     LeaseLostError,
     RoundBrokenError,
     StrataError,
-    WorkerError,
 )
 from .storage import Storage, open_storage
 from .validate import check_id, check_int, check_seconds
@@ -782,12 +781,7 @@ class TrainingOrchestrator:
             old.close(wait=False)
         if worker is not None:
             worker.on_generation = None
-            worker.stop_heartbeat()
-            if worker.lost is None:
-                try:
-                    worker.deregister()
-                except (WorkerError, redis_py.RedisError) as exc:
-                    log.info("worker %r: not deregistered: %s", self.worker_id, exc)
+            worker.leave()
         if self._owns_storage:
             self.storage.close()
         if self._owns_client:

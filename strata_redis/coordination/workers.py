@@ -285,9 +285,17 @@ class Worker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.leave()
+
+    def leave(self) -> None:
+        """Stop heartbeats and deregister, unless it is already out; never raises.
+
+        What a ``with`` block or a closing facade does on the way out: a worker that was
+        declared failed, or that Redis cannot reach now, is logged, not raised.
+        """
         self.stop_heartbeat()
         if self.lost is None:
             try:
                 self.deregister()
-            except WorkerError as err:
+            except (WorkerError, redis.RedisError) as err:
                 log.info("worker %r: not deregistered on exit: %s", self.worker_id, err)
