@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up on a fresh Debian/Ubuntu machine: a redis-server binary (from PATH, else
-# apt-get), Chromium and chromedriver for the dashboard's browser test (apt-get), a virtual
-# environment in .venv, and strata-redis with its dev extras in it.
+# apt-get), with --browser Chromium and chromedriver for the dashboard's browser test
+# (apt-get), a virtual environment in .venv, and strata-redis with its dev extras in it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +30,9 @@ if ! find_redis; then
   fi
 fi
 
-# The dashboard's browser test drives Debian's headless Chromium through its chromedriver.
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+# The dashboard's browser test drives Debian's headless Chromium through its chromedriver:
+# `setup.sh --browser` (what scripts/test.sh runs) installs them; the demo does not need them.
+if [ "${1:-}" = "--browser" ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
   if command -v apt-get >/dev/null; then
     say "no /usr/bin/chromium or /usr/bin/chromedriver: installing Debian's chromium and chromium-driver"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \

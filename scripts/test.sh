@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. -k barrier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --browser
 .venv/bin/ruff check strata_redis tests perf
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layer contract in pyproject.toml: imports only point down
