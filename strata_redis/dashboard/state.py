@@ -159,7 +159,9 @@ class StreamTail:
     Stream entries never change: each read asks only for the entries after the newest one
     kept (``XREVRANGE key + (<id> COUNT cap``) and the stream's length. A stream that holds
     fewer entries than are kept (trimmed, deleted or flushed) keeps only that many of the
-    newest, so nothing gone from Redis is shown for long.
+    newest, so nothing gone from Redis is shown for long. (A stream deleted and written
+    again within the same millisecond as the newest entry kept would not be told apart
+    from the old one until a newer entry arrives.)
     """
 
     def __init__(self, cap: int) -> None:
