@@ -346,7 +346,10 @@ class ThreadHarness:
 
     def collect(self) -> tuple[float, list[str]]:
         if not self.all_done.wait(WAIT_S):
-            raise TimeoutError("harness threads did not wake")
+            raise TimeoutError(
+                f"{self.mode}: {len(self.ids) - self.done} of {len(self.ids)} threads did not"
+                f" wake within {WAIT_S:.0f} s (errors: {self.errors[:3]})"
+            )
         errors, self.errors = self.errors, []
         return max(self.woke), errors
 
