@@ -14,9 +14,11 @@ Pure (no Redis): ``--redis-url`` is accepted, for ``perf/run.py``, and ignored.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pyperf  # type: ignore[import-untyped]
@@ -66,8 +68,9 @@ def uhashring(workers: Sequence[str]) -> list[str]:
     return [ring.get_node(key) for key in SHARD_KEYS]
 
 
-def figures(name: str, place: Callable[[Sequence[str]], list[str]]) -> str:
-    """Balance, and the fraction of shards moved by one failure and by one join."""
+def figures(name: str, place: Callable[[Sequence[str]], list[str]], into: dict[str, float]) -> str:
+    """Balance, and the fraction of shards moved by one failure and by one join (also put
+    in ``into``, as percentages: ``<name>_moved_fail_pct``, ``<name>_moved_join_pct``)."""
     before = np.array(place(WORKERS), dtype=object)
     loads = Counter(before.tolist())
     balance = max(loads.values()) / (NUM_SHARDS / NUM_WORKERS)
@@ -77,6 +80,10 @@ def figures(name: str, place: Callable[[Sequence[str]], list[str]]) -> str:
     after_balance = max(Counter(failed.tolist()).values()) / (NUM_SHARDS / (NUM_WORKERS - 1))
     joined = np.array(place([*WORKERS, "worker-new"]), dtype=object)
     moved_join = float(np.mean(joined != before))
+    into[f"{name}_moved_fail_pct"] = moved_fail * 100
+    into[f"{name}_moved_join_pct"] = moved_join * 100
+    into[f"{name}_balance"] = balance
+    into["one_over_n_pct"] = 100 / NUM_WORKERS
     return (
         f"{name:10s} balance {balance:.2f}x mean ({after_balance:.2f}x after the failure); "
         f"busiest worker fails: {moved_fail:.2%} moved ({1 - moved_fail:.2%} kept, "
@@ -134,8 +141,11 @@ def main() -> None:
         return
 
     print()
-    print(figures("ours", ours))
-    print(figures("uhashring", uhashring))
+    summary: dict[str, float] = {}
+    print(figures("ours", ours, summary))
+    print(figures("uhashring", uhashring, summary))
+    if args.output:  # beside the pyperf results: perf/report.py's "sharding" summary
+        Path(args.output).with_name("sharding.json").write_text(json.dumps(summary, indent=2))
     means = {k: b.mean() for k, b in results.items() if b is not None}
     if len(means) == len(results):
         uh = means["uh_build"] + means["uh_lookup"]

@@ -1,21 +1,22 @@
 """Load scenarios: the real mix of a training job's calls against one Redis, from many workers.
 
     python perf/load.py                          # peak, sustained and burst, small defaults
-    python perf/load.py --scenario sustained --rate 2000 --duration 120
+    python perf/load.py --scenario sustained --rate 2000 --sustained 300
     python perf/load.py --processes 2 --workers 100 --scenario peak
     python perf/load.py --smoke                  # every scenario for a second or two
 
-``--processes`` generator processes each run ``--workers`` simulated workers of one job
-(registered through the library) and send the mix a training job sends: heartbeat + reaper
-ticks, lease hand-offs (acquire, complete), barrier arrivals (each released when all of a
-process's workers arrived), checkpoint begin + ack (the last ack commits, metadata.json to a
-temp dir), and status reads (``Job.workers()``, what ``strata status`` and the dashboard
-read). Every call is the library's own; latency is measured from when the call was due
-(open loop), so a stall shows as waiting time, not as fewer samples.
+``--processes`` generator processes each run ``--workers`` simulated workers of a job (one
+job per process, registered through the library, as jobs share a Redis) and send the mix a
+training job sends: heartbeat + reaper ticks, lease hand-offs (acquire, complete), barrier
+arrivals (each released when all of a process's workers arrived), checkpoint begin + ack
+(the last ack commits, metadata.json to a temp dir), and status reads (``Job.workers()``,
+what ``strata status`` and the dashboard read). Every call is the library's own; latency is
+measured from when the call was due (open loop), so a stall shows as waiting time, not as
+fewer samples.
 
 - peak: as fast as it goes (closed loop) for ``--duration``; requests/s and p99.
-- sustained: ``--rate`` requests/s for ``--duration``; p99 of the first and last tenth
-  (drift), Redis and client memory at the start and end.
+- sustained: ``--rate`` requests/s for ``--sustained`` seconds (default 120); p99 of the
+  first and last tenth (drift), Redis and client memory at the start and end.
 - burst: ``--rate`` for a third of the time, ``--burst-rate`` for ``--burst`` seconds, then
   ``--rate`` again; how long until p99 is back within 1.2 x the baseline's.
 The reference is raw redis-py: the same processes issue the same number of round trips
@@ -58,7 +59,9 @@ class Simulated:
     """One generator process's simulated workers, and the next call of each kind."""
 
     def __init__(self, url: str, index: int, workers: int, tmp: str) -> None:
-        self.job = strata_redis.connect(url, JOB, heartbeat_timeout=3600.0)
+        # one job per process: a job's checkpoint steps go forward, and two processes'
+        # independent step sequences in one job would be refused (StepNotForwardError)
+        self.job = strata_redis.connect(url, f"{JOB}-{index}", heartbeat_timeout=3600.0)
         ctx = self.job.context
         self.ids = [f"p{index}-w{i}" for i in range(workers)]
         self.workers = [
@@ -115,6 +118,10 @@ class Simulated:
             registry.workers(self.job.context)
 
 
+def _duration(args: argparse.Namespace, scenario: str) -> float:
+    return float(args.sustained if scenario == "sustained" else args.duration)
+
+
 def _schedule(args: argparse.Namespace, scenario: str, processes: int) -> list[tuple[float, float]]:
     """(start, rate per process) segments; rate 0 means as fast as it goes."""
     if scenario == "peak" or scenario == "raw":
@@ -139,8 +146,9 @@ def _generator(
     go.wait()
     start = time.perf_counter()
     due, n = start, 0
-    done_at, lat, at, kind_of, errors = [], [], [], [], 0
-    while (now := time.perf_counter()) - start < args.duration:
+    done_at, lat, at, kind_of, errors = [], [], [], [], {}
+    duration = _duration(args, scenario)
+    while (now := time.perf_counter()) - start < duration:
         rate = [r for s, r in segments if now - start >= s][-1]
         if rate > 0:
             due = max(due, start) if n == 0 else due + 1.0 / rate
@@ -155,8 +163,9 @@ def _generator(
                 raw.ping()
             else:
                 sim.call(KINDS[k])
-        except (strata_redis.StrataError, redis.RedisError):
-            errors += 1
+        except (strata_redis.StrataError, redis.RedisError) as exc:
+            what = f"{KINDS[k]}: {type(exc).__name__}"
+            errors[what] = errors.get(what, 0) + 1
         end = time.perf_counter()
         lat.append(end - due)
         at.append(due - start)
@@ -174,7 +183,9 @@ def run(url: str, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
     """One scenario: start the generators together, collect their latencies, summarize."""
     client = redis.Redis.from_url(url, decode_responses=True)
     client.flushall()
-    strata_redis.ShardManager(url, job_id=JOB).register_dataset_params(DATASET, 10**6, 10, False)
+    for i in range(args.processes):
+        manager = strata_redis.ShardManager(url, job_id=f"{JOB}-{i}")
+        manager.register_dataset_params(DATASET, 10**6, 10, False)
     mp = multiprocessing.get_context("spawn")
     ready = mp.Barrier(args.processes + 1)
     go = mp.Event()
@@ -196,11 +207,16 @@ def run(url: str, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
     lat = np.concatenate([p["lat"] for p in parts])
     at = np.concatenate([p["at"] for p in parts])
     kind = np.concatenate([p["kind"] for p in parts])
-    elapsed = max(p["elapsed"] for p in parts) or args.duration
+    duration = _duration(args, scenario)
+    elapsed = max(p["elapsed"] for p in parts) or duration
+    errors: dict[str, int] = {}
+    for part in parts:
+        for what, count in part["errors"].items():
+            errors[what] = errors.get(what, 0) + count
     doc: dict[str, Any] = {
         "scenario": scenario, "processes": args.processes, "workers": args.workers,
-        "duration_s": args.duration, "requests": len(lat),
-        "rps": len(lat) / elapsed, "errors": sum(p["errors"] for p in parts),
+        "duration_s": duration, "requests": len(lat),
+        "rps": len(lat) / elapsed, "errors": sum(errors.values()), "error_kinds": errors,
         **_percentiles(lat),
         "by_kind": {KINDS[k]: {"count": int((kind == k).sum()), **_percentiles(lat[kind == k])}
                     for k in range(len(KINDS)) if (kind == k).any()},
@@ -209,8 +225,8 @@ def run(url: str, args: argparse.Namespace, scenario: str) -> dict[str, Any]:
         "client_rss_mb": [round(p["rss_mb"], 1) for p in parts],
     }  # fmt: skip
     if scenario == "sustained":
-        tenth = args.duration / 10
-        first, last = lat[at < tenth], lat[at >= args.duration - tenth]
+        tenth = duration / 10
+        first, last = lat[at < tenth], lat[at >= duration - tenth]
         if len(first) and len(last):
             p_first, p_last = np.percentile(first, 99), np.percentile(last, 99)
             doc["p99_first_ms"], doc["p99_last_ms"] = p_first * 1e3, p_last * 1e3
@@ -261,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--workers", type=int, default=50, help="simulated workers per process")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per scenario")
+    parser.add_argument(
+        "--sustained", type=float, default=120.0, help="seconds of the sustained scenario"
+    )
     parser.add_argument("--rate", type=float, default=1000.0, help="requests/s, all processes")
     parser.add_argument("--burst-rate", type=float, default=4000.0)
     parser.add_argument("--burst", type=float, default=10.0, help="seconds of burst")
@@ -269,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds each")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.processes, args.workers, args.duration = 1, 5, 3.0
+        args.processes, args.workers, args.duration, args.sustained = 2, 5, 3.0, 3.0
         args.rate, args.burst_rate, args.burst = 100.0, 300.0, 1.0
     args.results.mkdir(parents=True, exist_ok=True)
     scenarios = ["peak", "sustained", "burst"] if args.scenario == "all" else [args.scenario]
@@ -282,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = run(url, args, scenario)
             (args.results / f"load_{scenario}.json").write_text(json.dumps(doc, indent=2))
             line = f"{scenario}: {doc['rps']:.0f} requests/s, p99 {doc.get('p99_ms', 0):.2f} ms"
-            print(line + f", {doc['errors']} errors", flush=True)
+            print(line + f", {doc['errors']} errors {doc['error_kinds'] or ''}", flush=True)
     finally:
         if server is not None:
             server.close()

@@ -35,8 +35,13 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     assert any(r["metric"].startswith("coordination call latency") for r in measured)
     assert "| metric | measured |" in (tmp_path / "report.md").read_text()
     # the load scenarios, the per-worker cost and every scaling curve ran, with its chart
-    for name in ("load_peak", "load_raw", "load_sustained", "load_burst", "cost"):
+    for name in ("load_peak", "load_raw", "load_sustained", "load_burst", "cost", "sharding"):
         assert json.loads((tmp_path / f"{name}.json").read_text()), name
+    for name in ("load_peak", "load_sustained", "load_burst"):  # two generator processes
+        scenario = json.loads((tmp_path / f"{name}.json").read_text())
+        assert scenario["processes"] == 2 and scenario["errors"] == 0, scenario["error_kinds"]
+    moved = next(r for r in doc["rows"] if r["metric"].startswith("shards moved when the busiest"))
+    assert 0 < moved["measured"] < 2.1, moved
     curves = json.loads((tmp_path / "curves.json").read_text())
     for name, curve in curves.items():
         assert len(curve["seconds"]) == len(curve["sizes"]) >= 2, name
