@@ -53,7 +53,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    return run_demo(args.redis_url, workers=args.workers, checkpoint_path=args.checkpoint_path)
+    return run_demo(
+        args.redis_url, workers=args.workers, job_id=args.job, checkpoint_path=args.checkpoint_path
+    )
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -119,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--checkpoint-path", help="checkpoint storage (path or s3:// URL); default a temp dir"
+    )
+    demo.add_argument(
+        "--job", default="demo", help="the job's id: new to the Redis and storage (default demo)"
     )
     demo.set_defaults(func=_demo)
 
