@@ -90,8 +90,8 @@ if swept ~= gen then
 end
 
 local pick, prio
-local consumed = #ARGV - 5
-for i = 6, #ARGV do
+local consumed = NARGV - 5
+for i = 6, NARGV do
   prio = redis.call('ZSCORE', KEYS[2], ARGV[i])
   if prio then
     pick = ARGV[i]

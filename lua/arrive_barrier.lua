@@ -123,7 +123,7 @@ if not full then
 end
 
 local counter = '-'
-if KEYS[9] then counter = redis.call('INCR', KEYS[9]) end
+if NKEYS >= 9 then counter = redis.call('INCR', KEYS[9]) end
 local outcome = 'R ' .. gen .. ' ' .. now_us .. ' ' .. first_us .. ' ' .. n .. ' ' .. counter
 redis.call('HSET', KEYS[1], 'gen', gen + 1, 'r:' .. gen, outcome)
 redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'r:' .. (gen - tonumber(ARGV[6])))

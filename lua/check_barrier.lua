@@ -100,7 +100,7 @@ local n = redis.call('SCARD', KEYS[2])
 -- every live worker has arrived; the count comparison keeps this O(1) until it can hold
 if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and #missing() == 0 then
   local counter = '-'
-  if KEYS[9] then counter = redis.call('INCR', KEYS[9]) end
+  if NKEYS >= 9 then counter = redis.call('INCR', KEYS[9]) end
   local t = redis.call('TIME')
   local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
   local first_us = redis.call('HGET', KEYS[1], 'first_us')

@@ -19,11 +19,11 @@ local total = tonumber(ARGV[1])
 local offset = tonumber(ARGV[2])
 -- a chunk another caller already added, or one beyond the next: say where to go on
 if offset ~= loaded then return {S.OK, 0, loaded} end
-local count = (#ARGV - 2) / 2
+local count = (NARGV - 2) / 2
 -- unpack() is bounded by Lua's stack: add in pieces
 local piece = 4000
-for i = 3, #ARGV, piece do
-  local last = math.min(i + piece - 1, #ARGV)
+for i = 3, NARGV, piece do
+  local last = math.min(i + piece - 1, NARGV)
   redis.call('ZADD', KEYS[2], unpack(ARGV, i, last))
 end
 loaded = loaded + count

@@ -16,7 +16,7 @@
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return {S.OK, 0} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[3])
-for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+for i = 3, NKEYS do redis.call('DEL', KEYS[i]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local i = 5
@@ -28,8 +28,8 @@ for j = i + 1, i + 2 * m, 2 do redis.call('HSET', KEYS[8], ARGV[j], ARGV[j + 1])
 i = i + 2 * m + 1
 -- unpack() is bounded by Lua's stack: add in chunks
 local chunk = 4000
-for j = i, #ARGV, chunk do
-  local last = math.min(j + chunk - 1, #ARGV)
+for j = i, NARGV, chunk do
+  local last = math.min(j + chunk - 1, NARGV)
   redis.call('ZADD', KEYS[4], unpack(ARGV, j, last))
 end
 redis.call('HSET', KEYS[3], 'num_shards', ARGV[4], 'loaded', ARGV[4], 'created_ms', now, 'swept', '-1')

@@ -22,6 +22,7 @@ from .connection import (
     make_client,
     max_block,
 )
+from .era import Era, EraScripts
 from .keys import Keys
 from .scripts import Scripts
 from .validate import check_id, check_int, check_seconds
@@ -61,7 +62,9 @@ class JobContext:
             or a given decoding ``redis.Redis`` (its pool is the caller's).
 
     Attributes:
-        job_id, keys (the key schema), client, scripts, heartbeat_timeout, events_cap,
+        job_id, keys (the key schema), client, scripts (every call carries the job's era),
+        era (``era.Era``: a loss of the job's state raises ``StateLostError``),
+        heartbeat_timeout, events_cap,
         heartbeat_scripts (the scripts on the heartbeat client), max_block (seconds one
         blocking command may block).
     """
@@ -85,14 +88,22 @@ class JobContext:
         self.keys: Keys = Keys(self.job_id)
         if shared is not None:
             self.client: Any = shared.client
-            self.scripts: Scripts = shared.scripts
+            self._scripts: Scripts = shared._scripts
             self._heartbeat: list[Scripts] = shared._heartbeat
             self._heartbeat_lock: threading.Lock = shared._heartbeat_lock
         else:
             self.client = make_client(redis, max_connections=max_connections)  # type: ignore[arg-type]
-            self.scripts = Scripts(self.client)
+            self._scripts = Scripts(self.client)
             self._heartbeat = []
             self._heartbeat_lock = threading.Lock()
+        # the job's era (era.py): one per job in a process, so contexts of one job that
+        # share a client share it; every script of this context carries it
+        self.era: Era = (
+            shared.era if shared is not None and shared.job_id == self.job_id
+            else Era(self.client, self.keys.era, self.job_id)
+        )  # fmt: skip
+        self.scripts: EraScripts = EraScripts(self._scripts, self.era)
+        self._heartbeat_scripts: EraScripts | None = None
         self.max_block: float = max_block(self.client)
         self._memos: dict[str, Any] = {}
         self._memo_lock = threading.Lock()
@@ -114,7 +125,7 @@ class JobContext:
             return value
 
     @property
-    def heartbeat_scripts(self) -> Scripts:
+    def heartbeat_scripts(self) -> EraScripts:
         """The scripts on this process's heartbeat client (made on first use, shared).
 
         A pool of its own, so heartbeats never wait behind blocking calls; its socket
@@ -126,7 +137,9 @@ class JobContext:
                 timeout = max(1.0, min(SOCKET_TIMEOUT, self.heartbeat_timeout / 2))
                 client = heartbeat_client(self.client, socket_timeout=timeout)
                 self._heartbeat.append(Scripts(client))
-            return self._heartbeat[0]
+            if self._heartbeat_scripts is None:
+                self._heartbeat_scripts = EraScripts(self._heartbeat[0], self.era)
+            return self._heartbeat_scripts
 
     def close(self) -> None:
         """Close the client's connections (and the heartbeat client's)."""

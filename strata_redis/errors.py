@@ -21,6 +21,7 @@ The tree::
     │   └── DatasetConflictError        same name registered with other parameters
     ├── LeaseError                  .job_id, .dataset, .epoch, .shard_id
     │   └── LeaseLostError              the lease expired, was taken over, or its token is stale
+    ├── StateLostError              .job_id, .era, .found: the job's state in Redis was lost
     ├── StorageError                .backend, .path (never credentials)
     │   ├── StorageNotFoundError        the object does not exist
     │   └── StorageExistsError          a create-only write found the object already there
@@ -63,6 +64,7 @@ __all__ = [
     "RendezvousTimeoutError",
     "RestartLimitError",
     "RoundBrokenError",
+    "StateLostError",
     "StepNotForwardError",
     "StorageError",
     "StorageExistsError",
@@ -393,6 +395,51 @@ class LeaseLostError(LeaseError):
         )
 
 
+class StateLostError(StrataError):
+    """The job's state in Redis is not the one this process worked in (``era.py``).
+
+    Redis restarted without persistence, was flushed, failed over to a replica that had
+    not synced, or the job was started again meanwhile: its workers, leases, barriers,
+    rounds and checkpoint steps as this process knew them are gone. Nothing is retried
+    and no state is made up: stop this process; a new one joins the job's new era
+    (``TrainingOrchestrator`` resumes from the newest checkpoint in storage, or from the
+    start of epoch 0 if there is none).
+
+    Attributes:
+        era: the era this process worked in.
+        found: the era Redis holds now (None: none, the state is gone).
+    """
+
+    def __init__(self, message: str, *, job_id: str, era: str, found: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.era = era
+        self.found = found
+
+    @classmethod
+    def because(cls, job_id: str, era: str, found: str | None) -> StateLostError:
+        """The state of ``job_id`` is not era ``era``: Redis holds ``found`` (None: none)."""
+        what = (
+            "Redis holds no state for it now (restarted without persistence, flushed, or "
+            "failed over to a replica that had not synced)"
+            if found is None
+            else f"Redis holds era {found!r} now: the job was started again meanwhile"
+        )
+        return cls(
+            f"the state of job {job_id!r} in Redis was lost: this process worked in era "
+            f"{era!r}, and {what}. Its workers, leases, barriers, rounds and checkpoint steps "
+            "are gone; nothing was retried. Stop this process and start the job's processes "
+            "again: they resume from the newest checkpoint in storage (from epoch 0 if none)",
+            job_id=job_id, era=era, found=found,
+        )  # fmt: skip
+
+    @classmethod
+    def refused(cls, c: Context) -> StateLostError:
+        """A ``STATE_LOST`` reply seen without the era at hand."""
+        found = str(c["payload"][0]) if c.get("payload") else ""
+        return cls.because(c.get("job_id", "?"), "?", found or None)
+
+
 class StorageError(StrataError):
     """A storage backend could not complete an operation.
 
@@ -545,6 +592,7 @@ _BY_STATUS: dict[Status, Callable[[Context], StrataError]] = {
     Status.STEP_COMMITTING: CheckpointError.committing,
     Status.ROUND_MOVED: RendezvousError.moved,
     Status.ROUND_BROKEN: RoundBrokenError.refused,
+    Status.STATE_LOST: StateLostError.refused,
 }
 
 

@@ -16,9 +16,10 @@ from .coordination.registry import WorkerInfo
 from .coordination.workers import Worker, register_worker
 from .data.datasets import get_dataset
 from .data.leases import ShardLeases
+from .era import EraScripts
 from .errors import StrataError
 from .keys import Keys
-from .scripts import Call, Scripts
+from .scripts import Call
 
 __all__ = ["Job", "connect"]
 
@@ -72,7 +73,7 @@ class Job:
         return self.context.client
 
     @property
-    def scripts(self) -> Scripts:
+    def scripts(self) -> EraScripts:
         """The Lua scripts registered on the client."""
         return self.context.scripts
 

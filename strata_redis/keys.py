@@ -58,6 +58,12 @@ class Keys:
         return f"{self.base}:generation"
 
     @property
+    def era(self) -> str:
+        """STRING the job's era: a random id set once (SET NX) by the job's first script
+        call; every script checks it first (``era.py``). Gone or changed: the state was lost."""
+        return f"{self.base}:era"
+
+    @property
     def events(self) -> str:
         """STREAM membership events (join/leave/fail), capped; waiters block on it."""
         return f"{self.base}:events"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["Acquire", "Status", "prelude"]
+__all__ = ["ERA_CHECK", "Acquire", "Status", "prelude"]
 
 
 class Status(IntEnum):
@@ -44,6 +44,8 @@ class Status(IntEnum):
     # 50-59: the elastic rendezvous
     ROUND_MOVED = 50
     ROUND_BROKEN = 51
+    # 60-69: the job's era (``era.py``): every script checks it first
+    STATE_LOST = 60
 
 
 class Acquire(IntEnum):
@@ -54,10 +56,21 @@ class Acquire(IntEnum):
     REFUSED = -3  # the worker may not lease (the reply carries its Status)
 
 
+#: the era check in front of every script (one line): the caller appends the era key to
+#: KEYS and the era it works in to ARGV; a script reads ``NKEYS``/``NARGV`` for its own
+#: counts. A missing or other era answers ``{S.STATE_LOST, stored era or ""}`` before the
+#: script touches anything.
+ERA_CHECK = (
+    "local NKEYS, NARGV = #KEYS - 1, #ARGV - 1 "
+    "local ERA_NOW = redis.call('GET', KEYS[#KEYS]) "
+    "if ERA_NOW ~= ARGV[#ARGV] then return {S.STATE_LOST, ERA_NOW or ''} end "
+)
+
+
 def prelude() -> str:
-    """The enums as Lua tables, on one line: ``local S = {...} local A = {...} ``."""
+    """The enums as Lua tables and the era check, on one line: ``local S = {...} ...``."""
     tables = []
     for var, enum in (("S", Status), ("A", Acquire)):
         fields = ", ".join(f"{m.name} = {m.value}" for m in enum)
         tables.append(f"local {var} = {{{fields}}}")
-    return " ".join(tables) + " "
+    return " ".join(tables) + " " + ERA_CHECK

@@ -37,7 +37,16 @@ def _register(url: str, total: int = 4000, per_shard: int = 100) -> strata_redis
 
 
 def _seeds_worker(url: str, worker_id: str, ckpt: str, logdir: str, cfg: dict[str, Any]) -> None:
-    """One worker process: the seeds' loop as written, plus one line recording each batch."""
+    """One worker process: the seeds' loop, recording each batch (and the error it ends on)."""
+    try:
+        _seeds_loop(url, worker_id, ckpt, logdir, cfg)
+    except Exception as exc:
+        Path(logdir, f"error-{worker_id}").write_text(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _seeds_loop(url: str, worker_id: str, ckpt: str, logdir: str, cfg: dict[str, Any]) -> None:
+    """The seeds' loop as written, plus one line recording each batch."""
     import time
 
     import strata_redis
@@ -317,6 +326,8 @@ def test_redis_restarted_empty_resumes_from_checkpoint(
     server.restart(kill=True)  # no AOF, no RDB: everything in Redis is gone
     codes = join_all(procs, timeout=60)
     assert all(code not in (0, None) for code in codes), codes  # stopped, with an error
+    errors = [p.read_text() for p in sorted((dirs / "logs").glob("error-*"))]
+    assert len(errors) == 3 and all(e.startswith("StateLostError: ") for e in errors), errors
 
     _register(server.url, total=2400, per_shard=100)  # the launcher's line, run again
     procs = _start(server.url, dirs, ["worker-01", "worker-02"],

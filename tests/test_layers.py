@@ -30,7 +30,8 @@ PUBLIC = {
     "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "Release", "Rendezvous",
     "RendezvousError", "RendezvousTimeoutError", "RestartLimitError", "Round", "RoundBrokenError",
     "S3Storage", "SaveFuture", "ShardStream", "TrainingOrchestrator",
-    "SaveRecord", "Shard", "ShardLeases", "ShardManager", "StepNotForwardError", "Storage",
+    "SaveRecord", "Shard", "ShardLeases", "ShardManager", "StateLostError", "StepNotForwardError",
+    "Storage",
     "StorageError", "StorageExistsError", "StorageNotFoundError", "StrataError", "Worker",
     "WorkerError", "WorkerExistsError", "WorkerFailedError", "WorkerInfo", "WorkerLeftError",
     "WorkerNotRegisteredError", "WorkerReplacedError", "__version__", "connect", "open_storage",
@@ -42,7 +43,7 @@ SUPPORTED = [
     "checkpoint.manager", "checkpoint.manifest", "checkpoint.reader", "cli", "connection",
     "context", "coordination.barrier", "coordination.epochs", "coordination.registry",
     "coordination.rendezvous", "coordination.workers", "data.leases", "data.position",
-    "data.sharding", "errors", "job", "keys", "orchestrator",
+    "data.sharding", "era", "errors", "job", "keys", "orchestrator",
     "scripts", "server", "shard_manager", "status", "storage", "testing", "validate",
     "dashboard",
 ]  # fmt: skip

@@ -13,7 +13,7 @@ import orjson
 import redis
 
 from ..context import JobContext
-from ..errors import StrataError, WorkerError
+from ..errors import StateLostError, StrataError, WorkerError
 from ..scripts import check
 from ..validate import check_id, check_int, check_seconds
 from .registry import SETTABLE_STATUSES, RedisClock, reap_call, reaped
@@ -250,7 +250,7 @@ class Worker:
                 if outage:
                     log.warning("worker %r: heartbeats resumed (after: %s)", self.worker_id, outage)
                     outage = ""
-            except WorkerError as exc:
+            except (WorkerError, StateLostError) as exc:
                 self.lost = exc
                 log.error("worker %r: heartbeat refused, stopping: %s", self.worker_id, exc)
                 if self.on_lost is not None:

@@ -44,10 +44,12 @@ def get_dataset(ctx: JobContext, name: str) -> DatasetParams:
 
     Raises:
         DatasetNotFoundError: no dataset of that name (the message says how to register it).
+        StateLostError: it is missing because the job's state in Redis was lost.
     """
     check_id("name", name)
     raw = ctx.client.hget(ctx.keys.datasets, name)
     if raw is None:
+        ctx.era.check()  # gone with the job's state, or never registered?
         raise DatasetNotFoundError.missing(ctx.job_id, name)
     return DatasetParams(name=name, **orjson.loads(raw))
 
