@@ -60,6 +60,10 @@ class JobContext:
             then get ``connection.PoolExhaustedError``. Heartbeats use a small pool of their
             own on top (``connection.HEARTBEAT_CONNECTIONS``). Ignored with a shared context
             or a given decoding ``redis.Redis`` (its pool is the caller's).
+        min_replicas: the durability knob: after each lease grant, renewal, hand-back or
+            completion and each checkpoint commit, ``WAIT`` until this many replicas have
+            it (0, the default, does not wait; see ``era.EraScripts``).
+        replica_timeout: the longest one such wait lasts, seconds.
 
     Attributes:
         job_id, keys (the key schema), client, scripts (every call carries the job's era),
@@ -77,6 +81,8 @@ class JobContext:
         heartbeat_timeout: float = 10.0,
         events_cap: int = 10_000,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         shared = as_context(redis) if isinstance(redis, (JobContext, HasContext)) else None
         if job_id is None:
@@ -102,7 +108,11 @@ class JobContext:
             shared.era if shared is not None and shared.job_id == self.job_id
             else Era(self.client, self.keys.era, self.job_id)
         )  # fmt: skip
-        self.scripts: EraScripts = EraScripts(self._scripts, self.era)
+        self.min_replicas = check_int("min_replicas", min_replicas, low=0, high=100)
+        self.replica_timeout = check_seconds("replica_timeout", replica_timeout, high=3600)
+        self.scripts: EraScripts = EraScripts(
+            self._scripts, self.era, self.min_replicas, self.replica_timeout
+        )
         self._heartbeat_scripts: EraScripts | None = None
         self.max_block: float = max_block(self.client)
         self._memos: dict[str, Any] = {}

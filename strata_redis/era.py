@@ -15,6 +15,7 @@ checkpoint in storage.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 from collections.abc import Callable, Sequence
@@ -24,10 +25,17 @@ from .errors import Context, StateLostError
 from .scripts import Call, Scripts, check
 from .status import Status
 
-__all__ = ["Era", "EraScripts"]
+__all__ = ["DURABLE_SCRIPTS", "Era", "EraScripts"]
+
+log = logging.getLogger("strata_redis.era")
 
 #: what the prelude puts after the status code of a ``STATE_LOST`` reply
 _LOST: Final = int(Status.STATE_LOST)
+#: the scripts whose writes ``min_replicas`` waits for: lease grants, renewals, hand-backs and
+#: completions, and checkpoint commits
+DURABLE_SCRIPTS: Final = frozenset(
+    {"acquire_shard", "renew_shard", "release_shard", "commit_checkpoint"}
+)
 
 
 class Era:
@@ -84,11 +92,25 @@ class EraScripts:
 
     The same interface as ``Scripts`` (``run``, ``call``, ``run_many``); a ``STATE_LOST``
     reply raises ``StateLostError`` before anything else looks at it.
+
+    Args:
+        scripts: the scripts registered on the client.
+        era: the job's era.
+        min_replicas: after a script of ``DURABLE_SCRIPTS``, ``WAIT`` (on the same
+            connection) until this many replicas have its writes; 0 does not wait.
+        replica_timeout: the longest that wait lasts, seconds. A shortfall is logged and
+            counted (``shortfalls``), never raised: the write is done on the primary, and
+            ``WAIT`` makes a failover lose fewer acknowledged writes, it is no guarantee.
     """
 
-    def __init__(self, scripts: Scripts, era: Era) -> None:
+    def __init__(
+        self, scripts: Scripts, era: Era, min_replicas: int = 0, replica_timeout: float = 1.0
+    ) -> None:
         self._scripts = scripts
         self._era = era
+        self.min_replicas = min_replicas
+        self.replica_timeout = replica_timeout
+        self.shortfalls = 0
 
     @property
     def client(self) -> Any:
@@ -117,7 +139,19 @@ class EraScripts:
         Raises:
             StateLostError: the job's state in Redis is not this context's era's.
         """
-        return self._checked(self._scripts.call(name, *self._stamp(keys, args)))
+        keys, args = self._stamp(keys, args)
+        if not self.min_replicas or name not in DURABLE_SCRIPTS:
+            return self._checked(self._scripts.call(name, keys, args))
+        timeout_ms = max(1, round(self.replica_timeout * 1000))
+        reply, acked = self._scripts.call_and_wait(name, keys, args, self.min_replicas, timeout_ms)
+        if acked < self.min_replicas:
+            self.shortfalls += 1
+            log.warning(
+                "job %r: %s: %d of %d replicas had its writes after %.3gs (a failover now "
+                "could lose them)", self._era.job_id, name, acked, self.min_replicas,
+                self.replica_timeout,
+            )  # fmt: skip
+        return self._checked(reply)
 
     def run(
         self,

@@ -38,6 +38,8 @@ class Job:
         max_connections: the most connections this process opens to Redis for this job's
             client (default 1000; each thread blocked in a barrier or checkpoint wait holds
             one). See ``JobContext``.
+        min_replicas, replica_timeout: the durability knob for leases and commits: ``WAIT``
+            for this many replicas after each (default 0: no wait). See ``JobContext``.
 
     Attributes:
         context: the ``JobContext`` the features work on (ids, client, keys, scripts).
@@ -51,10 +53,13 @@ class Job:
         heartbeat_timeout: float = 10.0,
         events_cap: int = 10_000,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         self.context = JobContext(
             redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap,
-            max_connections=max_connections,
+            max_connections=max_connections, min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
         )  # fmt: skip
 
     @property

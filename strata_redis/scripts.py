@@ -113,6 +113,29 @@ class Scripts:
             self._client.script_load(script.script)
             return self._client.evalsha(script.sha, len(keys), *keys, *args)
 
+    def call_and_wait(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], replicas: int, timeout_ms: int
+    ) -> tuple[Any, int]:
+        """Run one script, then ``WAIT replicas timeout_ms`` on the same connection.
+
+        Returns:
+            The script's raw reply, and how many replicas acknowledged its writes in time.
+        """
+        script = self._scripts[name]
+        for attempt in range(2):
+            with self._client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", replicas, timeout_ms)  # type: ignore[no-untyped-call]
+                reply, acked = pipe.execute(raise_on_error=False)
+            if attempt == 0 and isinstance(reply, NoScriptError):
+                self._client.script_load(script.script)
+                continue
+            for item in (reply, acked):
+                if isinstance(item, Exception):
+                    raise item
+            return reply, int(acked)
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """Run several scripts in one round trip; return their raw replies (codes unchecked).
 
