@@ -1,36 +1,65 @@
 -- restore_position: put one dataset's lease pool back to the data position a checkpoint
--- recorded, once per restore (the first member of the restoring round to call it does it;
--- the others find the mark and change nothing). The epoch's pool is rebuilt: the shards the
--- checkpoint's model trained on are done (token 0: no lease can complete them again), the
--- shards it trained part of keep their offset (the next lease starts there), every other
--- shard goes back to the pool; later epochs' pools are deleted and the job's epoch is set.
--- KEYS[1] = rendezvous HASH (the mark)   KEYS[2] = the job's epoch STRING
+-- recorded, once per restore, in bounded chunks (no call holds Redis for long at any epoch
+-- size). The epoch's pool is rebuilt: the shards the checkpoint's model trained on are done
+-- (token 0: no lease can complete them again), the shards it trained part of keep their
+-- offset (the next lease starts there), every other shard goes back to the pool; later
+-- epochs' pools are deleted and the job's epoch is set. Every member of the restoring round
+-- sends the same chunks in order; the script applies only the next one, so racing members
+-- and a member that died half-way neither double nor miss a shard. The pool opens (meta
+-- `swept`, which acquire_shard waits for) and the mark is set with the last chunk. Nobody
+-- leases meanwhile: the restoring round's members restore before they lease, and workers
+-- that arrive later wait for the next round.
+-- KEYS[1] = rendezvous HASH (the mark, and the progress field `<mark field>:next`)
+-- KEYS[2] = the job's epoch STRING
 -- KEYS[3..8] = the epoch's meta HASH, todo ZSET, holders HASH, expiry ZSET, done HASH,
 --              offsets HASH
--- KEYS[9..] = keys of later epochs' pools, deleted
+-- KEYS[9..] = keys of later epochs' pools, deleted by chunk 0
 -- ARGV[1] = the mark's field   ARGV[2] = the mark (the restoring round)   ARGV[3] = epoch
--- ARGV[4] = number of shards   ARGV[5] = n, then n done shard ids
--- then m, then m pairs: shard id, samples already trained
--- then the rest: priority, shard id pairs for every shard not done (the pool)
--- returns {S.OK, 1} restored now | {S.OK, 0} this restore was done already
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return {S.OK, 0} end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[2], ARGV[3])
-for i = 3, NKEYS do redis.call('DEL', KEYS[i]) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local i = 5
+-- ARGV[4] = number of shards   ARGV[5] = this chunk's index k   ARGV[6] = number of chunks
+-- ARGV[7] = n, then n done shard ids; then m, then m pairs: shard id, samples trained;
+-- then the rest: priority, shard id pairs of the pool (this chunk's part of each list)
+-- returns {S.OK, done, next, applied}: done = 1 when the restore is complete (it was, or this
+--   chunk completed it); else 0 and `next`, the chunk to send next; applied = 1 when this
+--   call applied its chunk
+local field, mark = ARGV[1], ARGV[2]
+local k, chunks = tonumber(ARGV[5]), tonumber(ARGV[6])
+if redis.call('HGET', KEYS[1], field) == mark then return {S.OK, 1, chunks, 0} end
+local progress = field .. ':next'
+local at = redis.call('HGET', KEYS[1], progress)
+local nxt = nil
+if at then
+  local sep = string.find(at, ' ', 1, true)
+  if string.sub(at, 1, sep - 1) == mark then nxt = tonumber(string.sub(at, sep + 1)) end
+end
+if nxt == nil then
+  -- no restore of this mark under way: chunk 0 starts one (an older mark's is abandoned)
+  if k ~= 0 then return {S.OK, 0, 0, 0} end
+  redis.call('SET', KEYS[2], ARGV[3])
+  for i = 3, NKEYS do redis.call('DEL', KEYS[i]) end
+  nxt = 0
+end
+-- a chunk another member applied, or one beyond the next: say where to go on
+if k ~= nxt then return {S.OK, 0, nxt, 0} end
+local i = 7
 local n = tonumber(ARGV[i])
 for j = i + 1, i + n do redis.call('HSET', KEYS[7], ARGV[j], '0 restored') end
 i = i + n + 1
 local m = tonumber(ARGV[i])
 for j = i + 1, i + 2 * m, 2 do redis.call('HSET', KEYS[8], ARGV[j], ARGV[j + 1]) end
 i = i + 2 * m + 1
--- unpack() is bounded by Lua's stack: add in chunks
-local chunk = 4000
-for j = i, NARGV, chunk do
-  local last = math.min(j + chunk - 1, NARGV)
+-- unpack() is bounded by Lua's stack: add in pieces
+local piece = 4000
+for j = i, NARGV, piece do
+  local last = math.min(j + piece - 1, NARGV)
   redis.call('ZADD', KEYS[4], unpack(ARGV, j, last))
 end
+if k + 1 < chunks then
+  redis.call('HSET', KEYS[1], progress, mark .. ' ' .. (k + 1))
+  return {S.OK, 0, k + 1, 1}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[3], 'num_shards', ARGV[4], 'loaded', ARGV[4], 'created_ms', now, 'swept', '-1')
-return {S.OK, 1}
+redis.call('HSET', KEYS[1], field, mark)
+redis.call('HDEL', KEYS[1], progress)
+return {S.OK, 1, chunks, 1}

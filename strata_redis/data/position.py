@@ -109,6 +109,10 @@ def merge_positions(positions: Iterable[Position]) -> tuple[set[int], dict[int, 
     return done, {s: o for s, o in offsets.items() if s not in done and o > 0}
 
 
+#: the most entries (a done shard, an offset, or a pool shard) one restore call carries
+RESTORE_CHUNK = 4096
+
+
 def restore_position(
     ctx: JobContext,
     params: DatasetParams,
@@ -123,7 +127,9 @@ def restore_position(
     """Put ``params``' lease pool for ``epoch`` back to a checkpoint's position, once per mark.
 
     The job's epoch becomes ``epoch``; the pools of the ``later_epochs`` epochs after it are
-    deleted. One script call, whose work is bounded by the shard count.
+    deleted. In chunks of ``RESTORE_CHUNK`` entries: every caller with the same inputs cuts
+    the same chunks and the script applies only the next one, so members of the restoring
+    round can call it together, and one that dies half-way leaves the rest to the others.
 
     Args:
         ctx: the job.
@@ -132,29 +138,64 @@ def restore_position(
         done: shards the checkpoint's model consumed in full.
         offsets: shard -> samples consumed, for shards consumed in part.
         workers: the members of the restoring round (they set the own-shards-first order).
-        mark: the restoring round: the first call with a mark restores, the rest do nothing.
+        mark: the restoring round: the first calls with a mark restore, the rest do nothing.
         later_epochs: how many epochs after ``epoch`` may have pools to delete.
 
     Returns:
-        Whether this call restored (False: another member did it for this mark).
+        Whether this call applied part of the restore (False: others did it all).
+    """
+    keys, chunks = restore_chunks(ctx, params, epoch, done, offsets, workers, mark, later_epochs)
+    applied, k = False, 0
+    while True:
+        complete, k, mine = ctx.scripts.run(
+            "restore_position", keys, chunks[k], {"job_id": ctx.job_id, "dataset": params.name}
+        )
+        applied = applied or bool(mine)
+        if int(complete):
+            return applied
+        k = int(k)
+
+
+def restore_chunks(
+    ctx: JobContext,
+    params: DatasetParams,
+    epoch: int,
+    done: set[int],
+    offsets: dict[int, int],
+    workers: list[str],
+    mark: int,
+    later_epochs: int,
+) -> tuple[list[str], list[list[Any]]]:
+    """The keys and each chunk's arguments of a restore (see ``restore_position``).
+
+    The entries — done shards, offsets, then pool (priority, shard) pairs, each sorted — are
+    cut into chunks of ``RESTORE_CHUNK``: the same for every caller with the same inputs.
     """
     plan = assignment(params, workers)
     priority = steal_priority(*plan.grouped(epoch))
-    todo = np.setdiff1d(
-        np.arange(params.num_shards), np.fromiter(done, dtype=np.int64, count=len(done))
-    )
-    pairs = np.empty(2 * len(todo), dtype=np.int64)
-    pairs[0::2] = priority[todo]
-    pairs[1::2] = todo
+    done_ids = np.fromiter(sorted(done), dtype=np.int64, count=len(done))
+    todo = np.setdiff1d(np.arange(params.num_shards), done_ids)
+    pairs = np.empty((len(todo), 2), dtype=np.int64)
+    pairs[:, 0] = priority[todo]
+    pairs[:, 1] = todo
+    partial = np.array(sorted(offsets.items()), dtype=np.int64).reshape(-1, 2)
     k = ctx.keys
     keys = [k.rendezvous, k.epoch]
     for e in range(epoch, epoch + later_epochs + 1):
         lk = k.lease_keys(params.name, e)
         keys += [lk.meta, lk.todo, lk.holders, lk.expiry, lk.done, lk.offsets]
-    flat_offsets = [x for pair in sorted(offsets.items()) for x in pair]
-    args: list[Any] = [f"restored:{params.name}", mark, epoch, params.num_shards, len(done),
-                       *sorted(done), len(offsets), *flat_offsets, *pairs.tolist()]  # fmt: skip
-    (restored,) = ctx.scripts.run(
-        "restore_position", keys, args, {"job_id": ctx.job_id, "dataset": params.name}
-    )
-    return bool(restored)
+    sections = (done_ids, partial, pairs)
+    bounds = np.cumsum([0, *map(len, sections)])
+    count = max(1, -(-int(bounds[-1]) // RESTORE_CHUNK))
+    chunks = []
+    for c in range(count):
+        low, high = c * RESTORE_CHUNK, (c + 1) * RESTORE_CHUNK
+        parts = [
+            section[max(0, low - start) : max(0, high - start)]
+            for section, start in zip(sections, bounds[:-1].tolist(), strict=True)
+        ]
+        args: list[Any] = [f"restored:{params.name}", mark, epoch, params.num_shards, c, count]
+        args += [len(parts[0]), *parts[0].tolist()]
+        args += [len(parts[1]), *parts[1].ravel().tolist(), *parts[2].ravel().tolist()]
+        chunks.append(args)
+    return keys, chunks

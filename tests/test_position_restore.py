@@ -1,0 +1,115 @@
+"""Putting an epoch's pool back to a checkpoint's data position is done in bounded chunks:
+no call carries more than ``RESTORE_CHUNK`` entries at any epoch size, and racing members
+of the restoring round, or one that died half-way, end with the same pool as one restore."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+import strata_redis
+from strata_redis import ShardManager
+from strata_redis.data import position
+from strata_redis.keys import Keys
+from strata_redis.server import RedisServer
+
+from .test_epoch_init import _args
+
+WORKERS = ["w1", "w2", "w3"]
+
+
+def _inputs(num_shards: int) -> tuple[set[int], dict[int, int]]:
+    rng = np.random.default_rng(3)
+    done = set(rng.choice(num_shards, num_shards // 3, replace=False).tolist())
+    partial = [s for s in range(0, num_shards, 7) if s not in done][:500]
+    return done, {s: 1 + s % 9 for s in partial}
+
+
+def _state(raw: redis.Redis, job: str, dataset: str, epoch: int = 0) -> dict[str, Any]:
+    keys = Keys(job)
+    lk = keys.lease_keys(dataset, epoch)
+    return {
+        "epoch": raw.get(keys.epoch),
+        "todo": raw.zrange(lk.todo, 0, -1, withscores=True),
+        "done": raw.hgetall(lk.done),
+        "offsets": raw.hgetall(lk.offsets),
+        "swept": raw.hget(lk.meta, "swept"),
+    }
+
+
+def _restore(url: str, job_id: str, shards: int, mark: int = 1) -> bool:
+    job = strata_redis.connect(url, job_id)
+    params = ShardManager(job).register_dataset_params("ds", shards, 1)
+    done, offsets = _inputs(shards)
+    try:
+        return position.restore_position(
+            job.context, params, 0, done, offsets, workers=WORKERS, mark=mark, later_epochs=1
+        )
+    finally:
+        job.close()
+
+
+@pytest.mark.timeout(240)
+def test_no_restore_call_carries_more_than_a_chunk(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    server = redis_factory(extra=["--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000"])
+    raw = redis.Redis.from_url(server.url, decode_responses=True)
+    shards = 200_000
+    job = strata_redis.connect(server.url, "big")
+    params = ShardManager(job).register_dataset_params("ds", shards, 1)
+    job.leases("ds", 0, "w1")  # an epoch in progress: the restore replaces it
+    raw.slowlog_reset()
+    assert _restore(server.url, "big", shards)
+    entries = raw.slowlog_get(100_000)
+    evals = [e for e in entries if e["command"][:8].upper() in (b"EVALSHA ", "EVALSHA ")]
+    assert len(evals) >= shards // position.RESTORE_CHUNK
+    # EVALSHA sha numkeys, 14 keys + the era key, 6 fixed arguments, 2 counts, the era: 27
+    # words; then at most 2 per entry
+    assert max(_args(e) for e in evals) <= 2 * position.RESTORE_CHUNK + 27
+    state = _state(raw, "big", "ds")
+    done, offsets = _inputs(shards)
+    assert state["epoch"] == "0" and state["swept"] == "-1"
+    assert {int(s) for s in state["done"]} == done
+    assert {int(s): int(o) for s, o in state["offsets"].items()} == offsets
+    assert sorted(int(m) for m, _ in state["todo"]) == sorted(set(range(shards)) - done)
+    assert params.num_shards == shards
+    job.close()
+
+
+def test_racing_and_interrupted_restores_end_like_one(redis_url: str, raw: redis.Redis) -> None:
+    shards = 20_000
+    assert _restore(redis_url, "one", shards)
+    expected = _state(raw, "one", "ds")
+    assert not _restore(redis_url, "one", shards)  # the same mark again: nothing to do
+    assert _state(raw, "one", "ds") == expected
+
+    # four members of the restoring round at once
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(_restore(redis_url, "race", shards)))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 4 and any(results)
+    assert _state(raw, "race", "ds") == expected
+
+    # a member that died after three chunks: the next one goes on from there
+    job = strata_redis.connect(redis_url, "cut")
+    params = ShardManager(job).register_dataset_params("ds", shards, 1)
+    done, offsets = _inputs(shards)
+    keys, chunks = position.restore_chunks(job.context, params, 0, done, offsets, WORKERS, 1, 1)
+    for k in range(3):
+        assert job.context.scripts.run("restore_position", keys, chunks[k], {})[:2] == [0, k + 1]
+    assert _state(raw, "cut", "ds")["swept"] is None  # the pool is not open half-way
+    assert _restore(redis_url, "cut", shards)
+    assert _state(raw, "cut", "ds") == expected
+    job.close()
