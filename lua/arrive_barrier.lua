@@ -127,7 +127,7 @@ if NKEYS >= 9 then counter = redis.call('INCR', KEYS[9]) end
 local outcome = 'R ' .. gen .. ' ' .. now_us .. ' ' .. first_us .. ' ' .. n .. ' ' .. counter
 redis.call('HSET', KEYS[1], 'gen', gen + 1, 'r:' .. gen, outcome)
 redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'r:' .. (gen - tonumber(ARGV[6])))
-redis.call('DEL', KEYS[2])
+redis.call('UNLINK', KEYS[2])
 -- tokens first, stream entry second: list waiters (the many) are served first
 local chunk = {}
 for i = 1, math.min(n, 1000) do chunk[i] = outcome end

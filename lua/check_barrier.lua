@@ -107,7 +107,7 @@ if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and #missi
   local rec = 'R ' .. g .. ' ' .. now_us .. ' ' .. first_us .. ' ' .. n .. ' ' .. counter
   redis.call('HSET', KEYS[1], 'gen', g + 1, 'r:' .. g, rec)
   redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'r:' .. (g - tonumber(ARGV[6])))
-  redis.call('DEL', KEYS[2])
+  redis.call('UNLINK', KEYS[2])
   push(rec, n)
   wake(rec)
   return {S.OK, rec}

@@ -12,7 +12,7 @@ if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= cur then return {S.OK, cur, 'moved'} e
 if redis.call('HEXISTS', KEYS[1], 'r:' .. cur) == 1 then
   redis.call('HSET', KEYS[1], 'gen', cur + 1)
   redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'broken')
-  redis.call('DEL', KEYS[2])
+  redis.call('UNLINK', KEYS[2])
   redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
   return {S.OK, cur + 1, 'reset'}
 end

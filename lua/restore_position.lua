@@ -35,7 +35,7 @@ if nxt == nil then
   -- no restore of this mark under way: chunk 0 starts one (an older mark's is abandoned)
   if k ~= 0 then return {S.OK, 0, 0, 0} end
   redis.call('SET', KEYS[2], ARGV[3])
-  for i = 3, NKEYS do redis.call('DEL', KEYS[i]) end
+  for i = 3, NKEYS do redis.call('UNLINK', KEYS[i]) end  -- freed off the main thread
   nxt = 0
 end
 -- a chunk another member applied, or one beyond the next: say where to go on

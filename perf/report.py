@@ -36,11 +36,11 @@ THRESHOLD = 0.10
 T_SIGNIFICANT = 2.0
 #: result files that are summaries (a field per row), not pyperf suites
 #: summary files (besides load_<scenario>) -> the perf/ script that writes them
-SUMMARIES = {"cost": "cost", "sharding": "bench_sharding"}
+SUMMARIES = {"cost": "cost", "sharding": "bench_sharding", "limits": "limits"}
 STATUSES = ("target", "acceptable", "degraded", "critical", "not measured")
 UNITS = {"p50": "ms", "p99": "ms", "mean": "ms", "mb_s": "MB/s", "gb_s": "GB/s",
          "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s",
-         "fraction": "x", "count": "calls"}  # fmt: skip
+         "fraction": "x", "count": "calls", "ms": "ms", "workers": "workers"}  # fmt: skip
 
 
 @dataclass
@@ -97,8 +97,9 @@ def load_results(results: Path) -> dict[tuple[str, str], pyperf.Benchmark]:
 
 
 def load_scenarios(results: Path) -> dict[str, dict[str, Any]]:
-    """The summaries of ``perf/load.py`` (``load_peak``, ...), ``perf/cost.py`` (``cost``) and
-    ``perf/bench_sharding.py`` (``sharding``: shards moved by one failure or join)."""
+    """The summaries of ``perf/load.py`` (``load_peak``, ...), ``perf/cost.py`` (``cost``),
+    ``perf/bench_sharding.py`` (``sharding``: shards moved by one failure or join) and
+    ``perf/limits.py`` (``limits``: the longest command, heartbeats of a busy process)."""
     paths = [*sorted(results.glob("load_*.json")), *(results / f"{s}.json" for s in SUMMARIES)]
     return {p.stem: json.loads(p.read_text()) for p in paths if p.exists()}
 

@@ -43,7 +43,9 @@ def main() -> int:
     )
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
-    parser.add_argument("--no-load", action="store_true", help="skip load.py, cost.py, curves.py")
+    parser.add_argument(
+        "--no-load", action="store_true", help="skip load.py, cost.py, curves.py, limits.py"
+    )
     args = parser.parse_args()
 
     names = args.benchmarks or sorted(p.stem for p in HERE.glob("bench_*.py"))
@@ -95,8 +97,8 @@ def main() -> int:
                 (HERE / "baseline").mkdir(exist_ok=True)
                 shutil.copy(out, baseline)
         if not args.no_load:
-            # load scenarios; per-worker cost and recovery; scaling curves
-            for script in ("load", "cost", "curves"):
+            # load scenarios; per-worker cost and recovery; scaling curves; limits
+            for script in ("load", "cost", "curves", "limits"):
                 print(f"== {script} (perf/{script}.py)", flush=True)
                 cmd = [sys.executable, str(HERE / f"{script}.py"), "--results",
                        str(args.results), "--redis-url", args.redis_url]  # fmt: skip

@@ -35,7 +35,8 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     assert any(r["metric"].startswith("coordination call latency") for r in measured)
     assert "| metric | measured |" in (tmp_path / "report.md").read_text()
     # the load scenarios, the per-worker cost and every scaling curve ran, with its chart
-    for name in ("load_peak", "load_raw", "load_sustained", "load_burst", "cost", "sharding"):
+    for name in ("load_peak", "load_raw", "load_sustained", "load_burst", "cost", "sharding",
+                 "limits"):  # fmt: skip
         assert json.loads((tmp_path / f"{name}.json").read_text()), name
     for name in ("load_peak", "load_sustained", "load_burst"):  # two generator processes
         scenario = json.loads((tmp_path / f"{name}.json").read_text())

@@ -106,9 +106,9 @@ def test_racing_and_interrupted_restores_end_like_one(redis_url: str, raw: redis
     job = strata_redis.connect(redis_url, "cut")
     params = ShardManager(job).register_dataset_params("ds", shards, 1)
     done, offsets = _inputs(shards)
-    keys, chunks = position.restore_chunks(job.context, params, 0, done, offsets, WORKERS, 1, 1)
+    keys, chunk = position.restore_chunks(job.context, params, 0, done, offsets, WORKERS, 1, 1)
     for k in range(3):
-        assert job.context.scripts.run("restore_position", keys, chunks[k], {})[:2] == [0, k + 1]
+        assert job.context.scripts.run("restore_position", keys, chunk(k), {})[:2] == [0, k + 1]
     assert _state(raw, "cut", "ds")["swept"] is None  # the pool is not open half-way
     assert _restore(redis_url, "cut", shards)
     assert _state(raw, "cut", "ds") == expected

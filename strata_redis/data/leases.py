@@ -35,7 +35,7 @@ log = logging.getLogger("strata_redis.leases")
 #: own candidates sent per acquire (bounds the script's arguments)
 CANDIDATES = 8
 #: shards per init_epoch call: one chunk (a ZADD of this many) holds Redis for a few ms
-INIT_CHUNK = 4096
+INIT_CHUNK = 1024
 #: how long a (dataset, epoch)'s record is kept in Redis
 RECORD_TTL_S = 30 * 86400
 

@@ -12,7 +12,7 @@ once relative to the restored model, with any number of workers after the restor
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,7 +110,7 @@ def merge_positions(positions: Iterable[Position]) -> tuple[set[int], dict[int, 
 
 
 #: the most entries (a done shard, an offset, or a pool shard) one restore call carries
-RESTORE_CHUNK = 4096
+RESTORE_CHUNK = 1024
 
 
 def restore_position(
@@ -144,11 +144,11 @@ def restore_position(
     Returns:
         Whether this call applied part of the restore (False: others did it all).
     """
-    keys, chunks = restore_chunks(ctx, params, epoch, done, offsets, workers, mark, later_epochs)
+    keys, chunk = restore_chunks(ctx, params, epoch, done, offsets, workers, mark, later_epochs)
     applied, k = False, 0
     while True:
         complete, k, mine = ctx.scripts.run(
-            "restore_position", keys, chunks[k], {"job_id": ctx.job_id, "dataset": params.name}
+            "restore_position", keys, chunk(k), {"job_id": ctx.job_id, "dataset": params.name}
         )
         applied = applied or bool(mine)
         if int(complete):
@@ -165,8 +165,8 @@ def restore_chunks(
     workers: list[str],
     mark: int,
     later_epochs: int,
-) -> tuple[list[str], list[list[Any]]]:
-    """The keys and each chunk's arguments of a restore (see ``restore_position``).
+) -> tuple[list[str], Callable[[int], list[Any]]]:
+    """The keys of a restore and a function giving chunk k's arguments (``restore_position``).
 
     The entries — done shards, offsets, then pool (priority, shard) pairs, each sorted — are
     cut into chunks of ``RESTORE_CHUNK``: the same for every caller with the same inputs.
@@ -187,8 +187,8 @@ def restore_chunks(
     sections = (done_ids, partial, pairs)
     bounds = np.cumsum([0, *map(len, sections)])
     count = max(1, -(-int(bounds[-1]) // RESTORE_CHUNK))
-    chunks = []
-    for c in range(count):
+
+    def chunk(c: int) -> list[Any]:
         low, high = c * RESTORE_CHUNK, (c + 1) * RESTORE_CHUNK
         parts = [
             section[max(0, low - start) : max(0, high - start)]
@@ -197,5 +197,6 @@ def restore_chunks(
         args: list[Any] = [f"restored:{params.name}", mark, epoch, params.num_shards, c, count]
         args += [len(parts[0]), *parts[0].tolist()]
         args += [len(parts[1]), *parts[1].ravel().tolist(), *parts[2].ravel().tolist()]
-        chunks.append(args)
-    return keys, chunks
+        return args
+
+    return keys, chunk
