@@ -165,6 +165,7 @@ class LoopHarness:
             job = strata_redis.connect(url, job_id, heartbeat_timeout=HEARTBEAT_TIMEOUT)
             self.barrier = job.barrier(BARRIER, expected=n, timeout=WAIT_S)
             self.sha = job.client.script_load(job.scripts["arrive_barrier"].script)
+            self.scripts = job.scripts
             self.slice_ms = int(HEARTBEAT_TIMEOUT / 2 * 1000)
             self.events = job.keys.events
         self.floor_key = f"bench:{{{job_id}}}:floor"
@@ -180,7 +181,8 @@ class LoopHarness:
                 self.readers[i].expect(8)
                 self.socks[i].sendall(b"\x04" + tcpstore_key(f"arrive{r}") + struct.pack("<q", 1))
             else:
-                _, keys, args = self.barrier.arrive_call(worker_id, uuid.uuid4().hex, gen, WAIT_S)
+                call = self.barrier.arrive_call(worker_id, uuid.uuid4().hex, gen, WAIT_S)
+                keys, args = self.scripts.stamp(call[1], call[2])  # with the job's era
                 self.socks[i].sendall(pack("EVALSHA", self.sha, len(keys), *keys, *args))
         self.pump(lambda: all(self.state))
 

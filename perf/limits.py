@@ -51,7 +51,7 @@ for w in workers:
 def longest_command(url: str, shards: int) -> dict[str, float]:
     """The longest command (ms) while an epoch of ``shards`` is prepared, leased, restored."""
     raw = redis.Redis.from_url(url, decode_responses=True)
-    raw.flushall()
+    raw.flushall(asynchronous=True)  # a 10^7-shard epoch takes seconds to free
     # every command over FLOOR_US is logged (a chunk of a big epoch takes milliseconds)
     raw.config_set("slowlog-log-slower-than", FLOOR_US)
     raw.config_set("slowlog-max-len", 100_000)
@@ -91,7 +91,7 @@ def longest_command(url: str, shards: int) -> dict[str, float]:
 def heartbeats(url: str, workers: int, seconds: float) -> dict[str, float]:
     """Longest heartbeat gap (x interval) of ``workers`` heartbeating from one process."""
     raw = redis.Redis.from_url(url, decode_responses=True)
-    raw.flushall()
+    raw.flushall(asynchronous=True)  # a 10^7-shard epoch takes seconds to free
     keys = strata_redis.Job(url, "limits-beat").keys
     proc = subprocess.Popen(
         [sys.executable, "-c", BUSY, url, str(workers)],

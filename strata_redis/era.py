@@ -125,7 +125,9 @@ class EraScripts:
         """The registered ``redis.commands.core.Script`` (its ``sha``, its source)."""
         return self._scripts[name]
 
-    def _stamp(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[list[str], list[Any]]:
+    def stamp(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[list[str], list[Any]]:
+        """A script call's keys and arguments with the era appended (for a caller that sends
+        EVALSHA itself, as perf/bench_barrier.py does on raw sockets)."""
         return [*keys, self._era.key], [*args, self._era.value()]
 
     def _checked(self, reply: Any) -> Any:
@@ -139,7 +141,7 @@ class EraScripts:
         Raises:
             StateLostError: the job's state in Redis is not this context's era's.
         """
-        keys, args = self._stamp(keys, args)
+        keys, args = self.stamp(keys, args)
         if not self.min_replicas or name not in DURABLE_SCRIPTS:
             return self._checked(self._scripts.call(name, keys, args))
         timeout_ms = max(1, round(self.replica_timeout * 1000))
@@ -165,7 +167,7 @@ class EraScripts:
 
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """Run several scripts with the era in one round trip; their raw replies."""
-        stamped: list[Call] = [(name, *self._stamp(keys, args)) for name, keys, args in calls]
+        stamped: list[Call] = [(name, *self.stamp(keys, args)) for name, keys, args in calls]
         return [self._checked(reply) for reply in self._scripts.run_many(stamped)]
 
 
