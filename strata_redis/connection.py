@@ -2,15 +2,18 @@
 
 Accepted: ``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs, with an ACL user and
 password; a bare ``host:port`` or ``host`` (the seeds write ``"localhost:50051"``), also with
-``user:password@`` in front; an existing ``redis.Redis``. Credentials never leave this
-module: ``redact`` is what every repr, log line and error message shows.
+``user:password@`` in front; an existing ``redis.Redis``; and for Redis Cluster a
+``redis+cluster://[user:password@]host:port[,host:port...]`` URL (any nodes of the cluster)
+or an existing ``redis.cluster.RedisCluster``. Credentials never leave this module:
+``redact`` is what every repr, log line and error message shows.
 
 The connection budget of a process: every client made here has a bounded, blocking pool
 (``max_connections``; a caller waits up to ``POOL_TIMEOUT`` for a free connection, then gets
 ``PoolExhaustedError``, which says so and is never "Redis unreachable"), a socket timeout and
 TCP keepalive, so a silent partition ends in ``redis.TimeoutError`` within a bounded time.
 Heartbeats get a small pool of their own (``heartbeat_client``), so they never wait behind
-blocking calls.
+blocking calls. With Redis Cluster, ``max_connections`` bounds each node's pool, and redis-py's
+cluster pools do not wait: past the limit a call fails at once (``MaxConnectionsError``).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import os
 import re
 import socket
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import MaxConnectionsError
 from redis.retry import Retry
 
@@ -41,6 +45,8 @@ SOCKET_TIMEOUT = 30.0
 MAX_BLOCK_S = 10.0
 #: connections of a process's heartbeat pool (heartbeats are short: a few serve hundreds).
 HEARTBEAT_CONNECTIONS = 8
+#: the URL scheme of a Redis Cluster: ``redis+cluster://host:port[,host:port...]``
+CLUSTER_SCHEME = "redis+cluster"
 #: TCP keepalive: probe after 10 s idle, every 5 s, give up after 3 misses (about 25 s).
 _KEEPALIVE = {
     getattr(socket, name): value
@@ -153,9 +159,10 @@ def normalize_url(target: str) -> str:
     """
     if "://" in target:
         scheme = target.split("://", 1)[0].lower()
-        if scheme not in ("redis", "rediss", "unix"):
+        if scheme not in ("redis", "rediss", "unix", CLUSTER_SCHEME):
             raise ValueError(
-                f"redis URL scheme must be redis://, rediss:// or unix://, got {redact(target)!r}"
+                "redis URL scheme must be redis://, rediss://, unix:// or redis+cluster://, "
+                f"got {redact(target)!r}"
             )
         return target
     match = _HOST_PORT.match(target.strip())
@@ -193,12 +200,59 @@ def _connection_kwargs(
     return kwargs
 
 
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is a Redis Cluster client."""
+    return isinstance(client, RedisCluster)
+
+
+def _cluster_nodes(rest: str, url: str) -> tuple[list[ClusterNode], dict[str, Any]]:
+    """The startup nodes and credentials of a ``redis+cluster://`` URL (after the scheme)."""
+    auth, at, hosts = rest.rpartition("@")
+    hosts = hosts.split("/", 1)[0].split("?", 1)[0]
+    nodes = []
+    for part in hosts.split(","):
+        match = _HOST_PORT.match(part.strip())
+        if match is None or match["auth"] is not None or not part.strip():
+            raise ValueError(f"redis+cluster URL must list host:port nodes, got {redact(url)!r}")
+        port = int(match["port"] or 6379)
+        if not 0 < port < 65536:
+            raise ValueError(f"redis port must be 1..65535, got {port}")
+        nodes.append(ClusterNode(match["host"].strip("[]"), port))  # type: ignore[no-untyped-call]
+    creds: dict[str, Any] = {}
+    if at:
+        user, colon, password = auth.partition(":")
+        creds = {"username": unquote(user) or None, "password": unquote(password)}
+        if not colon:
+            creds = {"password": unquote(user)}
+    return nodes, creds
+
+
+def _cluster_client(
+    nodes: list[ClusterNode], kwargs: dict[str, Any], *, max_connections: int
+) -> RedisCluster:
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("host", "port", "db", "path")}
+    return RedisCluster(startup_nodes=nodes, max_connections=max_connections, **kwargs)
+
+
+def _cluster_kwargs(client: RedisCluster, socket_timeout: float) -> dict[str, Any]:
+    have = client.nodes_manager.connection_kwargs
+    kwargs = {k: v for k, v in have.items() if k in _CONNECTION_KWARGS}
+    kwargs.update(_client_options(socket_timeout))
+    kwargs["socket_keepalive"] = True
+    kwargs.setdefault("socket_keepalive_options", _KEEPALIVE)
+    return kwargs
+
+
+def _nodes_of(client: RedisCluster) -> list[ClusterNode]:
+    return [ClusterNode(n.host, n.port) for n in client.get_nodes()]  # type: ignore[no-untyped-call]
+
+
 def make_client(
-    target: str | redis.Redis | None = None,
+    target: str | redis.Redis | RedisCluster | None = None,
     *,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     socket_timeout: float = SOCKET_TIMEOUT,
-) -> redis.Redis:
+) -> Any:
     """A decoding redis-py client for ``target`` (default: ``$STRATA_REDIS_URL`` or localhost).
 
     A URL or ``host:port`` gets a bounded blocking pool of ``max_connections``, a socket
@@ -213,6 +267,13 @@ def make_client(
     check_max_connections(max_connections)
     if target is None:
         target = os.environ.get(URL_ENV) or DEFAULT_URL
+    if isinstance(target, RedisCluster):
+        if target.nodes_manager.connection_kwargs.get("decode_responses"):
+            return target
+        return _cluster_client(
+            _nodes_of(target), _cluster_kwargs(target, socket_timeout),
+            max_connections=max_connections,
+        )  # fmt: skip
     if isinstance(target, redis.Redis):
         pool = target.connection_pool
         if pool.connection_kwargs.get("decode_responses"):
@@ -224,9 +285,15 @@ def make_client(
         return redis.Redis(connection_pool=new_pool, retry=_retry())
     if not isinstance(target, str):
         raise TypeError(
-            f"redis must be a URL, host:port or redis.Redis, got {type(target).__name__}"
+            "redis must be a URL, host:port, redis.Redis or redis.cluster.RedisCluster, got "
+            f"{type(target).__name__}"
         )
     url = normalize_url(target)
+    if url.split("://", 1)[0].lower() == CLUSTER_SCHEME:
+        nodes, creds = _cluster_nodes(url.split("://", 1)[1], url)
+        kwargs = {**_client_options(socket_timeout), **creds, "socket_keepalive": True,
+                  "socket_keepalive_options": _KEEPALIVE}  # fmt: skip
+        return _cluster_client(nodes, kwargs, max_connections=max_connections)
     try:
         parsed = redis.ConnectionPool.from_url(url)
     except ValueError as exc:  # redis-py's messages may quote the URL
@@ -237,13 +304,18 @@ def make_client(
     return redis.Redis(connection_pool=pool, retry=_retry())
 
 
-def heartbeat_client(client: redis.Redis, *, socket_timeout: float = SOCKET_TIMEOUT) -> redis.Redis:
+def heartbeat_client(client: Any, *, socket_timeout: float = SOCKET_TIMEOUT) -> Any:
     """A client with the connection settings of ``client`` and a small pool of its own.
 
     Heartbeats go through it, so they never wait for a connection behind blocking calls
     (barrier and checkpoint waits) of the same process. A client of another connection
     class than redis-py's own (an in-process stand-in) is returned as it is.
     """
+    if isinstance(client, RedisCluster):
+        return _cluster_client(
+            _nodes_of(client), _cluster_kwargs(client, socket_timeout),
+            max_connections=HEARTBEAT_CONNECTIONS,
+        )  # fmt: skip
     pool = client.connection_pool
     if not getattr(pool.connection_class, "__module__", "").startswith("redis."):
         return client
@@ -254,16 +326,33 @@ def heartbeat_client(client: redis.Redis, *, socket_timeout: float = SOCKET_TIME
     return redis.Redis(connection_pool=new_pool, retry=_retry())
 
 
-def max_block(client: redis.Redis) -> float:
+def server_time(client: Any, key: str) -> tuple[int, int]:
+    """Redis' clock, ``(seconds, microseconds)``, of the node holding ``key`` (a cluster's
+    nodes each have their own)."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        sec, usec = client.time(target_nodes=node)
+    else:
+        sec, usec = client.time()
+    return int(sec), int(usec)
+
+
+def max_block(client: Any) -> float:
     """Seconds a blocking command on ``client`` may block: within its socket timeout."""
-    timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if isinstance(client, RedisCluster):
+        timeout = client.nodes_manager.connection_kwargs.get("socket_timeout")
+    else:
+        timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
     if timeout is None:
         return MAX_BLOCK_S
     return max(0.01, min(MAX_BLOCK_S, float(timeout) / 3))
 
 
-def describe(client: redis.Redis) -> str:
+def describe(client: Any) -> str:
     """A credential-free description of where ``client`` connects, for reprs and messages."""
+    if isinstance(client, RedisCluster):
+        nodes = ",".join(f"{n.host}:{n.port}" for n in client.get_nodes())  # type: ignore[no-untyped-call]
+        return f"{CLUSTER_SCHEME}://{nodes}"
     pool = client.connection_pool
     return _describe_kwargs(pool.connection_kwargs, pool.connection_class)
 

@@ -19,6 +19,7 @@ from .connection import (
     SOCKET_TIMEOUT,
     describe,
     heartbeat_client,
+    is_cluster,
     make_client,
     max_block,
 )
@@ -46,9 +47,10 @@ class JobContext:
     """One job's coordination state in one Redis, as the features see it.
 
     Args:
-        redis: a Redis URL (``redis://``, ``rediss://``, ``unix://``), ``host:port``, a
-            ``redis.Redis``, or another context (or what holds one): its client and
-            scripts are shared. Default: ``$STRATA_REDIS_URL`` or ``redis://localhost:6379/0``.
+        redis: a Redis URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``),
+            ``host:port``, a ``redis.Redis`` or ``redis.cluster.RedisCluster``, or another
+            context (or what holds one): its client and scripts are shared. Default:
+            ``$STRATA_REDIS_URL`` or ``redis://localhost:6379/0``.
         job_id: the job's id. Default: the shared context's, else ``$STRATA_JOB_ID``, else
             ``"default"``.
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
@@ -109,6 +111,11 @@ class JobContext:
             else Era(self.client, self.keys.era, self.job_id)
         )  # fmt: skip
         self.min_replicas = check_int("min_replicas", min_replicas, low=0, high=100)
+        if self.min_replicas and is_cluster(self.client):
+            raise ValueError(
+                "min_replicas needs a script and its WAIT on one connection, which redis-py's "
+                "Redis Cluster client cannot give: use 0 with Redis Cluster"
+            )
         self.replica_timeout = check_seconds("replica_timeout", replica_timeout, high=3600)
         self.scripts: EraScripts = EraScripts(
             self._scripts, self.era, self.min_replicas, self.replica_timeout

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from redis.exceptions import MovedError
+
 from .errors import Context, StateLostError
 from .scripts import Call, Scripts, check
 from .status import Status
@@ -66,7 +68,10 @@ class Era:
                 if self._value is None:
                     fresh = secrets.token_hex(8)
                     # one round trip, atomic: set it if absent, and say what was there
-                    old = self._client.set(self.key, fresh, nx=True, get=True)
+                    try:
+                        old = self._client.set(self.key, fresh, nx=True, get=True)
+                    except MovedError as exc:
+                        raise _moved(self.job_id, exc) from None
                     self._value = fresh if old is None else _text(old)
         return self._value
 
@@ -130,6 +135,12 @@ class EraScripts:
         EVALSHA itself, as perf/bench_barrier.py does on raw sockets)."""
         return [*keys, self._era.key], [*args, self._era.value()]
 
+    def _send(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except MovedError as exc:
+            raise _moved(self._era.job_id, exc) from None
+
     def _checked(self, reply: Any) -> Any:
         if isinstance(reply, list) and len(reply) == 2 and reply[0] == _LOST:
             raise self._era.lost(reply[1])
@@ -143,7 +154,7 @@ class EraScripts:
         """
         keys, args = self.stamp(keys, args)
         if not self.min_replicas or name not in DURABLE_SCRIPTS:
-            return self._checked(self._scripts.call(name, keys, args))
+            return self._checked(self._send(self._scripts.call, name, keys, args))
         timeout_ms = max(1, round(self.replica_timeout * 1000))
         reply, acked = self._scripts.call_and_wait(name, keys, args, self.min_replicas, timeout_ms)
         if acked < self.min_replicas:
@@ -168,7 +179,16 @@ class EraScripts:
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """Run several scripts with the era in one round trip; their raw replies."""
         stamped: list[Call] = [(name, *self.stamp(keys, args)) for name, keys, args in calls]
-        return [self._checked(reply) for reply in self._scripts.run_many(stamped)]
+        return [self._checked(reply) for reply in self._send(self._scripts.run_many, stamped)]
+
+
+def _moved(job_id: str, exc: MovedError) -> ValueError:
+    """A plain client sent to one node of a Redis Cluster: say how to connect instead."""
+    return ValueError(
+        f"job {job_id!r} lives on another node of a Redis Cluster ({exc.host}:{exc.port}); "
+        "connect with a redis+cluster://host:port URL (any node) or a "
+        "redis.cluster.RedisCluster"
+    )
 
 
 def _text(value: object) -> str:

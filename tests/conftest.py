@@ -9,7 +9,7 @@ import pytest
 import redis
 
 import strata_redis
-from strata_redis.server import RedisServer
+from strata_redis.server import RedisClusterServers, RedisServer
 
 from .s3server import MotoServer
 
@@ -57,6 +57,13 @@ def redis_factory() -> Iterator[Callable[..., RedisServer]]:
     yield make
     for server in servers:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A private three-primary Redis Cluster for the session (tests use their own job ids)."""
+    with RedisClusterServers(3) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

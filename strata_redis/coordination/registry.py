@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..connection import is_cluster, server_time
 from ..context import JobContext
 from ..keys import PREFIX
 from ..scripts import Call, check
@@ -71,13 +72,16 @@ class WorkerInfo:
 def workers(ctx: JobContext) -> list[WorkerInfo]:
     """Every worker the job has seen, sorted by id, with ages on Redis' clock."""
     k = ctx.keys
+    cluster = is_cluster(ctx.client)  # redis-py refuses TIME in a cluster pipeline
     with ctx.client.pipeline(transaction=False) as pipe:
         pipe.hgetall(k.status)
         pipe.hgetall(k.info)
         pipe.hgetall(k.incarnation)
         pipe.zrange(k.heartbeats, 0, -1, withscores=True)
-        pipe.time()
-        status, info, incarnation, beats, (sec, usec) = pipe.execute()
+        if not cluster:
+            pipe.time()
+        status, info, incarnation, beats, *clock = pipe.execute()
+    sec, usec = server_time(ctx.client, k.heartbeats) if cluster else clock[0]
     now_ms = sec * 1000 + usec / 1000
     last = dict(beats)
     out = []

@@ -44,7 +44,8 @@ import orjson
 import redis
 
 import strata_redis
-from strata_redis.connection import describe
+from strata_redis.connection import describe, is_cluster, server_time
+from strata_redis.coordination.registry import list_jobs
 from strata_redis.keys import PREFIX, Keys
 
 SCHEMA: Final = "strata-dashboard/1"
@@ -132,6 +133,11 @@ class JobDirectory:
             if not self._sweeping:
                 self._sweeping, self._cursor, self._found = True, 0, set()
             pattern = f"{PREFIX}:{{*}}:generation"
+            if is_cluster(client):  # every primary, in one sweep (redis-py walks them)
+                self._found = set(list_jobs(client))
+                self.jobs = sorted(self._found)
+                self.complete, self.as_of, self._sweeping = True, time.monotonic(), False
+                return len(client.get_primaries())  # type: ignore[attr-defined]
             for calls in range(1, SCAN_CALLS + 1):
                 self._cursor, keys = client.scan(self._cursor, match=pattern, count=SCAN_COUNT)
                 for key in map(str, keys):
@@ -271,17 +277,25 @@ class DashboardState:
         jobs = [_JobRead(j, Keys(j), self) for j in ids]
 
         # Round 1: the clock, the server's counters, and each job's bounded heads.
+        # (redis-py refuses TIME and INFO in a cluster pipeline: with Redis Cluster the clock
+        # is read apart, from the node of the first job shown, and there is no request rate)
+        cluster = is_cluster(self.client)
         round1 = self.client.pipeline(transaction=False)
-        round1.time()
+        if not cluster:
+            round1.time()
         with self._lock:
-            info = self._info_allowed
+            info = self._info_allowed and not cluster
         if info:
             round1.info("stats")
         for j in jobs:
             j.queue_heads(round1)
         replies = round1.execute(raise_on_error=False)
-        commands += len(replies)
-        (sec, usec), rest = _ok(replies[0]), replies[1:]
+        commands += len(replies) + cluster
+        if cluster:
+            clock_key = jobs[0].k.generation if jobs else "strata:{clock}:x"
+            (sec, usec), rest = server_time(self.client, clock_key), replies
+        else:
+            (sec, usec), rest = _ok(replies[0]), replies[1:]
         now_ms = int(sec) * 1000 + int(usec) // 1000
         stats: dict[str, Any] | None = None
         if info:
