@@ -2,10 +2,12 @@
 
 Accepted: ``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs, with an ACL user and
 password; a bare ``host:port`` or ``host`` (the seeds write ``"localhost:50051"``), also with
-``user:password@`` in front; an existing ``redis.Redis``; and for Redis Cluster a
+``user:password@`` in front; an existing ``redis.Redis``; for Redis Cluster a
 ``redis+cluster://[user:password@]host:port[,host:port...]`` URL (any nodes of the cluster)
-or an existing ``redis.cluster.RedisCluster``. Credentials never leave this module:
-``redact`` is what every repr, log line and error message shows.
+or an existing ``redis.cluster.RedisCluster``; and for Redis Sentinel a
+``redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/<db>]`` URL (the
+sentinels; the credentials are the primary's), whose client follows failovers. Credentials
+never leave this module: ``redact`` is what every repr, log line and error message shows.
 
 The connection budget of a process: every client made here has a bounded, blocking pool
 (``max_connections``; a caller waits up to ``POOL_TIMEOUT`` for a free connection, then gets
@@ -29,6 +31,7 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import MaxConnectionsError
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 DEFAULT_URL = "redis://localhost:6379/0"
 URL_ENV = "STRATA_REDIS_URL"
@@ -47,6 +50,8 @@ MAX_BLOCK_S = 10.0
 HEARTBEAT_CONNECTIONS = 8
 #: the URL scheme of a Redis Cluster: ``redis+cluster://host:port[,host:port...]``
 CLUSTER_SCHEME = "redis+cluster"
+#: the URL scheme of Redis Sentinel: ``redis+sentinel://host:port[,...]/<service>[/<db>]``
+SENTINEL_SCHEME = "redis+sentinel"
 #: TCP keepalive: probe after 10 s idle, every 5 s, give up after 3 misses (about 25 s).
 _KEEPALIVE = {
     getattr(socket, name): value
@@ -159,10 +164,10 @@ def normalize_url(target: str) -> str:
     """
     if "://" in target:
         scheme = target.split("://", 1)[0].lower()
-        if scheme not in ("redis", "rediss", "unix", CLUSTER_SCHEME):
+        if scheme not in ("redis", "rediss", "unix", CLUSTER_SCHEME, SENTINEL_SCHEME):
             raise ValueError(
-                "redis URL scheme must be redis://, rediss://, unix:// or redis+cluster://, "
-                f"got {redact(target)!r}"
+                "redis URL scheme must be redis://, rediss://, unix://, redis+cluster:// or "
+                f"redis+sentinel://, got {redact(target)!r}"
             )
         return target
     match = _HOST_PORT.match(target.strip())
@@ -206,14 +211,16 @@ def is_cluster(client: object) -> bool:
 
 
 def _cluster_nodes(rest: str, url: str) -> tuple[list[ClusterNode], dict[str, Any]]:
-    """The startup nodes and credentials of a ``redis+cluster://`` URL (after the scheme)."""
+    """The nodes and credentials of a ``redis+cluster://`` or ``redis+sentinel://`` URL
+    (after the scheme)."""
     auth, at, hosts = rest.rpartition("@")
     hosts = hosts.split("/", 1)[0].split("?", 1)[0]
     nodes = []
+    scheme = url.split("://", 1)[0]
     for part in hosts.split(","):
         match = _HOST_PORT.match(part.strip())
         if match is None or match["auth"] is not None or not part.strip():
-            raise ValueError(f"redis+cluster URL must list host:port nodes, got {redact(url)!r}")
+            raise ValueError(f"{scheme} URL must list host:port nodes, got {redact(url)!r}")
         port = int(match["port"] or 6379)
         if not 0 < port < 65536:
             raise ValueError(f"redis port must be 1..65535, got {port}")
@@ -241,6 +248,42 @@ def _cluster_kwargs(client: RedisCluster, socket_timeout: float) -> dict[str, An
     kwargs["socket_keepalive"] = True
     kwargs.setdefault("socket_keepalive_options", _KEEPALIVE)
     return kwargs
+
+
+def _sentinel_client(url: str, socket_timeout: float, max_connections: int) -> redis.Redis:
+    """The primary of a ``redis+sentinel://`` URL's service: a client that follows failovers
+    (its pool asks the sentinels where the primary is whenever it connects)."""
+    rest = url.split("://", 1)[1]
+    nodes, creds = _cluster_nodes(rest, url)
+    path = rest.rpartition("@")[2].partition("/")[2].split("?", 1)[0].strip("/")
+    service, _, db = path.partition("/")
+    if not service or (db and not db.isdigit()):
+        raise ValueError(f"redis+sentinel URL must end with /<service>[/<db>], got {redact(url)!r}")
+    options = {**_client_options(socket_timeout), "socket_keepalive": True,
+               "socket_keepalive_options": _KEEPALIVE}  # fmt: skip
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        [(n.host, n.port) for n in nodes],
+        sentinel_kwargs={"socket_timeout": 5.0, "socket_connect_timeout": 5.0},
+    )
+    return sentinel.master_for(  # type: ignore[no-any-return,no-untyped-call]
+        service, db=int(db or 0), max_connections=max_connections, **creds, **options
+    )
+
+
+def _sentinel_again(
+    pool: SentinelConnectionPool, socket_timeout: float, max_connections: int
+) -> redis.Redis:
+    """A new client of ``pool``'s service, through the same sentinels, with our options."""
+    kwargs = {
+        k: v for k, v in pool.connection_kwargs.items()
+        if k in _CONNECTION_KWARGS and k not in ("host", "port", "path")
+    }  # fmt: skip
+    kwargs.update(_client_options(socket_timeout))
+    kwargs["socket_keepalive"] = True
+    kwargs.setdefault("socket_keepalive_options", _KEEPALIVE)
+    return pool.sentinel_manager.master_for(  # type: ignore[no-any-return]
+        pool.service_name, max_connections=max_connections, **kwargs
+    )
 
 
 def _nodes_of(client: RedisCluster) -> list[ClusterNode]:
@@ -278,6 +321,8 @@ def make_client(
         pool = target.connection_pool
         if pool.connection_kwargs.get("decode_responses"):
             return target
+        if isinstance(pool, SentinelConnectionPool):
+            return _sentinel_again(pool, socket_timeout, max_connections)
         new_pool = _pool(
             _connection_kwargs(pool, socket_timeout), pool.connection_class,
             max_connections=max_connections, name="client",
@@ -289,6 +334,8 @@ def make_client(
             f"{type(target).__name__}"
         )
     url = normalize_url(target)
+    if url.split("://", 1)[0].lower() == SENTINEL_SCHEME:
+        return _sentinel_client(url, socket_timeout, max_connections)
     if url.split("://", 1)[0].lower() == CLUSTER_SCHEME:
         nodes, creds = _cluster_nodes(url.split("://", 1)[1], url)
         kwargs = {**_client_options(socket_timeout), **creds, "socket_keepalive": True,
@@ -317,6 +364,8 @@ def heartbeat_client(client: Any, *, socket_timeout: float = SOCKET_TIMEOUT) -> 
             max_connections=HEARTBEAT_CONNECTIONS,
         )  # fmt: skip
     pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):  # another client of the same service
+        return _sentinel_again(pool, socket_timeout, HEARTBEAT_CONNECTIONS)
     if not getattr(pool.connection_class, "__module__", "").startswith("redis."):
         return client
     kwargs = _connection_kwargs(pool, socket_timeout, keep=_EXTRA_KWARGS)
@@ -354,6 +403,11 @@ def describe(client: Any) -> str:
         nodes = ",".join(f"{n.host}:{n.port}" for n in client.get_nodes())  # type: ignore[no-untyped-call]
         return f"{CLUSTER_SCHEME}://{nodes}"
     pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        sentinels = ",".join(f"{s.connection_pool.connection_kwargs.get('host')}:"
+                             f"{s.connection_pool.connection_kwargs.get('port')}"
+                             for s in pool.sentinel_manager.sentinels)  # fmt: skip
+        return f"{SENTINEL_SCHEME}://{sentinels}/{pool.service_name}"
     return _describe_kwargs(pool.connection_kwargs, pool.connection_class)
 
 

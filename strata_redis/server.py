@@ -235,3 +235,71 @@ class RedisClusterServers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RedisSentinelServer:
+    """A private Redis Sentinel on loopback watching one primary as ``service`` (tests).
+
+    Quick to decide: the primary is down after ``down_after_ms`` without an answer, and one
+    sentinel is a quorum. The sentinel rewrites its config file, kept in its own directory.
+
+    Attributes:
+        port: the sentinel's port.
+        url: ``redis+sentinel://127.0.0.1:<port>/<service>``.
+    """
+
+    def __init__(
+        self, primary_port: int, *, service: str = "strata", down_after_ms: int = 1000
+    ) -> None:
+        self.binary = find_redis_server()
+        self.port = free_port()
+        self.service = service
+        self._tmp = tempfile.TemporaryDirectory(prefix="strata-sentinel-")
+        self.dir = Path(self._tmp.name)
+        (self.dir / "sentinel.conf").write_text(
+            f"bind 127.0.0.1\nport {self.port}\ndir {self.dir}\n"
+            f"sentinel monitor {service} 127.0.0.1 {primary_port} 1\n"
+            f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+            f"sentinel failover-timeout {service} 10000\n"
+            f"sentinel parallel-syncs {service} 1\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.service}"
+
+    def primary(self) -> tuple[str, int] | None:
+        """Where the sentinel says the primary is (None if it does not know)."""
+        with redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True) as client:
+            addr = client.sentinel_get_master_addr_by_name(self.service)
+        return None if not addr else (addr[0], int(addr[1]))
+
+    def start(self, timeout: float = 10.0) -> RedisSentinelServer:
+        """Start the sentinel and wait until it knows the primary."""
+        self.proc = subprocess.Popen(
+            [self.binary, str(self.dir / "sentinel.conf"), "--sentinel", "--logfile",
+             str(self.dir / "sentinel.log")],
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server --sentinel exited with {self.proc.returncode}")
+            try:
+                if self.primary() is not None:
+                    return self
+            except redis.ConnectionError:
+                pass
+            time.sleep(0.05)
+        self.close()
+        raise TimeoutError(f"the sentinel on port {self.port} did not start within {timeout}s")
+
+    def close(self) -> None:
+        """Stop the sentinel and remove its directory."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+        with contextlib.suppress(OSError):
+            self._tmp.cleanup()
