@@ -442,6 +442,10 @@ class Scenario:
     def blocked(self) -> bool:
         if self.mode.startswith("tcpstore"):
             return int(self.store.add(f"arrive{self.r}", 0)) >= len(self.waiters)
+        if self.mode == "strata-threads":
+            # a process's Barrier.wait threads share one blocked connection (waiters.py):
+            # count arrivals, not blocked clients
+            return len(self.barrier.state().arrived) >= len(self.waiters)
         return int(self.control.info("clients")["blocked_clients"]) >= len(self.waiters)
 
     def release_once(self) -> float:

@@ -90,6 +90,11 @@ class Keys:
         """LIST one release token per arrival of a generation; its waiters BLPOP it."""
         return f"{self.base}:barrier_release:{generation}:{name}"
 
+    def waiters_doorbell(self, process: str) -> str:
+        """LIST one process's doorbell: a waiter RPUSHes it so the process's shared blocking
+        pop (``coordination/waiters.py``) takes a new release list in; expires."""
+        return f"{self.base}:doorbell:{process}"
+
     def barrier_wake(self, name: str) -> str:
         """STREAM a barrier's outcomes (released/broken), capped; its watchers XREAD it."""
         return f"{self.base}:barrier_wake:{name}"

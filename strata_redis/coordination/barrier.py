@@ -17,6 +17,7 @@ from ..status import Status
 from ..validate import check_id, check_int, check_seconds
 from .latency import RECORDER
 from .registry import reap_call, reaped
+from .waiters import release_pops
 
 log = logging.getLogger("strata_redis.barrier")
 
@@ -386,12 +387,13 @@ class Barrier:
                         offset_us=a.offset_us,
                     )  # fmt: skip
             else:
-                popped = client.blpop([release_key], timeout=max(block, 0.001))
-                if popped is not None and popped[1].startswith("R "):
-                    outcome = popped[1]
+                # one blocked connection for every such waiter of the job in this process
+                token = release_pops(self.context).pop(release_key, max(block, 0.001))
+                if token is not None and token.startswith("R "):
+                    outcome = token
                 else:  # the slice ended, or a "broken" token: read the record
                     outcome = self._check(
-                        a.generation, "check", worker_id, timeout, reap=popped is None,
+                        a.generation, "check", worker_id, timeout, reap=token is None,
                         offset_us=a.offset_us,
                     )  # fmt: skip
         return self._settle(worker_id, a, outcome)
