@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from ..context import JobContext
-from .leases import steal_priority
+from .leases import chunk_size, steal_priority
 from .sharding import DatasetParams, assignment
 
 __all__ = ["POSITION_PART", "Position", "merge_positions", "restore_position"]
@@ -169,7 +169,8 @@ def restore_chunks(
     """The keys of a restore and a function giving chunk k's arguments (``restore_position``).
 
     The entries — done shards, offsets, then pool (priority, shard) pairs, each sorted — are
-    cut into chunks of ``RESTORE_CHUNK``: the same for every caller with the same inputs.
+    cut into chunks of ``RESTORE_CHUNK`` (a quarter of it past ``leases.BIG_POOL`` shards): the
+    same for every caller with the same inputs.
     """
     plan = assignment(params, workers)
     priority = steal_priority(*plan.grouped(epoch))
@@ -186,10 +187,11 @@ def restore_chunks(
         keys += [lk.meta, lk.todo, lk.holders, lk.expiry, lk.done, lk.offsets]
     sections = (done_ids, partial, pairs)
     bounds = np.cumsum([0, *map(len, sections)])
-    count = max(1, -(-int(bounds[-1]) // RESTORE_CHUNK))
+    size = chunk_size(params.num_shards, RESTORE_CHUNK)
+    count = max(1, -(-int(bounds[-1]) // size))
 
     def chunk(c: int) -> list[Any]:
-        low, high = c * RESTORE_CHUNK, (c + 1) * RESTORE_CHUNK
+        low, high = c * size, (c + 1) * size
         parts = [
             section[max(0, low - start) : max(0, high - start)]
             for section, start in zip(sections, bounds[:-1].tolist(), strict=True)
