@@ -80,12 +80,21 @@ def longest_command(url: str, shards: int) -> dict[str, float]:
         entries = raw.slowlog_get(100_000)
         # none logged: every command took under FLOOR_US (that bound is reported)
         phase_max = max((e["duration"] for e in entries), default=FLOOR_US) / 1000
+        worst = max(entries, key=lambda e: e["duration"], default=None)
+        if worst is not None:
+            words = _text(worst["command"]).split()
+            what = " ".join(words[:2] if words[0].upper() != "EVALSHA" else [words[0], *words[3:4]])
+            print(f"    the longest: {what} ...", flush=True)
         print(f"  {shards:,} shards, {phase}: {took:.1f} s; longest command {phase_max:.2f} ms",
               flush=True)  # fmt: skip
         longest = max(longest, phase_max)
     raw.config_set("slowlog-log-slower-than", 10_000)
     job.close()
     return {f"longest_command_ms_{shards}": longest}
+
+
+def _text(raw: object) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
 def heartbeats(url: str, workers: int, seconds: float) -> dict[str, float]:
