@@ -30,9 +30,18 @@ if ! find_redis; then
   fi
 fi
 
+BROWSER=0 TORCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --browser) BROWSER=1 ;;
+    --torch) TORCH=1 ;;
+    *) say "unknown option $arg (known: --browser, --torch)"; exit 2 ;;
+  esac
+done
+
 # The dashboard's browser test drives Debian's headless Chromium through its chromedriver:
 # `setup.sh --browser` (what scripts/test.sh runs) installs them; the demo does not need them.
-if [ "${1:-}" = "--browser" ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
+if [ "$BROWSER" = 1 ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
   if command -v apt-get >/dev/null; then
     say "no /usr/bin/chromium or /usr/bin/chromedriver: installing Debian's chromium and chromium-driver"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
@@ -60,5 +69,14 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
   fi
 fi
-say "installing strata-redis[dev] into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+# strata_redis.torch's tests (`--torch`, what scripts/test.sh runs) need PyTorch: the pinned
+# release first, so the `torch` extra's range is met by it (an unpinned torch can resolve to a
+# CUDA build of several GB; pip here takes the CPU build of 2.13.0)
+if [ "$TORCH" = 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  say "installing torch==${STRATA_TORCH_VERSION:=2.13.0} into .venv (strata_redis.torch's tests)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$STRATA_TORCH_VERSION"
+fi
+EXTRAS=dev
+[ "$TORCH" = 1 ] && EXTRAS=dev,torch
+say "installing strata-redis[$EXTRAS] into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"

@@ -18,7 +18,8 @@ The tree::
     │   └── RestartLimitError           .restarts: more failure restarts than max_restarts
     ├── DatasetError                .job_id, .dataset
     │   ├── DatasetNotFoundError
-    │   └── DatasetConflictError        same name registered with other parameters
+    │   ├── DatasetConflictError        same name registered with other parameters
+    │   └── EpochUnfinishedError        .epoch, .remaining: shards left undone at an epoch's end
     ├── LeaseError                  .job_id, .dataset, .epoch, .shard_id
     │   └── LeaseLostError              the lease expired, was taken over, or its token is stale
     ├── StateLostError              .job_id, .era, .found: the job's state in Redis was lost
@@ -58,6 +59,7 @@ __all__ = [
     "DatasetConflictError",
     "DatasetError",
     "DatasetNotFoundError",
+    "EpochUnfinishedError",
     "LeaseError",
     "LeaseLostError",
     "RendezvousError",
@@ -364,6 +366,30 @@ class DatasetConflictError(DatasetError):
             job_id=c["job_id"],
             dataset=c["dataset"],
         )
+
+
+class EpochUnfinishedError(DatasetError):
+    """An epoch barrier was reached with shards of the epoch neither done nor held by a live
+    member of the round (a member that held them died at the epoch's end)."""
+
+    def __init__(
+        self, message: str, *, job_id: str, dataset: str, epoch: int, remaining: int
+    ) -> None:
+        super().__init__(message, job_id=job_id, dataset=dataset)
+        self.epoch = epoch
+        self.remaining = remaining
+
+    @classmethod
+    def at_barrier(
+        cls, job_id: str, dataset: str, epoch: int, remaining: int
+    ) -> EpochUnfinishedError:
+        """``remaining`` shards of ``epoch`` are undone and this worker's walk had ended."""
+        return cls(
+            f"epoch {epoch} of dataset {dataset!r} in job {job_id!r} has {remaining} shards not "
+            "done, and the round changed at the epoch barrier (a member holding them died): "
+            "iterate the epoch again (it walks what is left), then call advance_epoch()",
+            job_id=job_id, dataset=dataset, epoch=epoch, remaining=remaining,
+        )  # fmt: skip
 
 
 class LeaseError(StrataError):

@@ -138,6 +138,11 @@ class Keys:
         """ZSET checkpoint steps opened in a round (score = step), so ranks fill in missing ones."""
         return f"{self.base}:round_checkpoints:{round_}"
 
+    def torch_store(self, round_: int) -> str:
+        """HASH a round's ``torch.distributed`` store (``strata_redis.torch.RedisStore``):
+        key -> value; kept a day after its last write."""
+        return f"{self.base}:torch_store:{round_}"
+
     # -- datasets and shard leases -------------------------------------------------------
     @property
     def datasets(self) -> str:

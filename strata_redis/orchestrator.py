@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from .coordination.epochs import current_epoch
 from .coordination.rendezvous import Rendezvous, Round
 from .coordination.workers import Worker, register_worker
 from .data.datasets import get_dataset, list_datasets
-from .data.leases import ShardLeases
+from .data.leases import Lease, ShardLeases
 from .data.position import (
     POSITION_PART,
     Position,
@@ -56,6 +57,7 @@ from .data.sharding import DatasetParams, assignment
 from .errors import (
     BarrierBrokenError,
     CheckpointError,
+    EpochUnfinishedError,
     LeaseLostError,
     RoundBrokenError,
     StrataError,
@@ -75,6 +77,10 @@ ROUND_BITS: Final = 16
 STEP_BITS: Final = 24
 #: what ``state`` may be: a buffer, or a mapping of part name -> buffer
 State = Any
+
+
+def _nothing() -> None:
+    """A shard end with nothing to record in Redis (static assignment)."""
 
 
 def checkpoint_step(epoch: int, round_: int, step: int) -> int:
@@ -127,12 +133,89 @@ class ShardStream:
         params: DatasetParams,
         batch_size: int,
         mode: str = "leases",
+        *,
+        track_consumption: bool = False,
+        wait_for_others: bool = True,
     ) -> None:
         self._orchestrator = orchestrator
+        self.wait_for_others = wait_for_others
         self.params = params
         self.batch_size = batch_size
         self.mode = mode
+        self.track_consumption = track_consumption
         self.cursor: _Cursor | None = None
+        # handed-out batches not yet consumed (``track_consumption``), oldest first:
+        # (shard, samples of it after the batch) or (shard, None) for the shard's end
+        self._pending: deque[tuple[int, int | None]] = deque()
+        self._finishers: dict[int, Callable[[], None] | None] = {}
+
+    def consumed(self, batches: int = 1) -> None:
+        """Record that the training step took the next ``batches`` handed-out batches.
+
+        Only with ``track_consumption``: the data position saved in checkpoints then counts
+        what the training step consumed, not what a prefetching loader asked for, and a
+        shard's lease is completed once its last batch is consumed. Without it, a no-op.
+
+        Raises:
+            ValueError: more batches reported consumed than were handed out.
+        """
+        if not self.track_consumption:
+            return
+        check_int("batches", batches, low=0, high=2**31)
+        cursor = self.cursor
+        for _ in range(batches):
+            if not self._pending or cursor is None:
+                raise ValueError(
+                    f"{self!r}: {batches} batches reported consumed, but fewer were handed out"
+                )
+            shard, after = self._pending.popleft()
+            assert after is not None
+            cursor.position.partial[shard] = after
+            while self._pending and self._pending[0][1] is None:
+                self._end_shard(cursor.position, self._pending.popleft()[0])
+
+    @property
+    def in_flight(self) -> int:
+        """Batches handed out and not yet reported consumed."""
+        return sum(1 for _, after in self._pending if after is not None)
+
+    def _handed(self, position: Position, shard: int, after: int) -> None:
+        if self.track_consumption:
+            self._pending.append((shard, after))
+        else:
+            position.partial[shard] = after
+
+    def _shard_end(self, position: Position, shard: int, finish: Callable[[], None]) -> None:
+        if self.track_consumption and self._pending:
+            self._finishers[shard] = finish
+            self._pending.append((shard, None))
+        else:
+            finish()
+            self._finishers[shard] = None
+            self._end_shard(position, shard)
+
+    def _end_shard(self, position: Position, shard: int) -> None:
+        finish = self._finishers.pop(shard, None)
+        if finish is not None:
+            finish()
+        position.partial.pop(shard, None)
+        position.own.add(shard)
+
+    def _finish_now(self) -> bool:
+        """Complete every handed-out shard's lease now (the epoch's tail: nothing else can
+        be leased, and the loader cannot consume while its sampler waits); the position
+        still moves only as batches are consumed. Returns whether there was any."""
+        ran = False
+        for shard, finish in list(self._finishers.items()):
+            if finish is not None:
+                self._finishers[shard] = None
+                finish()
+                ran = True
+        return ran
+
+    def _reset(self) -> None:
+        self._pending.clear()
+        self._finishers.clear()
 
     def __repr__(self) -> str:
         return f"ShardStream({self.params.name!r}, batch_size={self.batch_size})"
@@ -254,12 +337,15 @@ class TrainingOrchestrator:
         self._last_parts: dict[str, Any] | None = None  # the last save's parts, for fills
         self._status = ""
         self._job_epoch = 0  # the job's epoch as this worker last saw it
+        self._epoch_warned = False
         # added to round numbers in checkpoint steps: a job restarted on an empty Redis
         # numbers its rounds from 1 again, but its checkpoints must come after the old ones
         self._round_offset = 0
         self._closed = False
         self.resumed: CheckpointInfo | None = None
         self.resumed_meta: dict[str, Any] = {}
+        #: dataset -> (epoch, shards done, shard -> offset) restored from ``resumed``
+        self.resumed_positions: dict[str, tuple[int, set[int], dict[int, int]]] = {}
 
         self.worker: Worker = register_worker(
             self.context, self.worker_id, replace=replace, heartbeat_interval=heartbeat_interval
@@ -268,6 +354,8 @@ class TrainingOrchestrator:
             self._join(leaving=0)
             if self.round.fresh and resume:
                 self._restore()
+            else:
+                self._job_epoch = self._retry(current_epoch, self.context)
         except BaseException:
             self.close()
             raise
@@ -400,12 +488,20 @@ class TrainingOrchestrator:
             if cursor is not None and cursor.round != self.round.number:
                 lk = self.context.keys.lease_keys(stream.params.name, cursor.position.epoch)
                 done = self._retry(self.context.client.hkeys, lk.done)
-                cursor.position.base = {int(s) for s in done}
+                # (less what this worker handed out and its trainer has not yet taken)
+                in_flight = {shard for shard, _ in stream._pending}
+                cursor.position.base = {int(s) for s in done} - in_flight
                 cursor.round = self.round.number
 
     # -- data -----------------------------------------------------------------------------
     def get_shards(
-        self, dataset: str, batch_size: int | None = None, *, mode: str = "leases"
+        self,
+        dataset: str,
+        batch_size: int | None = None,
+        *,
+        mode: str = "leases",
+        track_consumption: bool = False,
+        wait_for_others: bool = True,
     ) -> ShardStream:
         """This worker's batches of ``dataset``: iterate it once per epoch.
 
@@ -413,6 +509,15 @@ class TrainingOrchestrator:
             dataset: a registered dataset's name.
             batch_size: samples per batch (default: the orchestrator's).
             mode: ``"leases"`` (default) or ``"static"`` (see ``ShardStream``).
+            track_consumption: the position moves (and leases complete) only as
+                ``ShardStream.consumed()`` reports batches taken by the training step (for
+                loaders that prefetch); by default, as batches are yielded.
+            wait_for_others: at the epoch's end, wait while others hold the last shards
+                (default: an iteration ends when the epoch is done, so a failed worker's
+                shards are redone); False ends it once nothing can be leased now — for
+                loops whose members meet in collectives every step (DDP), where waiting
+                would deadlock. Then ``advance_epoch`` raises ``EpochUnfinishedError`` if
+                the round changed while shards were left undone.
 
         Returns:
             A ``ShardStream``; each iteration walks the job's current epoch.
@@ -425,7 +530,14 @@ class TrainingOrchestrator:
         size = check_int("batch_size", size, low=1, high=2**31)
         if mode not in ("leases", "static"):
             raise ValueError(f"mode must be 'leases' or 'static', got {mode!r}")
-        stream = ShardStream(self, params, size, mode)
+        if not isinstance(track_consumption, bool):
+            raise TypeError(f"track_consumption must be a bool, got {track_consumption!r}")
+        if not isinstance(wait_for_others, bool):
+            raise TypeError(f"wait_for_others must be a bool, got {wait_for_others!r}")
+        stream = ShardStream(
+            self, params, size, mode, track_consumption=track_consumption,
+            wait_for_others=wait_for_others,
+        )  # fmt: skip
         self._streams[params.name] = stream
         return stream
 
@@ -437,6 +549,7 @@ class TrainingOrchestrator:
         done, offsets = self._retry(self._read_epoch, lk.done, lk.offsets)
         position = Position(params.name, epoch, params.num_shards, {int(s) for s in done})
         stream.cursor = _Cursor(position, self.round.number)
+        stream._reset()
         starts = {int(s): int(o) for s, o in offsets.items()}
         self._set_status("training")
         if stream.mode == "static":
@@ -444,15 +557,29 @@ class TrainingOrchestrator:
             self._set_status("idle")
             return
         leases = ShardLeases(self.context, params, epoch, self.worker_id, ttl=self.lease_ttl)
+
+        def completer(lease: Lease) -> Callable[[], None]:
+            def complete() -> None:
+                try:
+                    self._retry(leases.complete, lease)
+                except LeaseLostError as exc:
+                    log.warning("worker %r: %s", self.worker_id, exc)
+
+            return complete
+
         with leases.draining():
             last_id = "$"
             while True:
                 self._guard()
                 lease = self._retry(leases.acquire)
                 if lease is None:
+                    if stream._finish_now():  # the tail: complete what was handed out, again
+                        continue
                     if leases.drained:
                         self._retry(leases.keep_record)
                         break
+                    if not stream.wait_for_others:
+                        break  # the rest is held by others: they finish it before the barrier
                     last_id = self._retry(leases.wait_for_work, last_id)
                     continue
                 shard = lease.shard_id
@@ -465,17 +592,13 @@ class TrainingOrchestrator:
                         if lease.lost is not None:
                             break  # taken back: whoever has it now trains it
                     batch = indices[offset : offset + size]
-                    position.partial[shard] = offset + len(batch)
+                    stream._handed(position, shard, offset + len(batch))
                     yield batch
                 if lease.lost is not None:
-                    position.partial.pop(shard, None)
+                    if not stream.track_consumption:
+                        position.partial.pop(shard, None)
                     continue
-                try:
-                    self._retry(leases.complete, lease)
-                except LeaseLostError as exc:
-                    log.warning("worker %r: %s", self.worker_id, exc)
-                del position.partial[shard]
-                position.own.add(shard)
+                stream._shard_end(position, shard, completer(lease))
         self._set_status("idle")
 
     def _static_batches(
@@ -493,10 +616,9 @@ class TrainingOrchestrator:
                 if self._broken is not None or self.worker.lost:
                     self._guard()
                 batch = indices[offset : offset + stream.batch_size]
-                position.partial[shard.shard_id] = offset + len(batch)
+                stream._handed(position, shard.shard_id, offset + len(batch))
                 yield batch
-            del position.partial[shard.shard_id]
-            position.own.add(shard.shard_id)
+            stream._shard_end(position, shard.shard_id, _nothing)
 
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(
@@ -516,7 +638,8 @@ class TrainingOrchestrator:
 
         Args:
             step: the loop's step (it may restart every epoch), ``0 <= step < 2**24``.
-            epoch: the loop's epoch, ``0 <= epoch < 2**13``.
+            epoch: the loop's epoch, ``0 <= epoch < 2**13``; checkpoints are ordered by the job's
+                epoch (``orchestrator.epoch``), with a warning once if the two differ.
             state: bytes, a buffer, or a mapping of part name -> buffer.
             metadata: JSON-able values recorded with the position.
 
@@ -532,7 +655,16 @@ class TrainingOrchestrator:
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
         self._guard()
-        internal = checkpoint_step(epoch, self.round.number + self._round_offset, step)
+        job_epoch = self._job_epoch
+        if epoch != job_epoch and not self._epoch_warned:
+            # e.g. the seeds' `for epoch in range(2)` relaunched after a resume at epoch 1
+            self._epoch_warned = True
+            log.warning(
+                "worker %r: the loop's epoch %d is not the job's epoch %d (start the loop at "
+                "orchestrator.epoch after a resume); checkpoints are ordered by the job's epoch",
+                self.worker_id, epoch, job_epoch,
+            )  # fmt: skip
+        internal = checkpoint_step(job_epoch, self.round.number + self._round_offset, step)
         if internal <= self._last_step:
             _, _, last = split_step(self._last_step)
             log.warning(
@@ -549,7 +681,7 @@ class TrainingOrchestrator:
         self._set_status("checkpointing")
         try:
             self._retry(self._announce, internal)
-            future = self._submit(parts, internal, epoch)
+            future = self._submit(parts, internal, job_epoch)
             self._last_parts = parts
         finally:
             self._set_status("training")
@@ -684,6 +816,8 @@ class TrainingOrchestrator:
         datasets = self._retry(list_datasets, self.context)
         for params in datasets:
             done, offsets = merge_positions(p for p in positions if p.dataset == params.name)
+            if self.resumed is not None:
+                self.resumed_positions[params.name] = (epoch, done, offsets)
             restore_position(
                 self.context, params, epoch, done, offsets, workers=list(self.round.members),
                 mark=self.round.number, later_epochs=later,
@@ -715,7 +849,10 @@ class TrainingOrchestrator:
         """
         self._set_status("idle")
         while True:
+            before = self.round
             self._guard()
+            if self.round is not before:
+                self._check_finished()
             round_ = self.round
             try:
                 # a retried arrival counts once, so a Redis blip is retried here
@@ -741,6 +878,21 @@ class TrainingOrchestrator:
                 self.job_id, self.round.number, "", "superseded"
             )
         return epoch
+
+    def _check_finished(self) -> None:
+        """After a round change at the epoch barrier: a walk that ended without waiting for
+        others' last shards must not let the epoch advance with a dead member's undone."""
+        for stream in self._streams.values():
+            cursor = stream.cursor
+            if stream.wait_for_others or cursor is None:
+                continue
+            lk = self.context.keys.lease_keys(stream.params.name, cursor.position.epoch)
+            done = int(self._retry(self.context.client.hlen, lk.done))
+            if done < stream.params.num_shards:
+                raise EpochUnfinishedError.at_barrier(
+                    self.job_id, stream.params.name, cursor.position.epoch,
+                    stream.params.num_shards - done,
+                )  # fmt: skip
 
     # -- plumbing -------------------------------------------------------------------------
     def _set_status(self, status: str) -> None:

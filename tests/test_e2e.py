@@ -155,7 +155,8 @@ def test_worker_failure_recovery(redis_url: str, raw: redis.Redis, dirs: Path) -
     cfg = {"min_workers": 3, "sleep": 0.005, "heartbeat_timeout": timeout, "last_call": 1.0}
     procs = _start(redis_url, dirs, ids, cfg)
     wait_for(lambda: len(_done(raw, 0)) >= 8, 60, why=lambda: _done(raw, 0))
-    killed_ms = int(raw.time()[0]) * 1000
+    seconds, micros = raw.time()
+    killed_ms = int(seconds) * 1000 + int(micros) // 1000
     kill9(procs[1])
     codes = join_all([p for i, p in enumerate(procs) if i != 1], timeout=120)
     assert codes == [0, 0, 0]
@@ -164,10 +165,11 @@ def test_worker_failure_recovery(redis_url: str, raw: redis.Redis, dirs: Path) -
     assert int(rdzv["restarts_failure"]) == 1, rdzv
     assert int(rdzv.get("restarts_growth", 0)) == 0, rdzv
     # the survivors were in a new round within the heartbeat timeout (+ one tick, + the
-    # rejoin), measured on Redis' clock
+    # rejoin; + slack for a loaded 2-core CI: the sharp figure is perf's recovery row),
+    # measured on Redis' clock
     events = raw.xrange(f"strata:{{{JOB}}}:rendezvous_events")
     closed = [int(f["ms"]) for _, f in events if f["type"] == "close" and f["round"] == "2"]
-    assert closed and closed[0] - killed_ms <= (timeout + 2.0) * 1000, (closed, killed_ms)
+    assert closed and closed[0] - killed_ms <= (timeout + 3.0) * 1000, (closed, killed_ms)
     # the survivors finished both epochs: every shard done once, every sample trained
     samples = _samples(dirs / "logs")
     for epoch in (0, 1):

@@ -26,7 +26,7 @@ PUBLIC = {
     "BarrierTimeoutError", "CheckpointAbortedError", "CheckpointError", "CheckpointInfo",
     "CheckpointManager", "CheckpointNotFoundError", "CheckpointSkippedWarning",
     "DatasetConflictError", "DatasetError", "DatasetNotFoundError", "DatasetParams",
-    "EpochProgress", "FileEntry", "Job", "JobContext", "Keys", "Lease", "LeaseError",
+    "EpochProgress", "EpochUnfinishedError", "FileEntry", "Job", "JobContext", "Keys", "Lease", "LeaseError",
     "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "Release", "Rendezvous",
     "RendezvousError", "RendezvousTimeoutError", "RestartLimitError", "Round", "RoundBrokenError",
     "S3Storage", "SaveFuture", "ShardStream", "TrainingOrchestrator",
@@ -45,12 +45,12 @@ SUPPORTED = [
     "coordination.rendezvous", "coordination.workers", "data.leases", "data.position",
     "data.sharding", "era", "errors", "job", "keys", "orchestrator",
     "scripts", "server", "shard_manager", "status", "storage", "testing", "validate",
-    "dashboard",
+    "dashboard", "torch",
 ]  # fmt: skip
 
 
 #: packages that are one layer as a whole (their modules import each other freely)
-WHOLE = ("storage", "dashboard")
+WHOLE = ("storage", "dashboard", "torch")
 
 
 def _modules() -> set[str]:
