@@ -82,7 +82,9 @@ def train(args: argparse.Namespace, worker_id: str) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
         resumed = strata_torch.load(orch, model=model, optimizer=optimizer)
         ddp = DistributedDataParallel(model)
-        sampler = strata_torch.LeaseBatchSampler(orch, DATASET, batch_size=args.batch_size)
+        sampler = strata_torch.LeaseBatchSampler(
+            orch, DATASET, batch_size=args.batch_size, lockstep=args.lockstep
+        )
         loader = strata_torch.DataLoader(
             SyntheticDataset(args.samples), batch_sampler=sampler, num_workers=args.loader_workers
         )
@@ -94,9 +96,9 @@ def train(args: argparse.Namespace, worker_id: str) -> None:
         for epoch in range(orch.epoch, args.epochs):
             sampler.set_epoch(epoch)
             step = 0
-            # ranks get unequal batch counts (leases, stealing): Join keeps DDP's all-reduces
-            # matched for the ranks that run out first
-            with Join([ddp]):
+            # leases give ranks unequal batch counts (stealing): Join keeps DDP's all-reduces
+            # matched for the ranks that run out first; lockstep gives every rank the same
+            with Join([ddp], enable=not args.lockstep):
                 for ids, x, y in loader:
                     optimizer.zero_grad()
                     loss = torch.nn.functional.mse_loss(ddp(x).squeeze(1), y)
@@ -149,8 +151,10 @@ def worker_argv(args: argparse.Namespace, worker_id: str) -> list[str]:
     """The command-line arguments of one worker process of ``args``' job."""
     out = ["--worker-id", worker_id]
     for name, value in vars(args).items():
-        if name not in ("worker_id",) and value is not None:
-            out += [f"--{name.replace('_', '-')}", str(value)]
+        if name == "worker_id" or value is None or value is False:
+            continue
+        flag = f"--{name.replace('_', '-')}"
+        out += [flag] if value is True else [flag, str(value)]
     return out
 
 
@@ -169,6 +173,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps")
     p.add_argument("--loader-workers", type=int, default=0, help="DataLoader num_workers")
+    p.add_argument("--lockstep", action="store_true",
+                   help="every rank the same batch count (no Join; < ranks x batch dropped)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (demo)")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
     p.add_argument("--collective-timeout", type=float, default=60.0)

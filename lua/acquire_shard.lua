@@ -13,6 +13,7 @@
 -- KEYS[1] = epoch meta HASH   KEYS[2] = todo ZSET      KEYS[3] = holders HASH
 -- KEYS[4] = expiry ZSET       KEYS[5] = done HASH      KEYS[6] = fence STRING
 -- KEYS[7] = heartbeats ZSET   KEYS[8] = status HASH    KEYS[9] = generation STRING
+-- KEYS[10] = offsets HASH (shard -> samples of it already trained: the grant starts there)
 -- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms
 -- ARGV[3] = "1" acquire, stealing if need be | "0" acquire own shards only | "" do not acquire
 -- ARGV[4] = shard id to complete first, or "" for none   ARGV[5] = its fencing token
@@ -20,7 +21,7 @@
 -- (S and A are the status prelude's tables: strata_redis/status.py)
 -- returns, completing only: {S.OK, 1} recorded now | {S.OK, 0} already recorded with this
 --       token | {S.LEASE_LOST}
--- returns, acquiring only: {S.OK, shard id, token, expires_ms, candidates consumed}
+-- returns, acquiring only: {S.OK, shard id, token, expires_ms, offset, candidates consumed}
 --       | {S.OK, A.NOTHING, shards done, shards leased, candidates consumed}: nothing to lease
 --       | {S.OK, A.NO_POOL}: the epoch was not initialized (call init_epoch first)
 --       | {S.WORKER_NOT_REGISTERED} | {S.WORKER_FAILED} | {S.WORKER_LEFT}: only live workers
@@ -114,4 +115,5 @@ local token = redis.call('INCR', KEYS[6])
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[3], pick, token .. ' ' .. expires .. ' ' .. prio .. ' ' .. id)
 redis.call('ZADD', KEYS[4], expires, pick)
-return answer({S.OK, tonumber(pick), token, expires, consumed})
+local offset = tonumber(redis.call('HGET', KEYS[10], pick) or '0')
+return answer({S.OK, tonumber(pick), token, expires, offset, consumed})

@@ -79,6 +79,15 @@ STEP_BITS: Final = 24
 State = Any
 
 
+def _trained_before(position: Position, shard: int, starts: dict[int, int]) -> None:
+    """A shard's offset as the epoch's record had it when the walk began (a restored position,
+    a finished walk's hand-back) is in the model already: the position holds it from the
+    start. (An offset set during the walk — another rank's hand-back — is not, until the
+    hander's own batches are consumed: the position then moves only with this rank's.)"""
+    if starts.get(shard, 0) > position.partial.get(shard, 0):
+        position.partial[shard] = starts[shard]
+
+
 def _nothing() -> None:
     """A shard end with nothing to record in Redis (static assignment)."""
 
@@ -136,17 +145,22 @@ class ShardStream:
         *,
         track_consumption: bool = False,
         wait_for_others: bool = True,
+        lockstep: bool = False,
     ) -> None:
         self._orchestrator = orchestrator
         self.wait_for_others = wait_for_others
+        self.lockstep = lockstep
+        self.quota: int | None = None  # lockstep: this epoch's batches per rank
+        self._quota_met = False
+        self._taken: dict[tuple[int, int], int] = {}  # lockstep: (epoch, round) -> samples
         self.params = params
         self.batch_size = batch_size
         self.mode = mode
         self.track_consumption = track_consumption
         self.cursor: _Cursor | None = None
-        # handed-out batches not yet consumed (``track_consumption``), oldest first:
-        # (shard, samples of it after the batch) or (shard, None) for the shard's end
-        self._pending: deque[tuple[int, int | None]] = deque()
+        # handed-out batches not yet consumed (``track_consumption``), oldest first: a batch
+        # as its pieces [(shard, samples of it after the piece)], or a shard id: its end
+        self._pending: deque[list[tuple[int, int]] | int] = deque()
         self._finishers: dict[int, Callable[[], None] | None] = {}
 
     def consumed(self, batches: int = 1) -> None:
@@ -168,27 +182,32 @@ class ShardStream:
                 raise ValueError(
                     f"{self!r}: {batches} batches reported consumed, but fewer were handed out"
                 )
-            shard, after = self._pending.popleft()
-            assert after is not None
-            cursor.position.partial[shard] = after
-            while self._pending and self._pending[0][1] is None:
-                self._end_shard(cursor.position, self._pending.popleft()[0])
+            pieces = self._pending.popleft()
+            assert isinstance(pieces, list)
+            for shard, after in pieces:
+                cursor.position.partial[shard] = after
+            while self._pending and isinstance(self._pending[0], int):
+                self._end_shard(cursor.position, self._pending.popleft())  # type: ignore[arg-type]
 
     @property
     def in_flight(self) -> int:
         """Batches handed out and not yet reported consumed."""
-        return sum(1 for _, after in self._pending if after is not None)
+        return sum(1 for entry in self._pending if isinstance(entry, list))
 
-    def _handed(self, position: Position, shard: int, after: int) -> None:
+    def _in_flight_shards(self) -> set[int]:
+        return {s for e in self._pending if isinstance(e, list) for s, _ in e}
+
+    def _handed(self, position: Position, pieces: list[tuple[int, int]]) -> None:
         if self.track_consumption:
-            self._pending.append((shard, after))
+            self._pending.append(pieces)
         else:
-            position.partial[shard] = after
+            for shard, after in pieces:
+                position.partial[shard] = after
 
     def _shard_end(self, position: Position, shard: int, finish: Callable[[], None]) -> None:
         if self.track_consumption and self._pending:
             self._finishers[shard] = finish
-            self._pending.append((shard, None))
+            self._pending.append(shard)
         else:
             finish()
             self._finishers[shard] = None
@@ -489,7 +508,7 @@ class TrainingOrchestrator:
                 lk = self.context.keys.lease_keys(stream.params.name, cursor.position.epoch)
                 done = self._retry(self.context.client.hkeys, lk.done)
                 # (less what this worker handed out and its trainer has not yet taken)
-                in_flight = {shard for shard, _ in stream._pending}
+                in_flight = stream._in_flight_shards()
                 cursor.position.base = {int(s) for s in done} - in_flight
                 cursor.round = self.round.number
 
@@ -502,6 +521,7 @@ class TrainingOrchestrator:
         mode: str = "leases",
         track_consumption: bool = False,
         wait_for_others: bool = True,
+        lockstep: bool = False,
     ) -> ShardStream:
         """This worker's batches of ``dataset``: iterate it once per epoch.
 
@@ -518,6 +538,13 @@ class TrainingOrchestrator:
                 loops whose members meet in collectives every step (DDP), where waiting
                 would deadlock. Then ``advance_epoch`` raises ``EpochUnfinishedError`` if
                 the round changed while shards were left undone.
+            lockstep: every member of the round gets the same number of full batches this
+                epoch (for DDP): ``quota = remaining // (world_size * batch_size)`` batches,
+                fixed once per (round, epoch); batches may span shards; a rank keeps of a
+                shard what its quota still needs and hands the rest back at once, so no rank
+                ever waits on one blocked in a collective. The ``remaining -
+                quota * world_size * batch_size`` samples left (under ``world_size *
+                batch_size``) are dropped this epoch; every other sample comes once.
 
         Returns:
             A ``ShardStream``; each iteration walks the job's current epoch.
@@ -532,11 +559,14 @@ class TrainingOrchestrator:
             raise ValueError(f"mode must be 'leases' or 'static', got {mode!r}")
         if not isinstance(track_consumption, bool):
             raise TypeError(f"track_consumption must be a bool, got {track_consumption!r}")
-        if not isinstance(wait_for_others, bool):
-            raise TypeError(f"wait_for_others must be a bool, got {wait_for_others!r}")
+        for arg, flag in (("wait_for_others", wait_for_others), ("lockstep", lockstep)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{arg} must be a bool, got {flag!r}")
+        if lockstep and mode != "leases":
+            raise ValueError("lockstep=True needs mode='leases'")
         stream = ShardStream(
             self, params, size, mode, track_consumption=track_consumption,
-            wait_for_others=wait_for_others,
+            wait_for_others=wait_for_others and not lockstep, lockstep=lockstep,
         )  # fmt: skip
         self._streams[params.name] = stream
         return stream
@@ -559,14 +589,21 @@ class TrainingOrchestrator:
         leases = ShardLeases(self.context, params, epoch, self.worker_id, ttl=self.lease_ttl)
 
         def completer(lease: Lease) -> Callable[[], None]:
+            # (lockstep: completions made as batches are consumed must not lease a shard the
+            # walk has not asked for: another rank may need it while this one is in a step)
             def complete() -> None:
                 try:
-                    self._retry(leases.complete, lease)
+                    self._retry(leases.complete, lease, prefetch=not stream.lockstep)
                 except LeaseLostError as exc:
                     log.warning("worker %r: %s", self.worker_id, exc)
 
             return complete
 
+        if stream.lockstep:
+            with leases.draining():
+                yield from self._lockstep_batches(stream, position, leases, starts, completer)
+            self._set_status("idle")
+            return
         with leases.draining():
             last_id = "$"
             while True:
@@ -584,15 +621,15 @@ class TrainingOrchestrator:
                     continue
                 shard = lease.shard_id
                 indices = lease.indices()
-                start = starts.get(shard, 0)
-                position.partial[shard] = start
+                start = lease.start
+                _trained_before(position, shard, starts)
                 for offset in range(start, len(indices), size):
                     if self._broken is not None or lease.lost or self.worker.lost:
                         self._guard()
                         if lease.lost is not None:
                             break  # taken back: whoever has it now trains it
                     batch = indices[offset : offset + size]
-                    stream._handed(position, shard, offset + len(batch))
+                    stream._handed(position, [(shard, offset + len(batch))])
                     yield batch
                 if lease.lost is not None:
                     if not stream.track_consumption:
@@ -600,6 +637,94 @@ class TrainingOrchestrator:
                     continue
                 stream._shard_end(position, shard, completer(lease))
         self._set_status("idle")
+
+    def _lockstep_batches(
+        self,
+        stream: ShardStream,
+        position: Position,
+        leases: ShardLeases,
+        starts: dict[int, int],
+        completer: Callable[[Lease], Callable[[], None]],
+    ) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+        """Exactly ``quota`` full batches: take of each lease what the quota still needs and
+        hand the rest back (its offset moves), so the pool always holds what the others need
+        and nobody waits on a rank that is blocked in a collective."""
+        size, walk_round = stream.batch_size, self.round.number
+        stream.quota = quota = self._retry(self._lockstep_quota, stream, position, starts)
+        stream._quota_met = False
+        walk = (position.epoch, walk_round)
+        need = quota * size - stream._taken.get(walk, 0)  # (a walk again: what is left of it)
+        carry: list[np.ndarray[Any, np.dtype[np.int64]]] = []
+        pieces: list[tuple[int, int]] = []
+        ends: list[tuple[int, Callable[[], None]]] = []  # shards ending in the carry
+        last_id = "$"
+        while need > 0:
+            self._guard()
+            if self.round.number != walk_round:
+                log.warning("worker %r: the round changed mid-epoch: the lockstep walk of "
+                            "round %d ends", self.worker_id, walk_round)  # fmt: skip
+                return
+            lease = self._retry(leases.acquire)
+            if lease is None:
+                if stream._finish_now():
+                    continue
+                if leases.drained:
+                    raise EpochUnfinishedError(
+                        f"lockstep epoch {position.epoch} of {stream.params.name!r}: the pool "
+                        f"is done with {need} samples of this rank's quota unmet (the epoch "
+                        "was changed by another walk)", job_id=self.job_id,
+                        dataset=stream.params.name, epoch=position.epoch, remaining=0,
+                    )  # fmt: skip
+                last_id = self._retry(leases.wait_for_work, last_id)  # a hand-back in flight
+                continue
+            shard, indices = lease.shard_id, lease.indices()
+            _trained_before(position, shard, starts)
+            stop = min(len(indices), lease.start + need)
+            if stop < len(indices):
+                self._retry(leases.release, lease, stop)  # the rest is the others'
+            need -= stop - lease.start
+            stream._taken[walk] = stream._taken.get(walk, 0) + stop - lease.start
+            at = lease.start
+            while at < stop:
+                n = min(size - sum(map(len, carry)), stop - at)
+                carry.append(indices[at : at + n])
+                at += n
+                pieces.append((shard, at))
+                if at == len(indices):
+                    ends.append((shard, completer(lease)))
+                if sum(map(len, carry)) < size:
+                    continue
+                if self._broken is not None or self.worker.lost:
+                    self._guard()
+                batch = carry[0] if len(carry) == 1 else np.concatenate(carry)
+                stream._handed(position, pieces)
+                for ended, finish in ends:
+                    stream._shard_end(position, ended, finish)
+                carry, pieces, ends = [], [], []
+                yield batch
+        stream._finish_now()  # leases still held: nothing more will be asked of this walk
+        stream._quota_met = True
+        self._retry(leases.keep_record)
+
+    def _lockstep_quota(
+        self, stream: ShardStream, position: Position, starts: dict[int, int]
+    ) -> int:
+        """Batches per rank for this (round, epoch): from the samples left when the first
+        member began its walk (it reads the record before anyone of the round takes any)."""
+        params = stream.params
+        sizes = np.full(params.num_shards, params.samples_per_shard, dtype=np.int64)
+        sizes[-1] = params.total_samples - params.samples_per_shard * (params.num_shards - 1)
+        done = np.fromiter(position.base, dtype=np.int64, count=len(position.base))
+        left = int(sizes.sum() - sizes[done].sum())
+        left -= sum(o for s, o in starts.items() if s not in position.base)
+        quota = left // (self.round.world_size * stream.batch_size)
+        field = f"lockstep:{params.name}:{position.epoch}:{self.round.number}"
+        key = self.context.keys.rendezvous
+        with self.context.client.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(key, field, quota)
+            pipe.hget(key, field)
+            _, agreed = pipe.execute()
+        return int(agreed)
 
     def _static_batches(
         self, stream: ShardStream, position: Position, starts: dict[int, int]
@@ -611,12 +736,12 @@ class TrainingOrchestrator:
                 continue
             indices = shard.indices()
             start = starts.get(shard.shard_id, 0)
-            position.partial[shard.shard_id] = start
+            _trained_before(position, shard.shard_id, starts)
             for offset in range(start, len(indices), stream.batch_size):
                 if self._broken is not None or self.worker.lost:
                     self._guard()
                 batch = indices[offset : offset + stream.batch_size]
-                stream._handed(position, shard.shard_id, offset + len(batch))
+                stream._handed(position, [(shard.shard_id, offset + len(batch))])
                 yield batch
             stream._shard_end(position, shard.shard_id, _nothing)
 
@@ -884,7 +1009,7 @@ class TrainingOrchestrator:
         others' last shards must not let the epoch advance with a dead member's undone."""
         for stream in self._streams.values():
             cursor = stream.cursor
-            if stream.wait_for_others or cursor is None:
+            if stream.wait_for_others or cursor is None or stream._quota_met:
                 continue
             lk = self.context.keys.lease_keys(stream.params.name, cursor.position.epoch)
             done = int(self._retry(self.context.client.hlen, lk.done))

@@ -215,10 +215,10 @@ def _launch(
     url: str, tmp: Path, run: str, ids: list[str], **flags: Any
 ) -> list[subprocess.Popen[str]]:
     args = {"redis-url": url, "storage": tmp / "ckpt", "log-dir": tmp / run, "workers": len(ids),
-            "epochs": 3, "samples": 2400, "samples-per-shard": 40, "batch-size": 16,
+            "epochs": 3, "samples": 2390, "samples-per-shard": 40, "batch-size": 16,
             "checkpoint-every": 5, "lr": 0.005, "heartbeat-timeout": 3.0,
             "collective-timeout": 30.0, **flags}  # fmt: skip
-    argv = [f"--{k}={v}" for k, v in args.items()]
+    argv = [f"--{k}" if v is True else f"--{k}={v}" for k, v in args.items()]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = []
     for w in ids:
@@ -230,27 +230,43 @@ def _launch(
     return procs
 
 
-def _log(path: Path, kind: str) -> list[tuple[int, int, int, list[str]]]:
-    """(round, epoch, step, values) lines of every worker's ``kind`` log under ``path``."""
+def _log(path: Path, kind: str, worker: str = "*") -> list[tuple[int, int, int, list[str]]]:
+    """(round, epoch, step, values) lines of the workers' ``kind`` logs under ``path``."""
     out = []
-    for f in sorted(path.glob(f"*.{kind}")):
+    for f in sorted(path.glob(f"{worker}.{kind}")):
         for line in f.read_text().splitlines():
             r, e, s, *values = line.split()
             out.append((int(r), int(e), int(s), values))
     return out
 
 
+def _once(counts: Counter[int], total: int, dropped_below: int) -> None:
+    """Each sample at most once, and fewer than ``dropped_below`` never (0: none missing)."""
+    assert max(counts.values()) == 1, counts.most_common(3)
+    assert set(counts) <= set(range(total))
+    missing = total - len(counts)
+    assert missing <= max(0, dropped_below - 1), missing
+
+
 @pytest.mark.slow
-def test_ddp_example_killed_mid_epoch_resumes_exactly_once(redis_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["join", "lockstep"])
+def test_ddp_example_killed_mid_epoch_resumes_exactly_once(
+    redis_url: str, tmp_path: Path, mode: str
+) -> None:
     """3 DDP ranks (gloo); one SIGKILLed mid-epoch after a checkpoint: the survivors stop
     with an error (no hang); relaunched with 2 ranks, the job resumes from the checkpoint and
-    finishes: every sample of every epoch trained exactly once relative to the kept model,
-    and the loss goes on falling from where the model was."""
+    finishes: every sample of every epoch trained exactly once relative to the kept model
+    (lockstep: fewer than ranks x batch dropped per epoch, and every rank the same number of
+    steps, with no Join), and the loss goes on falling from where the model was."""
     ids = ["worker-0", "worker-1", "worker-2"]
-    procs = _launch(redis_url, tmp_path, "a", ids, **{"step-sleep": 0.03})
+    lockstep = {"lockstep": True} if mode == "lockstep" else {}
+    batch = 16
+    procs = _launch(redis_url, tmp_path, "a", ids, **{"step-sleep": 0.03}, **lockstep)
     ckpt = strata_redis.CheckpointManager(tmp_path / "ckpt", job_id="ddp-example", redis=redis_url)
 
     def mid_epoch_1() -> bool:
+        if all(p.poll() is not None for p in procs):
+            raise AssertionError(f"the workers ended: {(tmp_path / 'a-worker-0.out').read_text()}")
         return any(split_step(i.step)[0] == 1 and split_step(i.step)[2] >= 10 for i in ckpt.list())
 
     def why() -> Any:
@@ -268,13 +284,13 @@ def test_ddp_example_killed_mid_epoch_resumes_exactly_once(redis_url: str, tmp_p
     kept_epoch, _, kept_step = split_step(info.step)
     assert kept_epoch == 1
 
-    params = DatasetParams("synthetic-regression", 2400, 40, True, 42)
+    params = DatasetParams("synthetic-regression", 2390, 40, True, 42)  # last shard: 30
     # the kept model: epoch 0 whole, and in epoch 1 what its ranks' positions record ...
     positions = [decode_positions(ckpt.load(info.step, POSITION_PART, r))[0][0]
                  for r in range(info.world_size)]  # fmt: skip
     model = Counter(s for p in positions for s in _position_samples(params, p))
 
-    procs = _launch(redis_url, tmp_path, "b", ["worker-0", "worker-2"])
+    procs = _launch(redis_url, tmp_path, "b", ["worker-0", "worker-2"], **lockstep)
     codes = [p.wait(180) for p in procs]
     assert codes == [0, 0], [(tmp_path / f"b-{w}.out").read_text()[-2000:] for w in ids[::2]]
     for w in ("worker-0", "worker-2"):
@@ -285,11 +301,23 @@ def test_ddp_example_killed_mid_epoch_resumes_exactly_once(redis_url: str, tmp_p
     a = _log(tmp_path / "a", "samples")
     before = Counter(int(i) for _, e, s, v in a if e == 1 and s < kept_step for i in v)
     assert model == before
-    assert Counter(int(i) for _, e, _, v in a if e == 0 for i in v) == everything
     b = _log(tmp_path / "b", "samples")
     after = {e: Counter(int(i) for _, ep, _, v in b if ep == e for i in v) for e in (1, 2)}
-    assert model + after[1] == everything  # none skipped, none twice
-    assert after[2] == everything
+    epoch0 = Counter(int(i) for _, e, _, v in a if e == 0 for i in v)
+    if mode == "join":
+        assert epoch0 == everything
+        assert model + after[1] == everything  # none skipped, none twice
+        assert after[2] == everything
+    else:
+        total = params.total_samples
+        _once(epoch0, total, 3 * batch)
+        _once(model + after[1], total, 2 * batch)  # none twice; dropped: the resumed round's
+        _once(after[2], total, 2 * batch)
+        # every rank the same number of steps in each whole epoch (run a's epoch 1 was cut)
+        for run, epoch, workers in (("a", 0, ids), ("b", 1, ids[::2]), ("b", 2, ids[::2])):
+            steps = {w: sum(e == epoch for _, e, _, _ in _log(tmp_path / run, "samples", w))
+                     for w in workers}  # fmt: skip
+            assert len(set(steps.values())) == 1, (run, epoch, steps)
 
     losses_a = [float(v[0]) for _, e, _, v in _log(tmp_path / "a", "loss") if e == 0]
     losses_b = [float(v[0]) for _, _, _, v in _log(tmp_path / "b", "loss")]

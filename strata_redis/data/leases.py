@@ -74,6 +74,8 @@ class Lease:
     Attributes:
         shard: the shard (ids, range, ``indices()`` in this epoch's order).
         token: the fencing token of this grant.
+        start: samples of the shard already trained (a restored position, or a part
+            another worker took): train ``indices()[start:]``.
         lost: set (and the owner's ``on_lost`` called) when a renewal finds the lease gone.
     """
 
@@ -83,6 +85,8 @@ class Lease:
     owner: ShardLeases = field(repr=False)
     lost: LeaseLostError | None = None
     finished: bool = False
+    #: samples of the shard (in this epoch's order) already trained: start there
+    start: int = 0
 
     @property
     def shard_id(self) -> int:
@@ -103,9 +107,10 @@ class Lease:
         """
         return self.owner.complete(self)
 
-    def release(self) -> None:
-        """Give the shard back to the pool without completing it."""
-        self.owner.release(self)
+    def release(self, offset: int | None = None) -> None:
+        """Give the shard back to the pool without completing it (``offset``: samples of it,
+        from the start, that are taken care of: the next grant starts there)."""
+        self.owner.release(self, offset)
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,7 @@ class ShardLeases:
         self.keys = k = ctx.keys.lease_keys(params.name, self.epoch)
         jk = ctx.keys
         self._acquire_keys = [k.meta, k.todo, k.holders, k.expiry, k.done, jk.fence,
-                              jk.heartbeats, jk.status, jk.generation]  # fmt: skip
+                              jk.heartbeats, jk.status, jk.generation, k.offsets]  # fmt: skip
         self._acquire_args = [self.worker_id, int(self.ttl * 1000), "1" if steal else "0"]
         self._prepared = False
         self._own: list[int] = []
@@ -246,7 +251,7 @@ class ShardLeases:
         return self._granted(reply)
 
     def _granted(self, reply: list[Any]) -> Lease | None:
-        """The lease in an acquire reply (shard, token, expires, consumed), if any.
+        """The lease in an acquire reply (shard, token, expires, offset, consumed), if any.
 
         In place of a shard id: ``Acquire.NOTHING`` (nothing to lease now), ``NO_POOL``
         (``acquire`` creates it) or ``REFUSED`` (not a live worker).
@@ -258,7 +263,10 @@ class ShardLeases:
             self._done = int(reply[1])
         if shard_id < 0:
             return None
-        lease = Lease(self.params.shard(shard_id, self.epoch), int(reply[1]), int(reply[2]), self)
+        lease = Lease(
+            self.params.shard(shard_id, self.epoch), int(reply[1]), int(reply[2]), self,
+            start=int(reply[3]),
+        )  # fmt: skip
         with self._lock:
             self._held[shard_id] = lease
         return lease
@@ -280,12 +288,14 @@ class ShardLeases:
             raise
         lease.expires_ms = int(expires)
 
-    def complete(self, lease: Lease) -> bool:
+    def complete(self, lease: Lease, *, prefetch: bool = True) -> bool:
         """Record ``lease``'s shard as done. Returns whether this call recorded it (False for
         a repeated call with the same token, which records nothing twice).
 
         Inside iteration, the same round trip also leases the next shard (the loop's next
-        ``acquire`` then costs nothing), even when this completion is refused.
+        ``acquire`` then costs nothing), even when this completion is refused; not with
+        ``prefetch=False`` (a completion made away from the loop, which must not hold a
+        shard the loop has not asked for).
 
         Raises:
             LeaseLostError: stale token; the shard is someone else's now.
@@ -293,7 +303,7 @@ class ShardLeases:
         if lease.lost is not None:
             raise lease.lost
         with self._lock:
-            prefetch = self._iterating and self._next is None and self._prepared
+            prefetch = prefetch and self._iterating and self._next is None and self._prepared
             if prefetch:
                 args = [*self._acquire_args, lease.shard_id, lease.token,
                         *self._own[:CANDIDATES]]  # fmt: skip
@@ -315,17 +325,26 @@ class ShardLeases:
             self._forget(lease)
         return int(reply[0]) == 1
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: Lease, offset: int | None = None) -> None:
         """Give ``lease``'s shard back to the pool, not completed.
+
+        Args:
+            lease: the lease.
+            offset: samples of the shard (from its start, in this epoch's order) taken care
+                of: the next grant starts there. None keeps the shard's offset as it is.
 
         Raises:
             LeaseLostError: the caller no longer holds it.
+            ValueError: ``offset`` is not within the shard.
         """
+        if offset is not None:
+            check_int("offset", offset, low=lease.start, high=len(lease.shard) - 1)
         k = self.keys
         with self._lock:
             try:
                 self.context.scripts.run(
-                    "release_shard", [k.holders, k.expiry, k.todo], [lease.shard_id, lease.token],
+                    "release_shard", [k.holders, k.expiry, k.todo, k.offsets],
+                    [lease.shard_id, lease.token, "" if offset is None else offset],
                     lambda: self._context(lease.shard_id, lease.token),
                 )  # fmt: skip
             finally:
@@ -357,6 +376,7 @@ class ShardLeases:
             pipe.expire(self.keys.done, RECORD_TTL_S)
             pipe.expire(self.keys.meta, RECORD_TTL_S)
             pipe.expire(self.keys.offsets, RECORD_TTL_S)
+            pipe.expire(self.keys.todo, RECORD_TTL_S)  # a lockstep epoch leaves what it dropped
             pipe.execute()
 
     def completions(self) -> dict[int, tuple[str, int]]:

@@ -39,6 +39,10 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         batch_size: samples per batch (default: the orchestrator's); a batch never spans
             two shards.
         mode: ``"leases"`` (default) or ``"static"`` (see ``ShardStream``).
+        lockstep: every rank of the round gets the same number of full batches each epoch
+            (DDP without ``Join``): ``remaining // (world_size * batch_size)``, fixed once
+            per round and epoch; batches may span shards; fewer than ``world_size *
+            batch_size`` samples are dropped per epoch, every other sample comes once.
 
     Raises:
         TypeError, ValueError: a bad argument; DatasetNotFoundError: an unknown dataset.
@@ -51,6 +55,7 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         batch_size: int | None = None,
         *,
         mode: str = "leases",
+        lockstep: bool = False,
     ) -> None:
         if not isinstance(orchestrator, TrainingOrchestrator):
             raise TypeError(
@@ -58,8 +63,9 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
             )
         self.orchestrator = orchestrator
         self.stream: ShardStream = orchestrator.get_shards(
-            dataset, batch_size, mode=mode, track_consumption=True, wait_for_others=False
-        )
+            dataset, batch_size, mode=mode, track_consumption=True, wait_for_others=False,
+            lockstep=lockstep,
+        )  # fmt: skip
         self.dataset = self.stream.params.name
         self.batch_size = self.stream.batch_size
         self._epoch: int | None = None
