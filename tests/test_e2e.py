@@ -507,3 +507,40 @@ def test_static_assignment_on_request(redis_url: str, raw: redis.Redis, tmp_path
         assert not _done(raw, 0)  # no leases: nothing recorded in Redis
         with pytest.raises(ValueError, match="mode"):
             orch.get_shards(DATASET, mode="dynamic")
+
+
+def test_the_seeds_loop_relaunched_after_a_resume_keeps_checkpoints_in_order(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The seeds' `for epoch in range(2)` relaunched after a resume at epoch 1: its
+    checkpoints (the loop says epoch 0) still come after the one it resumed from."""
+    _register(redis_url, total=400, per_shard=100)
+
+    def make() -> strata_redis.TrainingOrchestrator:
+        return strata_redis.TrainingOrchestrator(
+            redis_url, "solo", job_id=JOB, checkpoint_path=tmp_path, last_call=0.1
+        )
+
+    with make() as orch:
+        shards = orch.get_shards(DATASET, batch_size=50)
+        for _ in shards:
+            pass
+        orch.advance_epoch()
+        batches = iter(shards)
+        next(batches)
+        saved = orch.save_checkpoint(step=1, epoch=1, state=b"model")
+        assert saved is not None
+        before = saved.result(30)
+        batches.close()  # type: ignore[attr-defined]
+    with make() as orch:
+        assert orch.resumed is not None and orch.resumed.step == before.step
+        assert orch.epoch == 1
+        shard_info = orch.get_shards(DATASET, batch_size=50)
+        for epoch in range(2):  # as written in the seeds
+            for step, _batch in enumerate(shard_info):
+                if step % 100 == 0:
+                    future = orch.save_checkpoint(step=step, epoch=epoch, state=b"model")
+                    assert future is not None
+                    assert future.result(30).step > before.step
+            orch.advance_epoch()
+    assert "the loop's epoch 0 is not the job's epoch 1" in caplog.text
