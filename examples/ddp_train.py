@@ -11,7 +11,7 @@ on (``<log-dir>/<worker>.samples``: ``<round> <epoch> <step> <ids...>``) and its
 Run it (a private redis-server is started when no --redis-url is given)::
 
     python examples/ddp_train.py                        # launches 3 workers, 3 epochs
-    torchrun --nproc-per-node 3 examples/ddp_train.py --redis-url redis://localhost:6379/0
+    torchrun --standalone --nproc-per-node 3 examples/ddp_train.py --redis-url redis://localhost:6379/0
 
 Under torchrun each process is one worker (``worker-$RANK``); torchrun is only the process
 launcher (its --max-restarts relaunch resumes from the last checkpoint).
