@@ -27,8 +27,19 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "strata_redis.torch needs PyTorch: pip install 'strata-redis[torch]' (or pip install torch)"
     ) from exc
 
+from .dcp import DistributedCheckpointError, StrataStorageReader, StrataStorageWriter
 from .distributed import RedisStore, init_process_group
 from .sampler import DataLoader, LeaseBatchSampler
 from .state import load, save
 
-__all__ = ["DataLoader", "LeaseBatchSampler", "RedisStore", "init_process_group", "load", "save"]
+__all__ = [
+    "DataLoader",
+    "DistributedCheckpointError",
+    "LeaseBatchSampler",
+    "RedisStore",
+    "StrataStorageReader",
+    "StrataStorageWriter",
+    "init_process_group",
+    "load",
+    "save",
+]
