@@ -146,10 +146,12 @@ class ShardStream:
         track_consumption: bool = False,
         wait_for_others: bool = True,
         lockstep: bool = False,
+        drop_last: bool = True,
     ) -> None:
         self._orchestrator = orchestrator
         self.wait_for_others = wait_for_others
         self.lockstep = lockstep
+        self.drop_last = drop_last
         self.quota: int | None = None  # lockstep: this epoch's batches per rank
         self._quota_met = False
         self._taken: dict[tuple[int, int], int] = {}  # lockstep: (epoch, round) -> samples
@@ -522,6 +524,7 @@ class TrainingOrchestrator:
         track_consumption: bool = False,
         wait_for_others: bool = True,
         lockstep: bool = False,
+        drop_last: bool = True,
     ) -> ShardStream:
         """This worker's batches of ``dataset``: iterate it once per epoch.
 
@@ -545,6 +548,10 @@ class TrainingOrchestrator:
                 ever waits on one blocked in a collective. The ``remaining -
                 quota * world_size * batch_size`` samples left (under ``world_size *
                 batch_size``) are dropped this epoch; every other sample comes once.
+            drop_last: with ``lockstep``, False pads instead of dropping (as
+                ``DistributedSampler``): ``quota`` is rounded up, every sample comes once, and
+                the ranks that find the pool empty fill their last batches with samples they
+                already had (fewer than ``world_size * batch_size`` repeats in all).
 
         Returns:
             A ``ShardStream``; each iteration walks the job's current epoch.
@@ -559,7 +566,9 @@ class TrainingOrchestrator:
             raise ValueError(f"mode must be 'leases' or 'static', got {mode!r}")
         if not isinstance(track_consumption, bool):
             raise TypeError(f"track_consumption must be a bool, got {track_consumption!r}")
-        for arg, flag in (("wait_for_others", wait_for_others), ("lockstep", lockstep)):
+        for arg, flag in (
+            ("wait_for_others", wait_for_others), ("lockstep", lockstep), ("drop_last", drop_last)
+        ):
             if not isinstance(flag, bool):
                 raise TypeError(f"{arg} must be a bool, got {flag!r}")
         if lockstep and mode != "leases":
@@ -567,6 +576,7 @@ class TrainingOrchestrator:
         stream = ShardStream(
             self, params, size, mode, track_consumption=track_consumption,
             wait_for_others=wait_for_others and not lockstep, lockstep=lockstep,
+            drop_last=drop_last,
         )  # fmt: skip
         self._streams[params.name] = stream
         return stream
@@ -657,7 +667,8 @@ class TrainingOrchestrator:
         carry: list[np.ndarray[Any, np.dtype[np.int64]]] = []
         pieces: list[tuple[int, int]] = []
         ends: list[tuple[int, Callable[[], None]]] = []  # shards ending in the carry
-        last_id = "$"
+        seen: list[np.ndarray[Any, np.dtype[np.int64]]] = []  # padding's source
+        last_id, empty = "$", 0
         while need > 0:
             self._guard()
             if self.round.number != walk_round:
@@ -668,6 +679,25 @@ class TrainingOrchestrator:
             if lease is None:
                 if stream._finish_now():
                     continue
+                if not stream.drop_last and (leases.drained or empty):
+                    # the pool stayed empty (a hand-back takes one script call): pad with
+                    # samples this walk had (or the first shard's, if it had none)
+                    source = np.concatenate(seen) if seen else stream.params.shard(
+                        0, position.epoch).indices()  # fmt: skip
+                    fill, need = np.resize(source, need), 0
+                    at = 0
+                    while at < len(fill):
+                        n = min(size - sum(map(len, carry)), len(fill) - at)
+                        carry.append(fill[at : at + n])
+                        at += n
+                        if sum(map(len, carry)) == size:
+                            batch = np.concatenate(carry)
+                            stream._handed(position, pieces)
+                            for ended, finish in ends:
+                                stream._shard_end(position, ended, finish)
+                            carry, pieces, ends = [], [], []
+                            yield batch
+                    break
                 if leases.drained:
                     raise EpochUnfinishedError(
                         f"lockstep epoch {position.epoch} of {stream.params.name!r}: the pool "
@@ -676,7 +706,9 @@ class TrainingOrchestrator:
                         dataset=stream.params.name, epoch=position.epoch, remaining=0,
                     )  # fmt: skip
                 last_id = self._retry(leases.wait_for_work, last_id)  # a hand-back in flight
+                empty += 1
                 continue
+            empty = 0
             shard, indices = lease.shard_id, lease.indices()
             _trained_before(position, shard, starts)
             stop = min(len(indices), lease.start + need)
@@ -685,6 +717,8 @@ class TrainingOrchestrator:
             need -= stop - lease.start
             stream._taken[walk] = stream._taken.get(walk, 0) + stop - lease.start
             at = lease.start
+            if sum(map(len, seen)) < size:
+                seen.append(indices[lease.start : stop])
             while at < stop:
                 n = min(size - sum(map(len, carry)), stop - at)
                 carry.append(indices[at : at + n])
@@ -717,8 +751,10 @@ class TrainingOrchestrator:
         done = np.fromiter(position.base, dtype=np.int64, count=len(position.base))
         left = int(sizes.sum() - sizes[done].sum())
         left -= sum(o for s, o in starts.items() if s not in position.base)
-        quota = left // (self.round.world_size * stream.batch_size)
-        field = f"lockstep:{params.name}:{position.epoch}:{self.round.number}"
+        per_round = self.round.world_size * stream.batch_size
+        quota = left // per_round if stream.drop_last else -(-left // per_round)
+        pad = "" if stream.drop_last else ":pad"
+        field = f"lockstep:{params.name}:{position.epoch}:{self.round.number}{pad}"
         key = self.context.keys.rendezvous
         with self.context.client.pipeline(transaction=True) as pipe:
             pipe.hsetnx(key, field, quota)

@@ -19,12 +19,12 @@ JOB = "lockstep"
 TOTAL, PER_SHARD, BATCH, WORKERS = 1003, 70, 16, 3  # 15 shards, the last one of 23
 
 
-def _worker(url: str, worker_id: str, out: str, delay: float) -> None:
+def _worker(url: str, worker_id: str, out: str, delay: float, drop_last: bool) -> None:
     with strata_redis.TrainingOrchestrator(
         url, worker_id, job_id=JOB, checkpoint_path=str(Path(out).parent / "ckpt"),
         min_workers=WORKERS, last_call=0.3, heartbeat_timeout=5.0, epoch_timeout=60.0,
     ) as orch:  # fmt: skip
-        stream = orch.get_shards("d", BATCH, lockstep=True)
+        stream = orch.get_shards("d", BATCH, lockstep=True, drop_last=drop_last)
         epochs = []
         for _ in range(orch.epoch, 2):
             batches = []
@@ -37,16 +37,20 @@ def _worker(url: str, worker_id: str, out: str, delay: float) -> None:
 
 
 @pytest.mark.slow
-def test_every_member_gets_the_same_batches(redis_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_every_member_gets_the_same_batches(
+    redis_url: str, tmp_path: Path, drop_last: bool
+) -> None:
     strata_redis.ShardManager(redis_url, job_id=JOB).register_dataset_params(
         "d", TOTAL, PER_SHARD, True, 5
     )
     outs = [tmp_path / f"w{i}.json" for i in range(WORKERS)]
-    procs = [spawn(_worker, redis_url, f"w{i}", str(outs[i]), 0.05 if i == 0 else 0.0)
-             for i in range(WORKERS)]  # fmt: skip
+    procs = [spawn(_worker, redis_url, f"w{i}", str(outs[i]), 0.05 if i == 0 else 0.0,
+                   drop_last) for i in range(WORKERS)]  # fmt: skip
     assert join_all(procs, timeout=120) == [0] * WORKERS  # nobody waits forever
     runs = [json.loads(p.read_text()) for p in outs]
-    quota = TOTAL // (WORKERS * BATCH)
+    per_round = WORKERS * BATCH
+    quota = TOTAL // per_round if drop_last else -(-TOTAL // per_round)
     for epoch in (0, 1):
         seen: Counter[int] = Counter()
         for run in runs:
@@ -54,9 +58,13 @@ def test_every_member_gets_the_same_batches(redis_url: str, tmp_path: Path) -> N
             assert run[epoch]["quota"] == quota
             assert len(batches) == quota and {len(b) for b in batches} == {BATCH}
             seen.update(i for b in batches for i in b)
-        assert max(seen.values()) == 1  # none twice
         assert set(seen) <= set(range(TOTAL))
-        assert TOTAL - len(seen) == TOTAL - quota * WORKERS * BATCH < WORKERS * BATCH
+        if drop_last:  # none twice, fewer than a round's batch dropped
+            assert max(seen.values()) == 1
+            assert TOTAL - len(seen) == TOTAL - quota * per_round < per_round
+        else:  # every sample, and fewer than a round's batch of repeats
+            assert len(seen) == TOTAL
+            assert sum(seen.values()) - TOTAL == quota * per_round - TOTAL < per_round
 
 
 def test_lockstep_needs_leases(redis_url: str, tmp_path: Path) -> None:

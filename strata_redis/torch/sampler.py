@@ -43,6 +43,8 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
             (DDP without ``Join``): ``remaining // (world_size * batch_size)``, fixed once
             per round and epoch; batches may span shards; fewer than ``world_size *
             batch_size`` samples are dropped per epoch, every other sample comes once.
+        drop_last: with ``lockstep``, False pads the last batches with repeats instead of
+            dropping (as ``DistributedSampler(drop_last=False)``).
 
     Raises:
         TypeError, ValueError: a bad argument; DatasetNotFoundError: an unknown dataset.
@@ -56,6 +58,7 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         *,
         mode: str = "leases",
         lockstep: bool = False,
+        drop_last: bool = True,
     ) -> None:
         if not isinstance(orchestrator, TrainingOrchestrator):
             raise TypeError(
@@ -64,7 +67,7 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         self.orchestrator = orchestrator
         self.stream: ShardStream = orchestrator.get_shards(
             dataset, batch_size, mode=mode, track_consumption=True, wait_for_others=False,
-            lockstep=lockstep,
+            lockstep=lockstep, drop_last=drop_last,
         )  # fmt: skip
         self.dataset = self.stream.params.name
         self.batch_size = self.stream.batch_size
