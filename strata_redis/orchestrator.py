@@ -134,6 +134,8 @@ class ShardStream:
             per epoch whoever fails) or ``"static"`` (this worker's shards of the round's
             assignment, no leases: the plan of the epoch's start is kept, and a failed
             worker's shards are not redone).
+        track_consumption, wait_for_others, lockstep, drop_last: as ``get_shards`` sets them.
+        quota: with ``lockstep``, the batches each member gets in the current epoch.
     """
 
     def __init__(
