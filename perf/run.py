@@ -7,6 +7,7 @@
     python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
     python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
+    python perf/run.py bench_torch        # strata_redis.torch beside DistributedSampler, torch.save
 
 Each benchmark module may define ``RATIOS``: (name, reference name) pairs whose mean ratio
 is printed after the run; ratios are measured in one run, side by side, on one machine.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -29,6 +31,8 @@ import report
 from strata_redis.server import RedisServer
 
 HERE = Path(__file__).resolve().parent
+#: bench_* modules that need an optional extra: skipped (said so) when it is not installed
+NEEDS = {"bench_torch": "torch"}
 
 
 def main() -> int:
@@ -60,6 +64,10 @@ def main() -> int:
         for name in names:
             out = args.results / f"{name}.json"
             out.unlink(missing_ok=True)
+            need = NEEDS.get(name)
+            if need and importlib.util.find_spec(need) is None:
+                print(f"== {name}: skipped, no {need} (scripts/setup.sh --{need})", flush=True)
+                continue
             cmd = [
                 sys.executable,
                 str(HERE / f"{name}.py"),
