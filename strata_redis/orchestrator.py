@@ -616,6 +616,7 @@ class TrainingOrchestrator:
                 yield from self._lockstep_batches(stream, position, leases, starts, completer)
             self._set_status("idle")
             return
+        tracking = stream.track_consumption
         with leases.draining():
             last_id = "$"
             while True:
@@ -641,7 +642,10 @@ class TrainingOrchestrator:
                         if lease.lost is not None:
                             break  # taken back: whoever has it now trains it
                     batch = indices[offset : offset + size]
-                    stream._handed(position, [(shard, offset + len(batch))])
+                    if tracking:  # (inlined: this is the per-batch hot path)
+                        stream._pending.append([(shard, offset + len(batch))])
+                    else:
+                        position.partial[shard] = offset + len(batch)
                     yield batch
                 if lease.lost is not None:
                     if not stream.track_consumption:
