@@ -118,6 +118,59 @@ def test_the_training_loop_runs_under_the_worker_rule(
         url, "w-0", job_id=JOB, checkpoint_path=tmp_path / "store", last_call=0.1
     ) as orch:  # fmt: skip
         assert orch.resumed is not None and orch.load_state() == b"model"
+        # a lockstep walk (HSETNX of its quota, hand-backs with offsets) as DDP loops use
+        stream = orch.get_shards("ds", batch_size=8, lockstep=True, track_consumption=True)
+        for _batch in stream:
+            stream.consumed(1)
+        orch.advance_epoch()
+    assert admin.acl_log() == [], "a command or key was refused"
+
+
+@pytest.mark.torch
+def test_the_torch_store_runs_under_the_worker_rule(
+    acl_redis: tuple[RedisServer, redis.Redis],
+) -> None:
+    from strata_redis.torch import RedisStore
+
+    server, admin = acl_redis
+    url = f"redis://worker:{SECRET}@127.0.0.1:{server.port}/0"
+    job = strata_redis.connect(url, job_id=JOB)
+    store = RedisStore(job, 1, timeout=1.0)
+    store.set("k", b"v")
+    assert store.get("k") == b"v" and store.add("n", 1) == 1
+    assert store.compare_set("k", b"v", b"w") == b"w" and store.check(["k", "n"])
+    assert store.delete_key("n") and store.num_keys() == 1
+    job.close()
+    assert admin.acl_log() == [], "a command or key was refused"
+
+
+def test_the_dashboard_runs_under_the_reader_rule(
+    acl_redis: tuple[RedisServer, redis.Redis], tmp_path: Path
+) -> None:
+    from strata_redis.dashboard.app import create_app
+
+    server, admin = acl_redis
+    worker_url = f"redis://worker:{SECRET}@127.0.0.1:{server.port}/0"
+    ShardManager(worker_url, job_id=JOB).register_dataset_params("ds", 100, 10, True, 1)
+    with strata_redis.TrainingOrchestrator(
+        worker_url, "w-0", job_id=JOB, checkpoint_path=tmp_path, last_call=0.1
+    ) as orch:  # fmt: skip
+        for _batch in orch.get_shards("ds", batch_size=10):
+            pass
+        orch.save_checkpoint(step=1, epoch=0, state=b"m")
+        orch.wait_for_checkpoints(30)
+        client = create_app(
+            f"redis://reader:{SECRET}@127.0.0.1:{server.port}/0", min_interval=0
+        ).test_client()
+        for _ in range(2):  # the second read has rates to compute
+            reply = client.get(f"/api/dashboard?job={JOB}")
+            assert reply.status_code == 200, reply.get_data(as_text=True)
+        doc = reply.get_json()
+        assert [w["worker_id"] for w in doc["workers"]] == ["w-0"]
+        assert doc["checkpoints"] and doc["datasets"]
+        for path in (f"/job/{JOB}", "/metrics", "/"):
+            assert client.get(path).status_code == 200, path
+        assert SECRET not in client.get(f"/job/{JOB}").get_data(as_text=True)
     assert admin.acl_log() == [], "a command or key was refused"
 
 
