@@ -1,0 +1,253 @@
+"""A ``torchrun`` rendezvous backend over strata's Redis rendezvous: ``--rdzv-backend strata``.
+
+::
+
+    torchrun --nnodes 1:4 --nproc-per-node 8 --rdzv-backend strata \\
+        --rdzv-endpoint redis://redis-host:6379/0 --rdzv-id my-job train.py
+
+Each torchrun agent is one strata worker of the job ``--rdzv-id`` (registered with
+``replace=True``, heartbeating from the agent); ``next_rendezvous`` joins the next strata round
+(``Rendezvous.join``, leaving the previous round when called again after a failure or to admit
+waiting agents). The round's ``RedisStore`` (one hash of the job) is the agents' store, so no
+store server is needed for the rendezvous itself. The trainers get ``MASTER_ADDR``/``MASTER_PORT``
+of a TCPStore that their global rank 0 starts (``use_agent_store`` is False: the agents' store
+is in Redis, which ``env://`` cannot reach): ``MASTER_ADDR`` is ``--local-addr`` of the
+agent of round rank 0 (default: its FQDN), the port a free one on that host.
+
+``--rdzv-conf`` keys: ``last_call_timeout`` (s, default 30), ``join_timeout`` (s, default 600),
+``keep_alive_interval`` (s between heartbeats, default 2), ``keep_alive_max_attempt``
+(missed heartbeats before the agent is declared failed, default 5), ``store_timeout``
+(s the agents' store waits for a key, default 300), ``worker_id`` (this agent's strata worker
+id; default ``<hostname>-<pid>``; give a stable one so a restarted agent replaces its
+previous incarnation at once instead of after the heartbeat timeout).
+
+Registered for torchrun by the ``torchrun.handlers`` entry point ``strata``: torch loads
+``handler_creator`` and calls it with no arguments to get ``create_handler``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any, Final
+
+import redis as redis_py
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+
+from ..context import JobContext
+from ..coordination.rendezvous import Rendezvous, Round
+from ..coordination.workers import Worker, register_worker
+from ..errors import RendezvousTimeoutError as StrataRendezvousTimeoutError
+from ..errors import StrataError
+from .distributed import RedisStore
+
+__all__ = ["BACKEND", "StrataRendezvousHandler", "create_handler", "handler_creator"]
+
+log = logging.getLogger(__name__)
+
+#: the name torchrun knows this backend by (``--rdzv-backend strata``)
+BACKEND: Final = "strata"
+#: the rendezvous hash field that says the rendezvous is closed (``set_closed``)
+CLOSED_FIELD: Final = "closed"
+
+
+def _float(params: RendezvousParameters, key: str, default: float) -> float:
+    value = params.get(key, None)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--rdzv-conf {key} must be a number of seconds, got {value!r}") from None
+    if not number > 0:
+        raise ValueError(f"--rdzv-conf {key} must be positive, got {value!r}")
+    return number
+
+
+def _context(params: RendezvousParameters, heartbeat_timeout: float) -> JobContext:
+    endpoint = (params.endpoint or "").strip()
+    if not endpoint:
+        raise ValueError(
+            "--rdzv-backend strata needs --rdzv-endpoint: a Redis URL (redis://host:6379/0) "
+            "or host:port"
+        )
+    try:
+        ctx = JobContext(endpoint, params.run_id, heartbeat_timeout=heartbeat_timeout)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"--rdzv-backend strata: bad --rdzv-endpoint or --rdzv-id: {exc}"
+        ) from None
+    try:
+        ctx.client.ping()
+    except redis_py.RedisError as exc:
+        raise RendezvousConnectionError(
+            f"--rdzv-backend strata: cannot reach Redis at --rdzv-endpoint {endpoint!r}: {exc}"
+        ) from exc
+    return ctx
+
+
+class StrataRendezvousHandler(RendezvousHandler):  # type: ignore[misc]
+    """One torchrun agent's view of a strata rendezvous (see the module doc).
+
+    Args:
+        ctx: the job (``--rdzv-id``) on the Redis of ``--rdzv-endpoint``.
+        rendezvous: the job's rendezvous with this agent's limits.
+        worker_id: this agent's strata worker id.
+        local_addr: the address trainers reach this host at, if it hosts rank 0
+            (None: its FQDN).
+        heartbeat_interval: seconds between the agent's heartbeats.
+        store_timeout: seconds the round's store waits for a key.
+    """
+
+    def __init__(
+        self,
+        ctx: JobContext,
+        rendezvous: Rendezvous,
+        worker_id: str,
+        *,
+        local_addr: str | None = None,
+        heartbeat_interval: float = 2.0,
+        store_timeout: float = 300.0,
+    ) -> None:
+        self.context = ctx
+        self.rendezvous = rendezvous
+        self.worker_id = worker_id
+        self.local_addr = local_addr
+        self.heartbeat_interval = heartbeat_interval
+        self.store_timeout = store_timeout
+        self.worker: Worker | None = None
+        self.round: Round | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"StrataRendezvousHandler(job={self.context.job_id!r}, worker={self.worker_id!r}, "
+            f"round={self.round.number if self.round else 0})"
+        )
+
+    # -- the RendezvousHandler interface ----------------------------------------------------
+    def get_backend(self) -> str:
+        return BACKEND
+
+    @property
+    def use_agent_store(self) -> bool:
+        # the agents' store is a Redis hash: trainers' env:// cannot reach it, so the
+        # trainers' rank 0 hosts a TCPStore at MASTER_ADDR/MASTER_PORT
+        return False
+
+    def get_run_id(self) -> str:
+        return self.context.job_id
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self.is_closed():
+            raise RendezvousClosedError(
+                f"the strata rendezvous of job {self.context.job_id!r} is closed"
+            )
+        worker = self._live_worker()
+        leaving = self.round.number if self.round is not None else 0
+        try:
+            round_ = self.rendezvous.join(self.worker_id, worker.incarnation, leaving=leaving)
+        except StrataRendezvousTimeoutError as exc:
+            raise RendezvousTimeoutError(str(exc)) from exc
+        except (StrataError, redis_py.RedisError) as exc:
+            raise RendezvousError(
+                f"strata rendezvous of job {self.context.job_id!r}: {exc}"
+            ) from exc
+        self.round = round_
+        log.info(
+            "strata rendezvous: job %r, worker %r: round %d, rank %d of %d",
+            self.context.job_id, self.worker_id, round_.number, round_.rank, round_.world_size,
+        )  # fmt: skip
+        store = RedisStore(self.context, round_.number, timeout=self.store_timeout)
+        bootstrap = RendezvousStoreInfo.build(round_.rank, store, self.local_addr)
+        return RendezvousInfo(store, round_.rank, round_.world_size, bootstrap)
+
+    def is_closed(self) -> bool:
+        k = self.context.keys
+        return bool(self.context.client.hget(k.rendezvous, CLOSED_FIELD) == "1")
+
+    def set_closed(self) -> None:
+        self.context.client.hset(self.context.keys.rendezvous, CLOSED_FIELD, "1")
+
+    def num_nodes_waiting(self) -> int:
+        """Agents waiting for a round after ours: arrived while it ran, or in a newer round
+        that is collecting members (opened by an agent that re-joined after a failure)."""
+        ctx, k = self.context, self.context.keys
+        with ctx.client.pipeline(transaction=False) as pipe:
+            pipe.zcard(k.rendezvous_waiting)
+            pipe.hmget(k.rendezvous, "round", "state")
+            waiting, (number, state) = pipe.execute()
+        count = int(waiting)
+        mine = self.round.number if self.round is not None else 0
+        if number is not None and int(number) > mine and state == "joining":
+            count += int(ctx.client.zcard(k.round_members(int(number))))
+        return count
+
+    def shutdown(self) -> bool:
+        """This agent's worker leaves the job (the rendezvous stays open for others)."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.leave()
+        return True
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _live_worker(self) -> Worker:
+        worker = self.worker
+        if worker is not None and worker.lost is None and worker.heartbeating:
+            return worker
+        if worker is not None:  # declared failed (a long pause?): come back as a new incarnation
+            log.warning("strata rendezvous: worker %r lost (%s); registering again",
+                        self.worker_id, worker.lost)  # fmt: skip
+            worker.stop_heartbeat()
+            self.round = None
+        try:
+            self.worker = register_worker(
+                self.context, self.worker_id, host=socket.gethostname(), address=self.local_addr,
+                replace=True, heartbeat_interval=self.heartbeat_interval,
+            )  # fmt: skip
+        except (StrataError, redis_py.RedisError) as exc:
+            raise RendezvousConnectionError(
+                f"strata rendezvous: cannot register worker {self.worker_id!r} in job "
+                f"{self.context.job_id!r}: {exc}"
+            ) from exc
+        return self.worker
+
+
+def create_handler(params: RendezvousParameters) -> StrataRendezvousHandler:
+    """The torchrun handler for ``params`` (``--rdzv-endpoint``: Redis, ``--rdzv-id``: job).
+
+    Raises:
+        ValueError: no or a malformed endpoint, a bad job id or ``--rdzv-conf`` value.
+        RendezvousConnectionError: Redis does not answer at the endpoint.
+    """
+    interval = _float(params, "keep_alive_interval", 2.0)
+    attempts = params.get_as_int("keep_alive_max_attempt", 5)
+    if attempts is None or attempts < 1:
+        raise ValueError(f"--rdzv-conf keep_alive_max_attempt must be >= 1, got {attempts!r}")
+    ctx = _context(params, heartbeat_timeout=interval * (attempts + 0.5))
+    worker_id = params.get("worker_id", None) or f"{socket.gethostname()}-{os.getpid()}"
+    rendezvous = Rendezvous(
+        ctx, min_workers=params.min_nodes, max_workers=params.max_nodes,
+        last_call=_float(params, "last_call_timeout", 30.0),
+        timeout=_float(params, "join_timeout", 600.0),
+    )  # fmt: skip
+    return StrataRendezvousHandler(
+        ctx, rendezvous, str(worker_id), local_addr=params.local_addr,
+        heartbeat_interval=interval, store_timeout=_float(params, "store_timeout", 300.0),
+    )  # fmt: skip
+
+
+def handler_creator() -> Callable[[RendezvousParameters], Any]:
+    """The ``torchrun.handlers`` entry point: torch calls it with no arguments and registers
+    what it returns as the creator of ``--rdzv-backend strata`` handlers."""
+    return create_handler

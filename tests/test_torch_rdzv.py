@@ -1,0 +1,192 @@
+"""``torchrun --rdzv-backend strata``: the rendezvous handler over strata's Redis rendezvous,
+with real torchrun agents and gloo trainers on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import redis
+import torch  # noqa: F401  (the module needs it; skip cleanly without)
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+from strata_redis.keys import Keys
+from strata_redis.torch import rdzv
+
+from .procs import wait_for
+
+pytestmark = pytest.mark.torch
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    out = os.path.join(sys.argv[1], f"rank{rank}.json")
+    with open(out, "w") as f:
+        json.dump({"RANK": os.environ["RANK"], "WORLD_SIZE": os.environ["WORLD_SIZE"],
+                   "MASTER_ADDR": os.environ["MASTER_ADDR"], "rank": rank, "world": world,
+                   "sum": t.item()}, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _torchrun(url: str, job: str, tmp: Path, nnodes: int, nproc: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    script = tmp / "script.py"
+    script.write_text(SCRIPT)
+    args = [
+        str(TORCHRUN), "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "strata", "--rdzv-endpoint", url, "--rdzv-id", job,
+        "--rdzv-conf", "last_call_timeout=1,join_timeout=40",
+        "--local-addr", "127.0.0.1", "--max-restarts", "0", "--monitor-interval", "0.2",
+        str(script), str(tmp),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _finish(procs: list[subprocess.Popen[str]], timeout: float = 50.0) -> list[str]:
+    outs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            outs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for proc, out in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, out[-4000:]
+    return outs
+
+
+def _results(tmp: Path) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted(tmp.glob("rank*.json"))]
+
+
+@pytest.mark.timeout(60)
+def test_torchrun_one_node_two_procs(redis_url: str, tmp_path: Path) -> None:
+    _finish([_torchrun(redis_url, "job1", tmp_path, nnodes=1, nproc=2)])
+    results = _results(tmp_path)
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    assert {r["RANK"] for r in results} == {"0", "1"}
+    assert all(r["world"] == 2 and r["WORLD_SIZE"] == "2" for r in results)
+    assert all(r["sum"] == 3.0 for r in results)  # 1 + 2
+    assert all(r["MASTER_ADDR"] == "127.0.0.1" for r in results)
+    k = Keys("job1")
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        state = client.hgetall(k.rendezvous)
+        assert state["round"] == "1" and state["state"] == "closed"
+        assert state["world_size"] == "1"
+        assert client.hlen(k.round_ranks(1)) == 1
+        (member,) = client.hkeys(k.round_ranks(1))
+        assert client.hget(k.status, member) == "left"  # the agent left at shutdown
+        assert client.hget(k.rendezvous, rdzv.CLOSED_FIELD) is None
+
+
+@pytest.mark.timeout(60)
+def test_torchrun_two_agents_one_round(redis_url: str, tmp_path: Path) -> None:
+    procs = [_torchrun(redis_url, "job2", tmp_path, nnodes=2, nproc=1) for _ in range(2)]
+    _finish(procs)
+    results = _results(tmp_path)
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    assert all(r["world"] == 2 and r["sum"] == 3.0 for r in results)
+    k = Keys("job2")
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        state = client.hgetall(k.rendezvous)
+        assert state["round"] == "1" and state["world_size"] == "2"
+        assert client.hlen(k.round_ranks(1)) == 2
+
+
+def _params(endpoint: str, **config: object) -> RendezvousParameters:
+    return RendezvousParameters(
+        backend="strata", endpoint=endpoint, run_id="unit", min_nodes=1, max_nodes=1, **config
+    )
+
+
+def test_entry_point_registers_the_creator() -> None:
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="torchrun.handlers") if e.name == "strata"]
+    assert ep.load()() is rdzv.create_handler
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "error", "match"),
+    [
+        ("", ValueError, "needs --rdzv-endpoint"),
+        ("http://127.0.0.1:6379", ValueError, "bad --rdzv-endpoint"),
+        ("127.0.0.1:99999", ValueError, "bad --rdzv-endpoint"),
+        ("127.0.0.1:1", RendezvousConnectionError, "cannot reach Redis"),
+    ],
+)
+def test_bad_endpoint_is_rejected(endpoint: str, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        rdzv.handler_creator()(_params(endpoint))
+
+
+def test_handler_unit(redis_url: str) -> None:
+    handler = rdzv.create_handler(_params(redis_url.removeprefix("redis://").removesuffix("/0")))
+    assert handler.get_backend() == "strata" and handler.get_run_id() == "unit"
+    assert handler.use_agent_store is False
+    try:
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+        assert info.bootstrap_store_info.master_port > 0
+        assert handler.num_nodes_waiting() == 0
+        assert not handler.is_closed()
+        handler.set_closed()
+        assert handler.is_closed()
+    finally:
+        assert handler.shutdown()
+
+
+def test_waiting_agent_is_seen_and_admitted(redis_url: str) -> None:
+    """An agent arriving while a round runs is counted by num_nodes_waiting; when the
+    running agent re-rendezvouses (leaving its round), both meet in the next round."""
+
+    def make(worker: str) -> rdzv.StrataRendezvousHandler:
+        params = RendezvousParameters(
+            backend="strata", endpoint=redis_url, run_id="grow", min_nodes=1, max_nodes=2,
+            last_call_timeout="0.2", join_timeout="20", worker_id=worker,
+        )  # fmt: skip
+        return rdzv.create_handler(params)
+
+    a, b = make("a"), make("b")
+    try:
+        first = a.next_rendezvous()
+        assert (first.rank, first.world_size) == (0, 1)
+        got: dict[str, object] = {}
+        thread = threading.Thread(target=lambda: got.update(b=b.next_rendezvous()), daemon=True)
+        thread.start()
+        wait_for(lambda: a.num_nodes_waiting() == 1, 10, why=a.num_nodes_waiting)
+        second = a.next_rendezvous()
+        thread.join(20)
+        other = got["b"]
+        assert isinstance(other, type(second))
+        assert (second.rank, second.world_size) == (0, 2)
+        assert (other.rank, other.world_size) == (1, 2)
+        assert a.round is not None and a.round.number == 2
+        assert second.bootstrap_store_info.master_port == other.bootstrap_store_info.master_port
+        assert a.num_nodes_waiting() == 0
+    finally:
+        a.shutdown()
+        b.shutdown()
