@@ -674,6 +674,32 @@ class TrainingOrchestrator:
         pieces: list[tuple[int, int]] = []
         ends: list[tuple[int, Callable[[], None]]] = []  # shards ending in the carry
         seen: list[np.ndarray[Any, np.dtype[np.int64]]] = []  # padding's source
+
+        def cut(
+            indices: np.ndarray[Any, np.dtype[np.int64]], at: int, stop: int, lease: Lease | None
+        ) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
+            """Full batches of ``indices[at:stop]`` after what the carry holds (``lease``:
+            the shard they come from; None for padding, which moves no position)."""
+            nonlocal carry, pieces, ends
+            while at < stop:
+                n = min(size - sum(map(len, carry)), stop - at)
+                carry.append(indices[at : at + n])
+                at += n
+                if lease is not None:
+                    pieces.append((lease.shard_id, at))
+                    if at == len(indices):
+                        ends.append((lease.shard_id, completer(lease)))
+                if sum(map(len, carry)) < size:
+                    continue
+                if self._broken is not None or self.worker.lost:
+                    self._guard()
+                batch = carry[0] if len(carry) == 1 else np.concatenate(carry)
+                stream._handed(position, pieces)
+                for ended, finish in ends:
+                    stream._shard_end(position, ended, finish)
+                carry, pieces, ends = [], [], []
+                yield batch
+
         last_id, empty = "$", 0
         while need > 0:
             self._guard()
@@ -691,18 +717,7 @@ class TrainingOrchestrator:
                     source = np.concatenate(seen) if seen else stream.params.shard(
                         0, position.epoch).indices()  # fmt: skip
                     fill, need = np.resize(source, need), 0
-                    at = 0
-                    while at < len(fill):
-                        n = min(size - sum(map(len, carry)), len(fill) - at)
-                        carry.append(fill[at : at + n])
-                        at += n
-                        if sum(map(len, carry)) == size:
-                            batch = np.concatenate(carry)
-                            stream._handed(position, pieces)
-                            for ended, finish in ends:
-                                stream._shard_end(position, ended, finish)
-                            carry, pieces, ends = [], [], []
-                            yield batch
+                    yield from cut(fill, 0, len(fill), None)
                     break
                 if leases.drained:
                     raise EpochUnfinishedError(
@@ -722,26 +737,9 @@ class TrainingOrchestrator:
                 self._retry(leases.release, lease, stop)  # the rest is the others'
             need -= stop - lease.start
             stream._taken[walk] = stream._taken.get(walk, 0) + stop - lease.start
-            at = lease.start
             if sum(map(len, seen)) < size:
                 seen.append(indices[lease.start : stop])
-            while at < stop:
-                n = min(size - sum(map(len, carry)), stop - at)
-                carry.append(indices[at : at + n])
-                at += n
-                pieces.append((shard, at))
-                if at == len(indices):
-                    ends.append((shard, completer(lease)))
-                if sum(map(len, carry)) < size:
-                    continue
-                if self._broken is not None or self.worker.lost:
-                    self._guard()
-                batch = carry[0] if len(carry) == 1 else np.concatenate(carry)
-                stream._handed(position, pieces)
-                for ended, finish in ends:
-                    stream._shard_end(position, ended, finish)
-                carry, pieces, ends = [], [], []
-                yield batch
+            yield from cut(indices, lease.start, stop, lease)
         stream._finish_now()  # leases still held: nothing more will be asked of this walk
         stream._quota_met = True
         self._retry(leases.keep_record)
