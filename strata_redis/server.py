@@ -240,8 +240,10 @@ class RedisClusterServers:
 class RedisSentinelServer:
     """A private Redis Sentinel on loopback watching one primary as ``service`` (tests).
 
-    Quick to decide: the primary is down after ``down_after_ms`` without an answer, and one
-    sentinel is a quorum. The sentinel rewrites its config file, kept in its own directory.
+    Quick to decide: the primary is down after ``down_after_ms`` without an answer, and
+    ``quorum`` sentinels (one by default) must agree; a failover that did not finish is
+    tried again after twice ``failover_timeout_ms``. The sentinel rewrites its config file,
+    kept in its own directory. ``RedisSentinels`` runs several as a group.
 
     Attributes:
         port: the sentinel's port.
@@ -249,7 +251,13 @@ class RedisSentinelServer:
     """
 
     def __init__(
-        self, primary_port: int, *, service: str = "strata", down_after_ms: int = 1000
+        self,
+        primary_port: int,
+        *,
+        service: str = "strata",
+        down_after_ms: int = 1000,
+        quorum: int = 1,
+        failover_timeout_ms: int = 10000,
     ) -> None:
         self.binary = find_redis_server()
         self.port = free_port()
@@ -258,9 +266,9 @@ class RedisSentinelServer:
         self.dir = Path(self._tmp.name)
         (self.dir / "sentinel.conf").write_text(
             f"bind 127.0.0.1\nport {self.port}\ndir {self.dir}\n"
-            f"sentinel monitor {service} 127.0.0.1 {primary_port} 1\n"
+            f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n"
             f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
-            f"sentinel failover-timeout {service} 10000\n"
+            f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
             f"sentinel parallel-syncs {service} 1\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
@@ -295,11 +303,99 @@ class RedisSentinelServer:
         self.close()
         raise TimeoutError(f"the sentinel on port {self.port} did not start within {timeout}s")
 
-    def close(self) -> None:
-        """Stop the sentinel and remove its directory."""
+    def kill(self) -> None:
+        """SIGKILL the sentinel (a crash, for fault tests) and reap it; its directory stays."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
         self.proc = None
+
+    def close(self) -> None:
+        """Stop the sentinel and remove its directory."""
+        self.kill()
         with contextlib.suppress(OSError):
             self._tmp.cleanup()
+
+
+class RedisSentinels:
+    """A group of ``count`` private sentinels watching one primary, ``quorum`` of them needed
+    to call it down (tests). A failover also needs a majority of the group to elect a leader,
+    so with 3 and quorum 2 it goes on with one sentinel gone.
+
+    ``start`` returns once every sentinel knows the primary, the others and ``replicas``
+    replicas. The failover timeout is short (4 s) so that a failover whose election split is
+    tried again soon (after twice that).
+
+    Attributes:
+        sentinels: the sentinels, each a ``RedisSentinelServer``.
+        url: ``redis+sentinel://127.0.0.1:<port>,.../<service>``, every sentinel.
+    """
+
+    def __init__(
+        self,
+        primary_port: int,
+        *,
+        count: int = 3,
+        quorum: int = 2,
+        service: str = "strata",
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 4000,
+    ) -> None:
+        if not 1 <= quorum <= count:
+            raise ValueError(f"quorum must be in [1, count={count}], got {quorum}")
+        self.service = service
+        self.sentinels = [
+            RedisSentinelServer(primary_port, service=service, down_after_ms=down_after_ms,
+                                quorum=quorum, failover_timeout_ms=failover_timeout_ms)
+            for _ in range(count)
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        ports = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{ports}/{self.service}"
+
+    @property
+    def live(self) -> list[RedisSentinelServer]:
+        """The sentinels still running."""
+        return [s for s in self.sentinels if s.proc is not None and s.proc.poll() is None]
+
+    def primary(self) -> tuple[str, int] | None:
+        """Where the running sentinels say the primary is: None unless they all agree."""
+        answers = {s.primary() for s in self.live}
+        return answers.pop() if len(answers) == 1 else None
+
+    def start(self, replicas: int = 0, timeout: float = 30.0) -> RedisSentinels:
+        """Start every sentinel; wait until each knows the others and ``replicas`` replicas."""
+        try:
+            for sentinel in self.sentinels:
+                sentinel.start()
+            deadline = time.monotonic() + timeout
+            while not self._acquainted(replicas):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the sentinels did not find each other within {timeout}s")
+                time.sleep(0.05)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _acquainted(self, replicas: int) -> bool:
+        for sentinel in self.sentinels:
+            with redis.Redis(host="127.0.0.1", port=sentinel.port, decode_responses=True) as client:
+                peers = client.sentinel_sentinels(self.service)
+                known = client.sentinel_slaves(self.service)
+            if len(peers) != len(self.sentinels) - 1 or len(known) != replicas:
+                return False
+        return True
+
+    def close(self) -> None:
+        """Stop every sentinel and remove their directories."""
+        for sentinel in self.sentinels:
+            sentinel.close()
+
+    def __enter__(self) -> RedisSentinels:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

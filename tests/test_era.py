@@ -6,7 +6,10 @@ fencing token from before the loss acting on a grant made after it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from multiprocessing.queues import Queue
+from typing import Any
 
 import pytest
 import redis
@@ -14,7 +17,7 @@ import redis
 import strata_redis
 from strata_redis.server import RedisServer
 
-from .procs import wait_for
+from .procs import CTX, join_all, spawn, wait_for
 
 JOB = "era-job"
 
@@ -75,6 +78,79 @@ def test_a_restart_without_persistence_stops_heartbeats_with_state_lost(
     assert "Redis holds no state for it now" in str(worker.lost)
     assert not worker.heartbeating
     job.close()
+
+
+def drain_until_lost(url: str, worker_id: str, out: Queue[Any]) -> None:
+    """A worker process: drain epoch 0 of "ds" through the public API (a short sleep per
+    shard stands for training) and report what it recorded and how it stopped."""
+    job = _job(url, dataset_shards=1000)
+    worker = job.register_worker(worker_id, heartbeat_interval=0.2)
+    recorded: list[tuple[int, int]] = []
+    repeats: list[int] = []
+    error = "none"
+    try:
+        for lease in job.leases("ds", 0, worker_id):
+            time.sleep(0.03)
+            if lease.complete():
+                recorded.append((lease.shard_id, lease.token))
+            else:
+                repeats.append(lease.shard_id)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    # the heartbeat thread stops with the same error within a few of its intervals
+    deadline = time.monotonic() + 10
+    while worker.lost is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lost = "none" if worker.lost is None else type(worker.lost).__name__
+    out.put((worker_id, recorded, repeats, error, lost, worker.heartbeating))
+    job.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_flushall_mid_epoch_stops_every_worker_process_with_state_lost(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    """FLUSHALL on the live server while three worker processes drain an epoch: each stops
+    with StateLostError (its loop and its heartbeat thread), none with a lease or dataset
+    error, and no completion is recorded after the flush."""
+    server = redis_factory()
+    out: Queue[Any] = CTX.Queue()
+    ids = ["w0", "w1", "w2"]
+    procs = [spawn(drain_until_lost, server.url, w, out) for w in ids]
+    raw: redis.Redis = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        done = strata_redis.Keys(JOB).lease_keys("ds", 0).done
+        # every worker is mid-epoch: each has completions recorded, and most shards remain
+        wait_for(lambda: {str(v).split(" ", 1)[1] for v in raw.hvals(done)} == set(ids), 90,
+                 why=lambda: raw.hvals(done))  # fmt: skip
+        with raw.pipeline(transaction=True) as pipe:  # the record as it was at the flush
+            pipe.hgetall(done)
+            pipe.flushall()
+            at_flush, _ = pipe.execute()
+        flushed = time.monotonic()
+        assert 0 < len(at_flush) < 1000, len(at_flush)  # mid-epoch
+        reports = {}
+        for _ in ids:
+            worker_id, *rest = out.get(timeout=60)
+            reports[worker_id] = rest
+        took = time.monotonic() - flushed
+        assert join_all(procs, timeout=30) == [0, 0, 0]
+    finally:
+        join_all(procs, timeout=1)
+    for worker_id, (_, repeats, error, lost, heartbeating) in reports.items():
+        assert error.startswith("StateLostError: "), (worker_id, error)
+        assert "Redis holds no state for it now" in error, error
+        assert lost == "StateLostError" and not heartbeating, (worker_id, lost)
+        assert repeats == [], (worker_id, repeats)
+    assert took < 30, took  # each stopped within a bounded time (its next call, in fact)
+    # what the workers were told they recorded is exactly the record at the flush: each
+    # shard once, and nothing acknowledged after it (under the old era or any other)
+    told = {shard: (w, token) for w, r in reports.items() for shard, token in r[0]}
+    assert sum(len(r[0]) for r in reports.values()) == len(told)
+    assert told == {int(s): (v.split(" ", 1)[1], int(v.split(" ", 1)[0]))
+                    for s, v in at_flush.items()}  # fmt: skip
+    assert raw.keys(f"*{JOB}*") == []  # nothing written after the flush: no new era either
+    raw.close()
 
 
 def test_a_lost_dataset_is_a_lost_state_not_an_unregistered_one(

@@ -14,26 +14,26 @@ import pytest
 import redis
 
 import strata_redis
-from strata_redis.server import RedisSentinelServer, RedisServer
+from strata_redis.server import RedisSentinels, RedisServer
 
 from .procs import wait_for
 
+Pair = tuple[RedisServer, RedisServer, RedisSentinels]
+
 
 @pytest.fixture
-def failover_pair(
-    redis_factory: Callable[..., RedisServer],
-) -> Iterator[tuple[RedisServer, RedisServer, RedisSentinelServer]]:
-    """A primary, a replica of it, and a sentinel watching the primary."""
+def failover_pair(redis_factory: Callable[..., RedisServer]) -> Iterator[Pair]:
+    """A primary, a replica of it, and three sentinels watching the primary (quorum 2); the
+    job's URL lists all three."""
     primary = redis_factory()
     replica = redis_factory(extra=["--replicaof", "127.0.0.1", str(primary.port)])
     with redis.Redis(port=replica.port, decode_responses=True) as copy:
         wait_for(lambda: copy.info("replication")["master_link_status"] == "up", 30)
-    sentinel = RedisSentinelServer(primary.port).start()
-    # the sentinel must know the replica before it can promote it
-    with redis.Redis(port=sentinel.port, decode_responses=True) as s:
-        wait_for(lambda: len(s.sentinel_slaves(sentinel.service)) == 1, 30)
-    yield primary, replica, sentinel
-    sentinel.close()
+    # every sentinel must know the replica (and the others) before they can promote it
+    sentinels = RedisSentinels(primary.port, count=3, quorum=2).start(replicas=1, timeout=60)
+    assert sentinels.url.count(",") == 2
+    yield primary, replica, sentinels
+    sentinels.close()
 
 
 def _retry(fn: Callable[[], object], seconds: float = 30.0) -> object:
@@ -48,7 +48,7 @@ def _retry(fn: Callable[[], object], seconds: float = 30.0) -> object:
             time.sleep(0.1)
 
 
-def _failover(primary: RedisServer, replica: RedisServer, sentinel: RedisSentinelServer) -> None:
+def _failover(primary: RedisServer, replica: RedisServer, sentinel: RedisSentinels) -> None:
     assert primary.proc is not None
     os.kill(primary.proc.pid, signal.SIGKILL)
     wait_for(lambda: sentinel.primary() == ("127.0.0.1", replica.port), 60,
@@ -57,7 +57,7 @@ def _failover(primary: RedisServer, replica: RedisServer, sentinel: RedisSentine
 
 @pytest.mark.timeout(180)
 def test_a_job_follows_a_failover_to_a_synced_replica(
-    failover_pair: tuple[RedisServer, RedisServer, RedisSentinelServer],
+    failover_pair: Pair,
 ) -> None:
     primary, replica, sentinel = failover_pair
     job = strata_redis.connect(sentinel.url, "sentinel-job", heartbeat_timeout=20.0)
@@ -88,7 +88,7 @@ def test_a_job_follows_a_failover_to_a_synced_replica(
 
 @pytest.mark.timeout(180)
 def test_a_failover_to_a_replica_without_the_jobs_state_is_state_lost(
-    failover_pair: tuple[RedisServer, RedisServer, RedisSentinelServer],
+    failover_pair: Pair,
 ) -> None:
     primary, replica, sentinel = failover_pair
     job = strata_redis.connect(sentinel.url, "sentinel-lost", heartbeat_timeout=20.0)
@@ -104,6 +104,78 @@ def test_a_failover_to_a_replica_without_the_jobs_state_is_state_lost(
         _retry(worker.heartbeat)
     assert info.value.found is None and "Redis holds no state for it now" in str(info.value)
     job.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_job_keeps_working_with_a_sentinel_killed_before_the_failover(
+    failover_pair: Pair,
+) -> None:
+    primary, replica, sentinels = failover_pair
+    first_listed = sentinels.sentinels[0]
+    first_listed.kill()  # the one the client asks first: it must ask the others
+    assert len(sentinels.live) == 2
+    job = strata_redis.connect(sentinels.url, "sentinel-one-down", heartbeat_timeout=20.0)
+    strata_redis.ShardManager(job).register_dataset_params("ds", 100, 10)
+    worker = job.register_worker("w", heartbeat_interval=0.2)
+    leases = job.leases("ds", 0, "w")
+    first = leases.acquire()
+    assert first is not None and leases.complete(first)
+    with redis.Redis(port=replica.port, decode_responses=True) as copy:
+        wait_for(lambda: copy.hlen(leases.keys.done) == 1, 10)
+
+    _failover(primary, replica, sentinels)  # two of three: a quorum and a majority
+    second = _retry(leases.acquire)
+    assert isinstance(second, strata_redis.Lease) and leases.complete(second)
+    assert sorted(leases.completions()) == sorted({first.shard_id, second.shard_id})
+    with redis.Redis(port=replica.port, decode_responses=True) as promoted:
+        assert promoted.hlen(leases.keys.done) == 2  # the calls went to the promoted replica
+        seen = promoted.zscore(job.keys.heartbeats, "w")
+        wait_for(lambda: promoted.zscore(job.keys.heartbeats, "w") != seen, 20)
+    assert worker.lost is None
+    worker.leave()
+    job.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_failover_to_a_replica_that_really_missed_the_jobs_writes_is_state_lost(
+    failover_pair: Pair,
+) -> None:
+    """No simulated flush: the replica is frozen and cut off from the primary before the job
+    starts, so it never receives the job's writes; the primary then dies, the replica
+    resumes and is promoted with nothing of the job."""
+    primary, replica, sentinels = failover_pair
+    assert replica.proc is not None
+    os.kill(replica.proc.pid, signal.SIGSTOP)
+    try:
+        with redis.Redis(port=primary.port, decode_responses=True) as source:
+            # drop the replication link, so nothing written from now on sits in a socket
+            # buffer for the frozen replica to read when it resumes
+            source.client_kill_filter(_type="replica")
+            wait_for(lambda: source.info("replication")["connected_slaves"] == 0, 10)
+            job = strata_redis.connect(sentinels.url, "sentinel-unsynced", heartbeat_timeout=20.0)
+            worker = job.register_worker("w", heartbeat_interval=None)
+            worker.heartbeat()
+            assert source.get(job.keys.era) == job.context.era.value()  # on the primary
+        _failover_from_frozen(primary, replica)
+    finally:
+        os.kill(replica.proc.pid, signal.SIGCONT)
+    wait_for(lambda: sentinels.primary() == ("127.0.0.1", replica.port), 90,
+             why=sentinels.primary)  # fmt: skip
+    with redis.Redis(port=replica.port, decode_responses=True) as promoted:
+        assert promoted.info("replication")["role"] == "master"
+        assert promoted.exists(job.keys.era) == 0  # it really never had the job's state
+    with pytest.raises(strata_redis.StateLostError) as info:
+        _retry(worker.heartbeat)
+    assert info.value.found is None and "Redis holds no state for it now" in str(info.value)
+    job.close()
+
+
+def _failover_from_frozen(primary: RedisServer, replica: RedisServer) -> None:
+    """Kill the primary, then let the frozen replica run again at once (before the
+    sentinels pick a replica, so it is a candidate)."""
+    assert primary.proc is not None and replica.proc is not None
+    os.kill(primary.proc.pid, signal.SIGKILL)
+    os.kill(replica.proc.pid, signal.SIGCONT)
 
 
 def test_bad_sentinel_urls_are_refused() -> None:
