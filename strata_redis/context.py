@@ -54,8 +54,10 @@ class JobContext:
         job_id: the job's id. Default: the shared context's, else ``$STRATA_JOB_ID``, else
             ``"default"``.
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
-            worker failed. Every process of a job should use the same value.
-        events_cap: approximate length at which the membership event stream is trimmed.
+            worker failed (default: the shared context's, else 10). Every process of a job
+            should use the same value.
+        events_cap: approximate length at which the membership event stream is trimmed
+            (default: the shared context's, else 10,000).
         max_connections: the most connections this process opens for the client made from
             a URL (``connection.DEFAULT_MAX_CONNECTIONS``); every thread blocked in a barrier
             or checkpoint wait holds one. Past it, callers wait up to 30 s for a free one,
@@ -64,8 +66,9 @@ class JobContext:
             or a given decoding ``redis.Redis`` (its pool is the caller's).
         min_replicas: the durability knob: after each lease grant, renewal, hand-back or
             completion and each checkpoint commit, ``WAIT`` until this many replicas have
-            it (0, the default, does not wait; see ``era.EraScripts``).
-        replica_timeout: the longest one such wait lasts, seconds.
+            it (default: the shared context's, else 0 — no wait; see ``era.EraScripts``).
+        replica_timeout: the longest one such wait lasts, seconds (default: the shared
+            context's, else 1).
 
     Attributes:
         job_id, keys (the key schema), client, scripts (every call carries the job's era),
@@ -80,13 +83,23 @@ class JobContext:
         redis: str | redis.Redis | JobContext | HasContext | None = None,
         job_id: str | None = None,
         *,
-        heartbeat_timeout: float = 10.0,
-        events_cap: int = 10_000,
+        heartbeat_timeout: float | None = None,
+        events_cap: int | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        min_replicas: int = 0,
-        replica_timeout: float = 1.0,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> None:
         shared = as_context(redis) if isinstance(redis, (JobContext, HasContext)) else None
+        # not given: the shared context's settings (a CheckpointManager made from a job
+        # keeps the job's durability knob), else the defaults
+        if heartbeat_timeout is None:
+            heartbeat_timeout = shared.heartbeat_timeout if shared is not None else 10.0
+        if events_cap is None:
+            events_cap = shared.events_cap if shared is not None else 10_000
+        if min_replicas is None:
+            min_replicas = shared.min_replicas if shared is not None else 0
+        if replica_timeout is None:
+            replica_timeout = shared.replica_timeout if shared is not None else 1.0
         if job_id is None:
             job_id = shared.job_id if shared is not None else os.environ.get(JOB_ENV)
             job_id = job_id or DEFAULT_JOB
@@ -117,9 +130,16 @@ class JobContext:
                 "Redis Cluster client cannot give: use 0 with Redis Cluster"
             )
         self.replica_timeout = check_seconds("replica_timeout", replica_timeout, high=3600)
-        self.scripts: EraScripts = EraScripts(
-            self._scripts, self.era, self.min_replicas, self.replica_timeout
-        )
+        same = (
+            shared is not None and shared.era is self.era
+            and (shared.min_replicas, shared.replica_timeout)
+            == (self.min_replicas, self.replica_timeout)
+        )  # fmt: skip
+        # one job's contexts with one knob share one view (and its count of shortfalls)
+        self.scripts: EraScripts = (
+            shared.scripts if same and shared is not None
+            else EraScripts(self._scripts, self.era, self.min_replicas, self.replica_timeout)
+        )  # fmt: skip
         self._heartbeat_scripts: EraScripts | None = None
         self.max_block: float = max_block(self.client)
         self._memos: dict[str, Any] = {}

@@ -33,13 +33,16 @@ class Job:
             ``$STRATA_REDIS_URL`` or ``redis://localhost:6379/0``.
         job_id: the job's id. Default: ``$STRATA_JOB_ID`` or ``"default"``.
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
-            worker failed. Every process of a job should use the same value.
-        events_cap: approximate length at which the membership event stream is trimmed.
+            worker failed (default 10, or the shared job's). Every process of a job should
+            use the same value.
+        events_cap: approximate length at which the membership event stream is trimmed
+            (default 10,000, or the shared job's).
         max_connections: the most connections this process opens to Redis for this job's
             client (default 1000; each thread blocked in a barrier or checkpoint wait holds
             one). See ``JobContext``.
         min_replicas, replica_timeout: the durability knob for leases and commits: ``WAIT``
-            for this many replicas after each (default 0: no wait). See ``JobContext``.
+            for this many replicas after each (default 0: no wait, or the shared job's). See
+            ``JobContext``.
 
     Attributes:
         context: the ``JobContext`` the features work on (ids, client, keys, scripts).
@@ -50,11 +53,11 @@ class Job:
         redis: str | redis.Redis | JobContext | HasContext | None = None,
         job_id: str | None = None,
         *,
-        heartbeat_timeout: float = 10.0,
-        events_cap: int = 10_000,
+        heartbeat_timeout: float | None = None,
+        events_cap: int | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        min_replicas: int = 0,
-        replica_timeout: float = 1.0,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> None:
         self.context = JobContext(
             redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap,

@@ -15,7 +15,6 @@ import pytest
 import redis
 
 import strata_redis
-from strata_redis.checkpoint.commit import StepProtocol
 from strata_redis.server import RedisServer
 
 from .procs import wait_for
@@ -74,16 +73,6 @@ def replicated(
     copy.close()
 
 
-#: the library's gap these tests found (tracker issue 10): ``CheckpointManager`` makes its own
-#: ``JobContext`` from the job's, and a ``JobContext`` made from another does not take over
-#: its ``min_replicas``/``replica_timeout``, so checkpoint commits never ``WAIT``
-COMMITS_DO_NOT_WAIT = pytest.mark.xfail(
-    strict=True,
-    reason="CheckpointManager(redis=job) does not inherit the job's min_replicas (issue 10)",
-)
-
-
-@COMMITS_DO_NOT_WAIT
 @pytest.mark.timeout(120)
 def test_a_committed_checkpoint_is_on_the_replica_when_the_commit_returns(
     replicated: tuple[RedisServer, RedisServer, redis.Redis], tmp_path: Path
@@ -115,7 +104,6 @@ def test_a_committed_checkpoint_is_on_the_replica_when_the_commit_returns(
     job.close()
 
 
-@COMMITS_DO_NOT_WAIT
 @pytest.mark.timeout(120)
 def test_a_checkpoint_commit_with_a_stalled_replica_completes_and_is_reported(
     replicated: tuple[RedisServer, RedisServer, redis.Redis],
@@ -139,46 +127,6 @@ def test_a_checkpoint_commit_with_a_stalled_replica_completes_and_is_reported(
     assert job.context.scripts.shortfalls == 1
     assert "commit_checkpoint: 0 of 1 replicas had its writes" in caplog.text
     ckpt.close()
-    job.close()
-
-
-@pytest.mark.timeout(120)
-def test_the_commit_script_waits_for_replicas_on_a_context_with_min_replicas(
-    replicated: tuple[RedisServer, RedisServer, redis.Redis],
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """The commit protocol itself, on the job's context (which has the knob): its commit
-    WAITs — the record is on the replica when it returns — and a stalled replica makes it
-    wait replica_timeout, counted and logged, never raised. (The public CheckpointManager
-    path does not get here with the knob: see COMMITS_DO_NOT_WAIT.)"""
-    primary, replica, copy = replicated
-    job = strata_redis.connect(primary.url, "rep-step", min_replicas=1, replica_timeout=0.5)
-    steps = StepProtocol(job.context, strata_redis.LocalStorage(tmp_path), worker_id="w",
-                         rank=0, world_size=1)  # fmt: skip
-
-    def commit(step: int) -> float:
-        steps.begin(step, 0)
-        lead = steps.ack(step, {}, 0, 0.0)
-        assert lead is not None  # world_size 1: this rank leads
-        start = time.monotonic()
-        steps.commit(step, 0, *lead)
-        return time.monotonic() - start
-
-    commit(1)
-    assert copy.zscore(job.keys.checkpoints, "1") == 1  # read right after: on the replica
-    assert job.context.scripts.shortfalls == 0
-    assert replica.proc is not None
-    os.kill(replica.proc.pid, signal.SIGSTOP)
-    try:
-        with caplog.at_level(logging.WARNING, logger="strata_redis.era"):
-            waited = commit(2)
-    finally:
-        os.kill(replica.proc.pid, signal.SIGCONT)
-    assert 0.4 <= waited < 15, waited
-    assert job.context.scripts.shortfalls == 1
-    assert "commit_checkpoint: 0 of 1 replicas had its writes" in caplog.text
-    assert job.client.zrange(job.keys.checkpoints, 0, -1) == ["1", "2"]  # committed
     job.close()
 
 
