@@ -104,8 +104,10 @@ class JobContext:
             job_id = shared.job_id if shared is not None else os.environ.get(JOB_ENV)
             job_id = job_id or DEFAULT_JOB
         self.job_id: str = check_id("job_id", job_id, job=True)
-        self.heartbeat_timeout = check_seconds("heartbeat_timeout", heartbeat_timeout, high=86400)
-        self.events_cap = check_int("events_cap", events_cap, low=100, high=10_000_000)
+        self.heartbeat_timeout: float = check_seconds(
+            "heartbeat_timeout", heartbeat_timeout, high=86400
+        )
+        self.events_cap: int = check_int("events_cap", events_cap, low=100, high=10_000_000)
         self.keys: Keys = Keys(self.job_id)
         if shared is not None:
             self.client: Any = shared.client
@@ -123,13 +125,13 @@ class JobContext:
             shared.era if shared is not None and shared.job_id == self.job_id
             else Era(self.client, self.keys.era, self.job_id)
         )  # fmt: skip
-        self.min_replicas = check_int("min_replicas", min_replicas, low=0, high=100)
+        self.min_replicas: int = check_int("min_replicas", min_replicas, low=0, high=100)
         if self.min_replicas and is_cluster(self.client):
             raise ValueError(
                 "min_replicas needs a script and its WAIT on one connection, which redis-py's "
                 "Redis Cluster client cannot give: use 0 with Redis Cluster"
             )
-        self.replica_timeout = check_seconds("replica_timeout", replica_timeout, high=3600)
+        self.replica_timeout: float = check_seconds("replica_timeout", replica_timeout, high=3600)
         same = (
             shared is not None and shared.era is self.era
             and (shared.min_replicas, shared.replica_timeout)
