@@ -6,10 +6,16 @@
 
 Each curve times one operation at growing sizes (median of repeats) and writes
 ``<results>/curves.json``, ``curves.md`` (a table per curve) and ``curve_<name>.png``
-(log-log, with the ``matplotlib`` of the ``bench`` extra). The growth is read off the
-measured log-log slope between the smallest and largest size: constant (< 0.25), sublinear
-(< 0.75), linear (< 1.25) or superlinear; a curve growing faster than its natural growth
-(``NATURAL``) is marked as a defect to fix.
+(log-log, with the ``matplotlib`` of the ``bench`` extra; run by ``perf/run.py`` these land in
+``perf/results/``). The growth is read off the log-log slope fitted by least squares over
+every measured point (not the two end points): constant (< 0.25), sublinear (< 0.75), linear
+(< 1.25) or superlinear; a curve growing faster than its natural growth (``NATURAL``) is
+marked as a defect to fix. The table also gives each point's deviation from the fit.
+
+The barrier curve runs the library's own ``Barrier.wait`` in N-1 threads of this process
+(one job: its waiters share one blocked connection, ``coordination/waiters.py``, so 10,000
+participants need no 10,000 connections) and times the last arrival's ``wait`` until the
+last thread has woken; fewer rounds at the big sizes keep it to a few minutes.
 """
 
 from __future__ import annotations
@@ -19,9 +25,9 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +61,7 @@ SIZES = {
     "register-workers": [100, 1_000, 10_000, 100_000],
     "heartbeat-workers": [100, 1_000, 10_000, 100_000],
     "reap-workers": [100, 1_000, 10_000, 100_000],
-    "barrier-participants": [10, 100, 1_000],
+    "barrier-participants": [10, 100, 1_000, 10_000],
     "checkpoint-size": [1, 4, 16, 64, 256],
 }
 SMOKE = {
@@ -147,18 +153,98 @@ def reap_workers(n: int, ctx: dict[str, Any]) -> float:
     return median_time(job.reap, ctx["ops"])
 
 
+#: timed barrier releases per size (after one untimed): fewer where a round takes seconds
+BARRIER_ROUNDS = {10: 30, 100: 20, 1_000: 8, 10_000: 3}
+#: stop repeating a size after this long (seconds), once 2 rounds are in
+BARRIER_BUDGET_S = 90.0
+
+
+class _Waiters:
+    """``n - 1`` threads of this process, each a participant calling ``Barrier.wait`` once a
+    round, all on one job (so their waits share the job's one blocked connection)."""
+
+    def __init__(self, job: strata_redis.Job, name: str, ids: list[str], n: int) -> None:
+        self.job, self.ids = job, ids
+        self.lock = threading.Lock()
+        self.rounds: dict[int, threading.Event] = {}
+        self.woke = [0.0] * len(ids)
+        self.done, self.all_done = 0, threading.Event()
+        self.errors: list[str] = []
+        self.stop = False
+        old = threading.stack_size(256 * 1024)  # 10,000 threads: small stacks
+        try:
+            for i in range(len(ids)):
+                barrier = job.barrier(name, expected=n, timeout=120.0)
+                threading.Thread(target=self.run, args=(i, barrier), daemon=True).start()
+        finally:
+            threading.stack_size(old)
+
+    def event(self, r: int) -> threading.Event:
+        with self.lock:
+            return self.rounds.setdefault(r, threading.Event())
+
+    def run(self, i: int, barrier: Any) -> None:
+        r = 0
+        while True:
+            self.event(r).wait()
+            if self.stop:
+                return
+            try:
+                barrier.wait(self.ids[i])
+            except Exception as exc:  # reported by the round, which then fails
+                self.errors.append(f"{self.ids[i]}: {exc!r}")
+            self.woke[i] = time.perf_counter()
+            with self.lock:
+                self.done += 1
+                if self.done == len(self.ids):
+                    self.all_done.set()
+            r += 1
+
+    def arm(self, r: int) -> None:
+        self.done = 0
+        self.all_done.clear()
+        self.event(r).set()
+
+    def close(self, r: int) -> None:
+        self.stop = True
+        self.event(r).set()
+
+
 def barrier_participants(n: int, ctx: dict[str, Any]) -> float:
-    out = Path(ctx["tmp"]) / f"barrier-{n}.json"
-    rounds = "3" if ctx["smoke"] else "50"
-    subprocess.run(
-        [sys.executable, str(HERE / "bench_barrier.py"), "--participants", str(n), "--modes",
-         "strata", "--rounds", rounds, "--warmups", "2", "-o", str(out), "--redis-url",
-         ctx["url"]],
-        check=True, cwd=HERE, capture_output=True, timeout=600,
-    )  # fmt: skip
-    data = json.loads(out.read_text())
-    values = [v for b in data["benchmarks"] for r in b["runs"] for v in r.get("values", [])]
-    return statistics.median(values)
+    """Median release latency of an ``n``-participant barrier: the last arrival's ``wait``
+    until the last of the other ``n - 1`` (threads here, one shared job) has woken."""
+    job = _fresh_job(ctx, "curve-barrier")
+    ids = [f"p{i:05d}" for i in range(n)]
+    for worker_id in ids:  # 10,000 registrations: a few seconds, untimed
+        job.register_worker(worker_id, heartbeat_interval=None)
+    name = "curve"
+    last = job.barrier(name, expected=n, timeout=120.0)
+    arrived_key = job.keys.barrier_arrived(name)
+    waiters = _Waiters(job, name, ids[:-1], n)
+    rounds = 1 if ctx["smoke"] else BARRIER_ROUNDS.get(n, 3)
+    times: list[float] = []
+    began = time.monotonic()
+    r = 0
+    try:
+        for r in range(rounds + 1):  # round 0 untimed: first-call costs are not the curve
+            waiters.arm(r)
+            deadline = time.monotonic() + 300
+            while int(job.client.scard(arrived_key)) < n - 1:
+                if time.monotonic() > deadline or waiters.errors:
+                    raise RuntimeError(f"barrier x{n}: arrivals stalled {waiters.errors[:3]}")
+                time.sleep(0.005)
+            time.sleep(0.02)  # every waiter blocked, settled
+            start = time.perf_counter()
+            last.wait(ids[-1])
+            if not waiters.all_done.wait(120) or waiters.errors:
+                raise RuntimeError(f"barrier x{n}: waiters did not wake {waiters.errors[:3]}")
+            if r:
+                times.append(max(max(waiters.woke), start) - start)
+            if r >= 2 and time.monotonic() - began > BARRIER_BUDGET_S:
+                break
+    finally:
+        waiters.close(r + 1)
+    return statistics.median(times)
 
 
 def checkpoint_size(mib: int, ctx: dict[str, Any]) -> float:
@@ -190,9 +276,18 @@ CURVES: dict[str, Callable[[int, dict[str, Any]], float]] = {
 }
 
 
+def fit(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """Least-squares line through every (log size, log seconds) point: (slope, intercept)."""
+    xs, ys = [math.log(s) for s in sizes], [math.log(t) for t in seconds]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return slope, my - slope * mx
+
+
 def growth(sizes: list[int], seconds: list[float]) -> tuple[float, str]:
-    """The log-log slope from the smallest to the largest size, and its name."""
-    slope = math.log(seconds[-1] / seconds[0]) / math.log(sizes[-1] / sizes[0])
+    """The log-log slope fitted over every measured point, and its name."""
+    slope, _ = fit(sizes, seconds)
     return slope, next(name for limit, name in GROWTH if slope < limit)
 
 
@@ -208,7 +303,11 @@ def plot(name: str, sizes: list[int], seconds: list[float], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
-    ax.loglog(sizes, [s * 1e3 for s in seconds], marker="o")
+    ax.loglog(sizes, [s * 1e3 for s in seconds], marker="o", label="measured (median)")
+    slope, intercept = fit(sizes, seconds)
+    ax.loglog(sizes, [math.exp(intercept) * s**slope * 1e3 for s in sizes], linestyle="--",
+              label=f"least-squares fit, slope {slope:.2f}")  # fmt: skip
+    ax.legend(fontsize=7)
     ax.set_xlabel(UNITS.get(name, "size"))
     ax.set_ylabel("ms (median)")
     ax.set_title(name)
@@ -250,13 +349,21 @@ def main(argv: list[str] | None = None) -> int:
                     seconds.append(CURVES[name](size, ctx))
                     print(f"{name} {size}: {seconds[-1] * 1e3:.3f} ms", flush=True)
                 slope, grows = growth(sizes, seconds)
+                _, intercept = fit(sizes, seconds)
+                fitted = [math.exp(intercept) * s**slope for s in sizes]
+                ends = math.log(seconds[-1] / seconds[0]) / math.log(sizes[-1] / sizes[0])
                 defect = worse_than(grows, NATURAL[name])
                 doc[name] = {"sizes": sizes, "seconds": seconds, "slope": slope, "growth": grows,
-                             "natural": NATURAL[name], "defect": defect}  # fmt: skip
-                md += [f"## {name}: {grows} (slope {slope:.2f}; natural: {NATURAL[name]})"
+                             "natural": NATURAL[name], "defect": defect,
+                             "fit": "least squares on log-log, every point",
+                             "end_points_slope": ends}  # fmt: skip
+                md += [f"## {name}: {grows} (fitted slope {slope:.2f} over {len(sizes)} points; "
+                       f"end points alone {ends:.2f}; natural: {NATURAL[name]})"
                        + (" — GROWS FASTER THAN IT SHOULD" if defect else ""), "",
-                       f"| {UNITS.get(name, 'size')} | ms |", "|---|---|"]  # fmt: skip
-                md += [f"| {s:,} | {t * 1e3:.3f} |" for s, t in zip(sizes, seconds, strict=True)]
+                       f"| {UNITS.get(name, 'size')} | ms | fit, ms | off the fit |",
+                       "|---|---|---|---|"]  # fmt: skip
+                md += [f"| {s:,} | {t * 1e3:.3f} | {f * 1e3:.3f} | {t / f - 1:+.0%} |"
+                       for s, t, f in zip(sizes, seconds, fitted, strict=True)]  # fmt: skip
                 md.append("")
                 if not args.no_plot:
                     plot(name, sizes, seconds, args.results / f"curve_{name}.png")

@@ -3,9 +3,16 @@ baseline. Used by ``perf/run.py``; also ``python perf/report.py RESULTS [--compa
 
 A row's status: ``target`` / ``acceptable`` / ``degraded`` (past acceptable, within critical) /
 ``critical`` / ``not measured``; with a reference, the ratio to it is shown and checked
-against our goal. A regression is a change past ``THRESHOLD`` (the guide's 10 %) that is also
-significant (Welch's t over the two runs' values): in a row's ratio to its reference where it
-has one (absolute times move with the machine), else in its own mean.
+against our goal. A regression is a change past ``THRESHOLD`` (the guide's 10 %) in a row's
+ratio to its reference where it has one (absolute times move with the machine), else in its
+own value.
+For pyperf rows (many values per run) the change must also be significant (Welch's t over
+the two runs' values). Summary rows (load scenarios, cost, sharding, limits, the heartbeat's
+per-call percentiles) and the scaling curves hold one value per run: no significance test
+is possible, the 10 % rule alone decides, and the report says so. A row may name pyperf
+benchmarks for its regression check (``compare_bench``/``compare_name``/``compare_reference``)
+when its table figure comes from a summary: the heartbeat's per-call percentiles are shown,
+the pyperf means (many values, a t-test) are compared.
 """
 
 from __future__ import annotations
@@ -34,12 +41,15 @@ HERE = Path(__file__).resolve().parent
 THRESHOLD = 0.10
 #: |t| above this counts as significant (about 95 % for the sample sizes pyperf takes)
 T_SIGNIFICANT = 2.0
-#: result files that are summaries (a field per row), not pyperf suites
-#: summary files (besides load_<scenario>) -> the perf/ script that writes them
-SUMMARIES = {"cost": "cost", "sharding": "bench_sharding", "limits": "limits"}
+#: summary files (a field per row, not pyperf suites; besides load_<scenario>) -> the perf/
+#: script that writes them
+SUMMARIES = {"cost": "cost", "sharding": "bench_sharding", "limits": "limits",
+             "heartbeat": "bench_heartbeat"}  # fmt: skip
+#: summary files a baseline keeps besides the bench_*.json suites (``--save-baseline``)
+BASELINE_SUMMARIES = ("load_*.json", *(f"{s}.json" for s in SUMMARIES), "curves.json")
 STATUSES = ("target", "acceptable", "degraded", "critical", "not measured")
-UNITS = {"p50": "ms", "p99": "ms", "mean": "ms", "mb_s": "MB/s", "gb_s": "GB/s",
-         "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s",
+UNITS = {"p50": "ms", "p95": "ms", "p99": "ms", "p999": "ms", "mean": "ms", "mb_s": "MB/s",
+         "gb_s": "GB/s", "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s",
          "fraction": "x", "count": "calls", "ms": "ms", "workers": "workers"}  # fmt: skip
 
 
@@ -58,6 +68,9 @@ class Row:
     reference: str | None = None
     ref_name: str | None = None
     goal: float | None = None
+    compare_bench: str | None = None
+    compare_name: str | None = None
+    compare_reference: str | None = None
     measured: float | None = None
     unit: str = ""
     ratio: float | None = None
@@ -126,7 +139,7 @@ def evaluate(
     """Fill each row's measured value, ratio to its reference and status."""
     for row in rows:
         row.unit = UNITS.get(row.stat, row.stat)
-        if row.bench in SUMMARIES or (row.bench or "").startswith("load_"):
+        if _is_summary(row):
             _evaluate_scenario(row, scenarios or {})
             continue
         bench = results.get((row.bench or "", row.name or ""))
@@ -176,8 +189,8 @@ class Change:
     what: str
     before: float
     after: float
-    change: float  # relative: +0.20 is 20 % slower (a higher time or ratio)
-    t: float
+    change: float  # relative: +0.20 is 20 % worse (a higher time or ratio, a lower rate)
+    t: float | None  # None: one value per run, no significance test (the 10 % rule alone)
     regression: bool
     improvement: bool
 
@@ -187,26 +200,108 @@ def compare(
     baseline: dict[tuple[str, str], pyperf.Benchmark],
     results: dict[tuple[str, str], pyperf.Benchmark],
     threshold: float = THRESHOLD,
+    base_summaries: dict[str, dict[str, Any]] | None = None,
+    summaries: dict[str, dict[str, Any]] | None = None,
 ) -> list[Change]:
     """Each row's change from ``baseline`` to ``results`` (its ratio where it has a reference).
 
-    Values are times (or time ratios): higher is worse, whatever the row's unit.
+    pyperf rows (and rows naming ``compare_*`` pyperf benchmarks): values are times (or time
+    ratios), higher is worse; the change must be significant too. Summary rows (given
+    ``base_summaries`` and ``summaries``): one value per run, the row's ``better`` says
+    which way is worse, the 10 % rule alone decides (``t`` is None).
     """
     changes = []
     for row in rows:
-        key = (row.bench or "", row.name or "")
+        if row.compare_name:
+            bench, name, reference = row.compare_bench, row.compare_name, row.compare_reference
+        elif _is_summary(row):
+            if base_summaries is not None and summaries is not None:
+                found = _summary_change(row, base_summaries, summaries, threshold)
+                changes += [found] if found is not None else []
+            continue
+        else:
+            bench, name, reference = row.bench, row.name, row.reference
+        key = (bench or "", name or "")
         if key not in baseline or key not in results:
             continue
-        ref = (row.bench or "", row.reference or "")
-        if row.reference and ref in baseline and ref in results:
+        ref = (bench or "", reference or "")
+        if reference and ref in baseline and ref in results:
             before = _ratio_values(baseline[key], baseline[ref])
             after = _ratio_values(results[key], results[ref])
-            what = f"{row.metric} (ratio to {row.reference})"
+            what = f"{row.metric} (ratio to {reference})"
         else:
             before, after = baseline[key].get_values(), results[key].get_values()
-            what = row.metric
+            what = row.metric if not row.compare_name else f"{row.metric} ({name}, mean)"
         changes.append(_change(what, list(before), list(after), threshold))
     return changes
+
+
+def _is_summary(row: Row) -> bool:
+    return row.bench in SUMMARIES or (row.bench or "").startswith("load_")
+
+
+def _summary_value(row: Row, docs: dict[str, dict[str, Any]]) -> tuple[float, str] | None:
+    """A summary row's figure for the regression check: its ratio to the reference where it
+    has one (a time ratio: higher is worse), else its value; and what it is."""
+    found = docs.get(row.bench or "", {}).get(row.name or "")
+    if found is None:
+        return None
+    ref = docs.get(row.reference or "", {}).get(row.ref_name or row.name or "")
+    if row.reference and ref:
+        ratio = ref / found if row.better == "higher" else found / ref
+        return ratio, f"{row.metric} (ratio to {row.reference} {row.ref_name or row.name})"
+    return float(found), row.metric
+
+
+def _summary_change(
+    row: Row,
+    base: dict[str, dict[str, Any]],
+    now: dict[str, dict[str, Any]],
+    threshold: float,
+) -> Change | None:
+    """A summary row's change: one value each side, so the 10 % rule alone (``t`` None)."""
+    before, after = _summary_value(row, base), _summary_value(row, now)
+    if before is None or after is None or before[1] != after[1]:
+        return None  # not in both, or a reference in one only: nothing like for like
+    (b, what), (a, _) = before, after
+    # a ratio is a time ratio (higher is worse); a bare value goes the row's way
+    worse_up = row.better == "lower" or what != row.metric
+    if b == a:
+        change = 0.0
+    elif b == 0 or a == 0:
+        # from or to zero (errors, failed workers): no relative change; the direction counts
+        change = math.inf if (a > b) == worse_up else -1.0
+    else:
+        change = a / b - 1 if worse_up else b / a - 1
+    return Change(what, b, a, change, None,
+                  regression=change > threshold, improvement=change < -threshold)  # fmt: skip
+
+
+def compare_curves(
+    base: dict[str, Any], now: dict[str, Any], threshold: float = THRESHOLD
+) -> list[Change]:
+    """Each scaling curve's growth over its measured range: the fitted time at the largest
+    size over the fitted time at the smallest (a ratio within one run, so the machine
+    cancels), from the least-squares log-log slope. One value per run: the 10 % rule."""
+    changes = []
+    for name, curve in now.items():
+        old = base.get(name)
+        if not old or old.get("sizes") != curve.get("sizes") or "slope" not in old:
+            continue  # other sizes (a smoke run, a changed curve): not like for like
+        span = curve["sizes"][-1] / curve["sizes"][0]
+        b, a = span ** old["slope"], span ** curve["slope"]
+        change = a / b - 1
+        what = (f"curve {name}: growth {curve['sizes'][0]:,} -> {curve['sizes'][-1]:,} "
+                "(fitted time ratio)")  # fmt: skip
+        changes.append(Change(what, b, a, change, None, regression=change > threshold,
+                              improvement=change < -threshold))  # fmt: skip
+    return changes
+
+
+def load_curves(folder: Path) -> dict[str, Any]:
+    """``curves.json`` of a results or baseline folder ({} if none)."""
+    path = folder / "curves.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def machine() -> dict[str, Any]:
@@ -262,10 +357,17 @@ def render(rows: list[Row], host: dict[str, Any], changes: list[Change] | None =
         moved = [c for c in changes if c.regression or c.improvement]
         for c in moved:
             kind = "REGRESSION" if c.regression else "improvement"
-            moved_by = f"{c.before:.4g} -> {c.after:.4g} ({c.change:+.1%}, t={c.t:.1f})"
+            how = "one value each: 10 % rule, no t-test" if c.t is None else f"t={c.t:.1f}"
+            moved_by = f"{c.before:.4g} -> {c.after:.4g} ({c.change:+.1%}, {how})"
             lines.append(f"- {kind}: {c.what}: {moved_by}")
         if not moved:
-            lines.append(f"No change past {THRESHOLD:.0%} that is significant.")
+            lines.append(f"No change past {THRESHOLD:.0%} (significant, where testable).")
+        single = sum(c.t is None for c in changes)
+        lines += ["", f"{len(changes)} rows and curves compared. pyperf rows: past "
+                  f"{THRESHOLD:.0%} and significant (Welch's t >= {T_SIGNIFICANT:g}). Summary "
+                  f"rows and curves ({single} here) have one value per run: no significance "
+                  f"test is possible, the {THRESHOLD:.0%} rule alone decides, so expect "
+                  "noise to show up there first."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -344,8 +446,18 @@ def main(argv: list[str] | None = None) -> int:
 def report(results: Path, baseline: Path | None = None, fail_on: str | None = None) -> int:
     """Print and write the report; the exit status ``fail_on`` asks for."""
     found = load_results(results)
-    rows = evaluate(load_targets(), found, load_scenarios(results))
-    changes = None if baseline is None else compare(rows, load_results(baseline), found)
+    summaries = load_scenarios(results)
+    rows = evaluate(load_targets(), found, summaries)
+    changes = None
+    if baseline is not None:
+        changes = compare(
+            rows,
+            load_results(baseline),
+            found,
+            base_summaries=load_scenarios(baseline),
+            summaries=summaries,
+        )
+        changes += compare_curves(load_curves(baseline), load_curves(results))  # fmt: skip
     print(write(results, rows, machine(), changes))
     bad = {"critical": {"critical"}, "degraded": {"critical", "degraded"}}.get(fail_on or "", set())
     if any(r.status in bad for r in rows):

@@ -3,7 +3,9 @@
     python perf/run.py                    # full run; results in perf/results/
     python perf/run.py --fast             # fewer values (pyperf --fast)
     python perf/run.py --smoke            # one value each: proves every benchmark still runs
-    python perf/run.py --save-baseline    # then copy the results to perf/baseline/
+    python perf/run.py --save-baseline    # then copy the results to perf/baseline/: the
+                                          # pyperf suites and the summaries (load, cost,
+                                          # sharding, limits, heartbeat, curves)
     python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
     python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
@@ -23,6 +25,7 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyperf
@@ -60,6 +63,7 @@ def main() -> int:
         server = RedisServer().start()
         args.redis_url = server.url
     failed = []
+    began = time.time()
     try:
         for name in names:
             out = args.results / f"{name}.json"
@@ -103,7 +107,7 @@ def main() -> int:
                 )
             if args.save_baseline and not args.smoke:
                 (HERE / "baseline").mkdir(exist_ok=True)
-                shutil.copy(out, baseline)
+                shutil.copy(out, HERE / "baseline" / out.name)
         if not args.no_load:
             # load scenarios; per-worker cost and recovery; scaling curves; limits
             for script in ("load", "cost", "curves", "limits"):
@@ -116,12 +120,29 @@ def main() -> int:
     finally:
         if server is not None:
             server.close()
+    if args.save_baseline and not args.smoke:
+        save_summaries(args.results, HERE / "baseline", since=began)
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1
     compare = args.compare or (HERE / "baseline")
     use = compare if compare.is_dir() and not args.smoke else None
     return report.report(args.results, use, args.fail_on)
+
+
+def save_summaries(results: Path, baseline: Path, since: float = 0.0) -> None:
+    """Copy the run's summaries (``report.BASELINE_SUMMARIES``) into the baseline folder, so
+    that ``--compare`` checks the load, cost, sharding, limits, heartbeat and curve rows too.
+    Only files written since ``since`` (this run's): a stale summary is never saved."""
+    baseline.mkdir(exist_ok=True)
+    saved = []
+    for pattern in report.BASELINE_SUMMARIES:
+        for path in sorted(results.glob(pattern)):
+            if path.stat().st_mtime < since:
+                continue
+            shutil.copy(path, baseline / path.name)
+            saved.append(path.name)
+    print(f"baseline: summaries saved to {baseline}: {', '.join(saved) or 'none'}", flush=True)
 
 
 def print_ratios(name: str, path: Path) -> None:

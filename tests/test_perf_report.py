@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -64,13 +65,20 @@ def test_row_status(better: str, value: float, expected: str) -> None:
     assert report.status(row, value) == expected
 
 
+HEARTBEAT = {"heartbeat_p50_ms": 0.4, "raw_zadd_p50_ms": 0.2, "tick_p99_ms": 0.9,
+             "raw_zadd_p99_ms": 0.6, "tick_p999_ms": 3.0, "raw_zadd_p999_ms": 2.5}  # fmt: skip
+
+
 def test_the_table_is_filled_from_results(tmp_path: Path) -> None:
     suite(
         tmp_path / "bench_heartbeat.json",
         bench("strata heartbeat", 0.0004),
         bench("strata heartbeat+reap tick", 0.0006),
         bench("raw redis-py ZADD", 0.0002),
+        bench("heartbeat script, era check", 0.000105),
+        bench("heartbeat script, no era check", 0.0001),
     )
+    (tmp_path / "heartbeat.json").write_text(json.dumps(HEARTBEAT))
     suite(
         tmp_path / "bench_checkpoint.json",
         bench("CheckpointManager.save local (bytes)", 0.5, description="256 MiB"),
@@ -80,10 +88,15 @@ def test_the_table_is_filled_from_results(tmp_path: Path) -> None:
     assert code == 0
     doc = json.loads((tmp_path / "report.json").read_text())
     rows = {r["metric"]: r for r in doc["rows"]}
-    beat = rows["coordination call latency p50 (heartbeat)"]
-    assert beat["measured"] == pytest.approx(0.4, rel=0.03) and beat["unit"] == "ms"
-    assert beat["ratio"] == pytest.approx(2.0, rel=0.03) and beat["goal_met"] is False
+    # the latency rows are per-call percentiles (the summary), not percentiles of means
+    beat = rows["coordination call latency p50, per call (heartbeat)"]
+    assert beat["measured"] == pytest.approx(0.4) and beat["unit"] == "ms"
+    assert beat["ratio"] == pytest.approx(2.0) and beat["goal_met"] is False
     assert beat["status"] == "target"
+    tail = rows["coordination call latency p999, per call (heartbeat + reaper tick)"]
+    assert tail["measured"] == pytest.approx(3.0) and tail["ratio"] == pytest.approx(1.2)
+    era = next(r for m, r in rows.items() if m.startswith("era check cost"))
+    assert era["ratio"] == pytest.approx(1.05, rel=0.03) and era["goal_met"] is True
     save = rows["checkpoint save, local disk"]
     assert save["measured"] == pytest.approx(256 * 1024 * 1024 / 0.5 / 1e6, rel=0.03)
     assert save["status"] == "target"  # 537 MB/s is past the seeds' 500
@@ -91,7 +104,7 @@ def test_the_table_is_filled_from_results(tmp_path: Path) -> None:
     unmeasured = rows["memory per worker process, MB (RSS with its heartbeat thread)"]
     assert unmeasured["status"] == "not measured" and unmeasured["measured"] is None
     text = (tmp_path / "report.md").read_text()
-    assert "Machine:" in text and "| coordination call latency p50 (heartbeat) |" in text
+    assert "Machine:" in text and "| coordination call latency p50, per call (heartbeat) |" in text
 
 
 def test_summary_rows_from_load_and_cost(tmp_path: Path) -> None:
@@ -145,3 +158,92 @@ def test_noise_alone_is_not_a_regression(tmp_path: Path) -> None:
         rows, report.load_results(tmp_path / "a"), report.load_results(tmp_path / "b")
     )
     assert changes and not any(c.regression or c.improvement for c in changes)
+
+
+def _summaries(folder: Path, worse: float) -> None:
+    """load_peak/load_raw, cost and heartbeat summaries; ``worse`` scales the subjects."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "load_peak.json").write_text(json.dumps({"rps": 8000.0 / worse, "p99_ms": 4.0}))
+    (folder / "load_raw.json").write_text(json.dumps({"rps": 9000.0, "p99_ms": 2.0}))
+    (folder / "cost.json").write_text(json.dumps({"startup_ms": 80.0 * worse}))
+
+
+@pytest.mark.parametrize(("better_before", "flagged"), [(0.20, True), (0.05, False)])
+def test_summary_rows_against_a_baseline(
+    tmp_path: Path, better_before: float, flagged: bool
+) -> None:
+    """Summary rows are compared too: a ratio to the same-run reference where the row has one
+    (requests/s to raw redis-py), else the value (start-up); one value each, the 10 % rule."""
+    _summaries(tmp_path / "base", 1.0)
+    _summaries(tmp_path / "run", 1.0 / (1 - better_before))
+    code = report.report(tmp_path / "run", tmp_path / "base", fail_on="regression")
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    changes = {c["what"]: c for c in doc["changes"]}
+    rps = next(c for w, c in changes.items() if w.startswith("coordinator throughput"))
+    assert "ratio to load_raw" in rps["what"] and rps["t"] is None
+    assert rps["regression"] is flagged
+    startup = next(c for w, c in changes.items() if w.startswith("worker start-up"))
+    assert startup["regression"] is flagged
+    assert startup["change"] == pytest.approx(1 / (1 - better_before) - 1)
+    # the same p99 both times: no change
+    p99 = next(c for w, c in changes.items() if w.startswith("latency p99 under peak"))
+    assert p99["change"] == 0 and not p99["regression"]
+    assert code == (1 if flagged else 0)
+    text = (tmp_path / "run" / "report.md").read_text()
+    assert ("REGRESSION" in text) is flagged
+    assert "no significance" in text  # the report says the 10 % rule alone decided
+
+
+def test_heartbeat_rows_compare_the_pyperf_means(tmp_path: Path) -> None:
+    """The per-call rows show the summary; their regression check uses the pyperf means."""
+    for folder, mean in (("base", 0.0004 * 0.8), ("run", 0.0004)):
+        suite(tmp_path / folder / "bench_heartbeat.json", bench("strata heartbeat", mean),
+              bench("raw redis-py ZADD", 0.0002, seed=5))  # fmt: skip
+        (tmp_path / folder / "heartbeat.json").write_text(json.dumps(HEARTBEAT))
+    report.report(tmp_path / "run", tmp_path / "base")
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    (change,) = [c for c in doc["changes"] if c["what"].startswith("coordination call latency p50")]
+    assert "ratio to raw redis-py ZADD" in change["what"] and change["t"] is not None
+    assert change["regression"] is True
+
+
+@pytest.mark.parametrize(("steeper", "flagged"), [(1.20, True), (1.05, False)])
+def test_curves_against_a_baseline(steeper: float, flagged: bool) -> None:
+    sizes = [10, 100, 1000]
+    base = {"c": {"sizes": sizes, "slope": 1.0}}
+    span = sizes[-1] / sizes[0]
+    now = {"c": {"sizes": sizes, "slope": 1.0 + math.log(steeper) / math.log(span)}}
+    (change,) = report.compare_curves(base, now)
+    assert change.change == pytest.approx(steeper - 1) and change.regression is flagged
+    assert report.compare_curves(base, {"c": {"sizes": [1, 2], "slope": 1.0}}) == []
+
+
+def test_growth_is_fitted_over_every_point() -> None:
+    import curves
+
+    sizes = [10, 100, 1000, 10000]
+    # linear but for a noisy last point: the end points alone would say superlinear
+    seconds = [1e-3, 1e-2, 1e-1, 3e0]
+    slope, name = curves.growth(sizes, seconds)
+    assert slope == pytest.approx(curves.fit(sizes, seconds)[0])
+    ends = math.log(seconds[-1] / seconds[0]) / math.log(sizes[-1] / sizes[0])
+    assert slope < ends and 1.0 < slope < 1.25 and name == "linear"
+
+
+def test_save_baseline_keeps_the_summaries(tmp_path: Path) -> None:
+    import os
+
+    import run
+
+    results, baseline = tmp_path / "results", tmp_path / "baseline"
+    _summaries(results, 1.0)
+    for name in ("curves", "heartbeat", "limits", "sharding"):
+        (results / f"{name}.json").write_text("{}")
+    (results / "bench_x.json").write_text("{}")  # pyperf suites are copied as they finish
+    stale = results / "load_old.json"
+    stale.write_text("{}")
+    os.utime(stale, (1.0, 1.0))  # from an earlier run: never saved
+    run.save_summaries(results, baseline, since=1000.0)
+    saved = sorted(p.name for p in baseline.iterdir())
+    assert saved == ["cost.json", "curves.json", "heartbeat.json", "limits.json",
+                     "load_peak.json", "load_raw.json", "sharding.json"]  # fmt: skip

@@ -39,14 +39,25 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     assert "| metric | measured |" in (tmp_path / "report.md").read_text()
     # the load scenarios, the per-worker cost and every scaling curve ran, with its chart
     for name in ("load_peak", "load_raw", "load_sustained", "load_burst", "cost", "sharding",
-                 "limits"):  # fmt: skip
+                 "limits", "heartbeat"):  # fmt: skip
         assert json.loads((tmp_path / f"{name}.json").read_text()), name
     for name in ("load_peak", "load_sustained", "load_burst"):  # two generator processes
         scenario = json.loads((tmp_path / f"{name}.json").read_text())
         assert scenario["processes"] == 2 and scenario["errors"] == 0, scenario["error_kinds"]
+    # the burst ran above the peak it measured, and its recovery was timed
+    burst = json.loads((tmp_path / "load_burst.json").read_text())
+    peak = json.loads((tmp_path / "load_peak.json").read_text())
+    assert burst["burst_rate"] > peak["rps"] and "recover_s" in burst, burst
+    # per-call percentiles of the heartbeat and its raw reference; the era A/B ran
+    beat = json.loads((tmp_path / "heartbeat.json").read_text())
+    assert 0 < beat["raw_zadd_p50_ms"] <= beat["raw_zadd_p999_ms"], beat
+    era = next(r for r in doc["rows"] if r["metric"].startswith("era check cost"))
+    assert era["measured"] and era["ratio"], era
     moved = next(r for r in doc["rows"] if r["metric"].startswith("shards moved when the busiest"))
     assert 0 < moved["measured"] < 2.1, moved
     curves = json.loads((tmp_path / "curves.json").read_text())
     for name, curve in curves.items():
         assert len(curve["seconds"]) == len(curve["sizes"]) >= 2, name
         assert (tmp_path / f"curve_{name}.png").stat().st_size > 1000, name
+        assert curve["fit"].startswith("least squares"), name
+    assert (tmp_path / "curves.md").exists()
