@@ -16,10 +16,12 @@
 -- ARGV[5] = key TTL, ms  ARGV[6] = outcomes kept in the state HASH
 -- ARGV[7] = wake stream MAXLEN    ARGV[8] = watchers: arrivals 1..ARGV[8] block on streams
 -- ARGV[9] = release list TTL, ms (short: watchers leave their tokens unread)
+-- uses: lib/barrier_live.lua (live_arrived: the "live" check without a scan of the workers)
 -- returns {0, generation, index, now_us, outcome, wake_id, events_id}
 --   index: 1-based arrival order, 0 for a repeated arrival
 --   outcome: "" (wait) | "R <gen> <released_us> <first_us> <participants> <counter|->"
---            | "B\n<gen>\n<culprit>\n<reason>\n<expected>\n<arrived>\n<missing id>..."
+--            | "B\n<gen>\n<culprit>\n<reason>\n<expected>\n<arrived>\n<absent>\n<absent id>..."
+--              (absent: how many live workers had not arrived; the ids: up to 100 of them)
 --            | "F" (the generation finished; its outcome was trimmed)
 --   wake_id, events_id: stream ids a watcher reads after ("" for other arrivals)
 -- | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT
@@ -93,16 +95,10 @@ end
 
 local full
 if expected == 'live' then
-  -- every live worker has arrived; the count comparison keeps this O(1) until it can hold
-  full = n >= redis.call('ZCARD', KEYS[6])
-  if full then
-    for _, w in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-      if redis.call('SISMEMBER', KEYS[2], w) == 0 then
-        full = false
-        break
-      end
-    end
-  end
+  -- every live worker has arrived; the count comparison keeps this O(1) until it can hold,
+  -- then live_arrived reads the events since the opening, not every worker
+  local live = redis.call('ZCARD', KEYS[6])
+  full = n >= live and live_arrived(n) >= live
 else
   full = n >= tonumber(expected)
 end

@@ -13,6 +13,7 @@
 -- ARGV[4] = abort reason ARGV[5] = key TTL, ms   ARGV[6] = outcomes kept in the state HASH
 -- ARGV[7] = wake stream MAXLEN    ARGV[8] = at most this many membership events scanned
 -- ARGV[9] = release list TTL, ms
+-- uses: lib/barrier_live.lua (live_arrived, absent_ids: no scan of every worker)
 -- returns {0, outcome}: "" (still open) | "R ..." released | "B\n..." broken (formats as in
 --   arrive_barrier) | "F" finished, outcome trimmed | "G" no such generation (expired)
 -- | {1} NOT_REGISTERED (an abort by an unknown worker)
@@ -52,20 +53,17 @@ local function wake(outcome)
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
 
-local function missing()
-  local out = {}
-  for _, w in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-    if redis.call('SISMEMBER', KEYS[2], w) == 0 then out[#out + 1] = w end
-  end
-  return out
+-- live workers that have not arrived (O(events since the opening): lib/barrier_live.lua)
+local function absent_count(n)
+  return redis.call('ZCARD', KEYS[6]) - live_arrived(n)
 end
 
 -- the generation stays broken ('broken' = g: arrivals refused) until reset_barrier
 local function broke(culprit, reason)
   local n = redis.call('SCARD', KEYS[2])
-  local absent = missing()
+  local absent = absent_ids(100)
   local rec = 'B\n' .. g .. '\n' .. culprit .. '\n' .. reason .. '\n' .. (expected or '')
-    .. '\n' .. n
+    .. '\n' .. n .. '\n' .. math.max(absent_count(n), #absent)
   if #absent > 0 then rec = rec .. '\n' .. table.concat(absent, '\n') end
   redis.call('HSET', KEYS[1], 'r:' .. g, rec, 'broken', g)
   push('B ' .. g, n)
@@ -91,14 +89,15 @@ if #fails > 0 then
   for _, w in ipairs(fails) do
     if redis.call('SISMEMBER', KEYS[2], w) == 1 then return broke(w, 'failed') end
   end
-  if redis.call('SCARD', KEYS[2]) + #missing() < tonumber(expected) then
+  local n = redis.call('SCARD', KEYS[2])
+  if n + absent_count(n) < tonumber(expected) then
     return broke(fails[#fails], 'failed')
   end
 end
 
 local n = redis.call('SCARD', KEYS[2])
 -- every live worker has arrived; the count comparison keeps this O(1) until it can hold
-if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and #missing() == 0 then
+if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and absent_count(n) <= 0 then
   local counter = '-'
   if NKEYS >= 9 then counter = redis.call('INCR', KEYS[9]) end
   local t = redis.call('TIME')
@@ -114,7 +113,6 @@ if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and #missi
 end
 
 if action == 'timeout' then
-  local absent = missing()
-  return broke(absent[1] or '', 'timeout')
+  return broke(absent_ids(1)[1] or '', 'timeout')
 end
 return {S.OK, ''}

@@ -170,7 +170,7 @@ class BarrierTimeoutError(BarrierError):
     """The barrier did not release within the timeout.
 
     Attributes:
-        missing: ids of the live workers that had not arrived.
+        missing: ids of the live workers that had not arrived (up to 100 of them).
         missing_count: how many arrivals were missing (a count barrier may miss workers
             that are not registered yet, so this can exceed ``len(missing)``).
         generation: the barrier generation that timed out (pass it to ``reset``).

@@ -3,11 +3,13 @@
 Every script lives in ``lua/<name>.lua`` (the wheel carries them as ``strata_redis/lua``)
 and returns a table whose first element is a ``Status`` code: 0 for success, else a refusal
 that ``errors.from_status`` turns into its exception. Each script is loaded with the status
-prelude (``status.prelude()``) in front of its first line, so scripts name codes, not numbers.
+prelude (``status.prelude()``) in front of its first line, so scripts name codes, not numbers,
+and with the shared pieces of Lua it names (``lua/lib/``, one line each).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
@@ -23,6 +25,9 @@ from .status import Status, prelude
 
 #: one script call: (script name, keys, args)
 Call = tuple[str, Sequence[str], Sequence[Any]]
+
+#: a script's line naming a shared piece of Lua it needs
+USES = re.compile(r"^-- uses: lib/(\w+)\.lua", re.MULTILINE)
 
 
 def lua_dir() -> Path:
@@ -41,10 +46,22 @@ def sources() -> dict[str, str]:
 
 
 @cache
+def library(name: str) -> str:
+    """A shared piece of Lua (``lua/lib/<name>.lua``) as one line: comments dropped."""
+    text = (lua_dir() / "lib" / f"{name}.lua").read_text(encoding="utf-8")
+    lines = (line.strip() for line in text.splitlines())
+    return " ".join(line for line in lines if line and not line.startswith("--")) + " "
+
+
+@cache
 def compiled() -> dict[str, str]:
-    """Every script as Redis runs it: the status prelude, then the file (line numbers kept)."""
+    """Every script as Redis runs it: the status prelude and the shared pieces it names on a
+    ``-- uses: lib/<name>.lua`` line, then the file (all on its first line: line numbers kept)."""
     head = prelude()
-    return {name: head + src for name, src in sources().items()}
+    return {
+        name: head + "".join(library(lib) for lib in USES.findall(src)) + src
+        for name, src in sources().items()
+    }
 
 
 def check(reply: Sequence[Any], context: Context | Callable[[], Context]) -> list[Any]:

@@ -456,18 +456,22 @@ class Barrier:
         return Release(self.name, int(gen), int(participants), epoch, int(released), int(first))
 
     def _broken(self, outcome: str) -> BarrierError:
-        _, gen, culprit, reason, expected, arrived, *missing = outcome.split("\n")
+        _, gen, culprit, reason, expected, arrived, absent, *missing = outcome.split("\n")
         g, n = int(gen), int(arrived)
         where = f"barrier {self.name!r} of job {self.context.job_id!r} generation {g}"
+        # the record names up to 100 of the absent workers; their count is exact
+        names = f"{missing}"
+        if len(missing) < int(absent):
+            names = f"{int(absent)}, among them {missing}"
         if reason == "timeout":
             if expected == LIVE:
-                count = len(missing)
-                what = f"live workers {missing} did not arrive"
+                count = int(absent)
+                what = f"live workers {names} did not arrive"
             else:
-                count = max(int(expected) - n, len(missing))
+                count = max(int(expected) - n, int(absent))
                 what = (
                     f"{count} of {expected} arrivals missing; "
-                    f"live registered workers that did not arrive: {missing}"
+                    f"live registered workers that did not arrive: {names}"
                 )
             return BarrierTimeoutError(
                 f"{where} timed out: {what} (reset it to meet again)",
