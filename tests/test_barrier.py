@@ -17,9 +17,12 @@ import strata_redis
 from strata_redis.coordination.barrier import KEEP_OUTCOMES, Barrier
 from strata_redis.coordination.epochs import EPOCH_BARRIER
 
+from .conftest import decoding_client
 from .procs import CTX, join_all, kill9, spawn, wait_for
 
-JOB = "test-job"
+pytestmark = pytest.mark.both_backends  # conftest: on one redis-server and on a Redis Cluster
+
+JOB = "test-job"  # the job_id fixture's name for this module's job
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
@@ -42,10 +45,12 @@ def blocked_clients(raw: redis.Redis) -> int:
 # -- processes ------------------------------------------------------------------------------
 
 
-def rounds_participant(url: str, index: int, n: int, rounds: int, out: Queue[Any]) -> None:
+def rounds_participant(
+    url: str, job_id: str, index: int, n: int, rounds: int, out: Queue[Any]
+) -> None:
     """Meet the others ``rounds`` times; before each arrival, leave a marker for the round."""
-    client = redis.Redis.from_url(url, decode_responses=True)
-    job = strata_redis.connect(url, JOB, heartbeat_timeout=20.0)
+    client = decoding_client(url)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=20.0)
     worker_id = f"w{index:02d}"
     job.register_worker(worker_id, heartbeat_interval=1.0)
     barrier = job.barrier("rounds", expected=n)
@@ -62,9 +67,15 @@ def rounds_participant(url: str, index: int, n: int, rounds: int, out: Queue[Any
 
 
 def timeout_waiter(
-    url: str, worker_id: str, expected: int | str, timeout: float, live: int, out: Queue[Any]
+    url: str,
+    job_id: str,
+    worker_id: str,
+    expected: int | str,
+    timeout: float,
+    live: int,
+    out: Queue[Any],
 ) -> None:
-    job = strata_redis.connect(url, JOB, heartbeat_timeout=2.0)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=2.0)
     job.register_worker(worker_id, heartbeat_interval=0.2)
     # processes start at different times: arrive once every participant is registered
     wait_for(lambda: len(job.live_workers()) >= live, 60, step=0.05)
@@ -76,18 +87,18 @@ def timeout_waiter(
         out.put((worker_id, describe(exc), time.monotonic() - started))
 
 
-def idle_worker(url: str, worker_id: str) -> None:
+def idle_worker(url: str, job_id: str, worker_id: str) -> None:
     """Register and heartbeat, never arrive anywhere (killed by the test)."""
-    job = strata_redis.connect(url, JOB, heartbeat_timeout=2.0)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=2.0)
     job.register_worker(worker_id, heartbeat_interval=0.2)
     time.sleep(60)
 
 
 def surviving_waiter(
-    url: str, worker_id: str, expected: int | str, after: int | str, out: Queue[Any]
+    url: str, job_id: str, worker_id: str, expected: int | str, after: int | str, out: Queue[Any]
 ) -> None:
     """Wait; on a broken barrier, reset it and meet the other survivors (``after``)."""
-    job = strata_redis.connect(url, JOB, heartbeat_timeout=2.0)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=2.0)
     job.register_worker(worker_id, heartbeat_interval=0.2)
     # with expected="live", whoever is registered when the last of them arrives is "every
     # live worker": arrive once all four are
@@ -104,9 +115,11 @@ def surviving_waiter(
     out.put((worker_id, broken, broken_at, (release.generation, release.participants)))
 
 
-def epoch_participant(url: str, index: int, n: int, rounds: int, out: Queue[Any]) -> None:
+def epoch_participant(
+    url: str, job_id: str, index: int, n: int, rounds: int, out: Queue[Any]
+) -> None:
     """Advance the epoch ``rounds`` times; some calls lose their reply and are retried."""
-    job = strata_redis.connect(url, JOB, heartbeat_timeout=20.0)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=20.0)
     worker_id = f"e{index:02d}"
     job.register_worker(worker_id, heartbeat_interval=1.0)
     # an epoch is a barrier over the *live* workers: start once all n are registered
@@ -144,10 +157,10 @@ def epoch_participant(url: str, index: int, n: int, rounds: int, out: Queue[Any]
 
 
 @pytest.mark.slow
-def test_fifty_processes_twenty_rounds(redis_url: str) -> None:
+def test_fifty_processes_twenty_rounds(redis_url: str, job_id: str) -> None:
     n, rounds = 50, 20
     out: Queue[Any] = CTX.Queue()
-    procs = [spawn(rounds_participant, redis_url, i, n, rounds, out) for i in range(n)]
+    procs = [spawn(rounds_participant, redis_url, job_id, i, n, rounds, out) for i in range(n)]
     logs = dict(out.get(timeout=150) for _ in range(n))
     assert join_all(procs) == [0] * n
     first = logs["w00"][0][1]
@@ -160,20 +173,20 @@ def test_fifty_processes_twenty_rounds(redis_url: str) -> None:
         # nobody left early: every marker was there, and every leave followed every arrival
         assert {row[3] for row in rows} == {n}
         assert max(row[4] for row in rows) <= min(row[5] for row in rows)
-    latencies = strata_redis.connect(redis_url, JOB).barrier_latencies()
+    latencies = strata_redis.connect(redis_url, job_id).barrier_latencies()
     # each release is recorded once; records of different processes may land out of order
     assert sorted(x.generation for x in latencies) == [first + r for r in range(rounds)]
     assert all(x.participants == n and x.release_ms >= 0 for x in latencies)
 
 
 @pytest.mark.parametrize("expected", [4, "live"])
-def test_barrier_timeout(redis_url: str, expected: int | str) -> None:
+def test_barrier_timeout(redis_url: str, job_id: str, expected: int | str) -> None:
     timeout = 2.0
-    job = strata_redis.connect(redis_url, JOB, heartbeat_timeout=2.0)
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=2.0)
     absent = job.register_worker("absent", heartbeat_interval=0.2)  # live, never arrives
     out: Queue[Any] = CTX.Queue()
     ids = ["w0", "w1", "w2"]
-    procs = [spawn(timeout_waiter, redis_url, w, expected, timeout, 4, out) for w in ids]
+    procs = [spawn(timeout_waiter, redis_url, job_id, w, expected, timeout, 4, out) for w in ids]
     results = [out.get(timeout=60) for _ in ids]
     assert join_all(procs) == [0] * 3
     absent.stop_heartbeat()
@@ -189,14 +202,14 @@ def test_barrier_timeout(redis_url: str, expected: int | str) -> None:
 
 @pytest.mark.parametrize(("expected", "after"), [("live", "live"), (4, 3)])
 def test_killed_participant_breaks_barrier_and_survivors_reset(
-    redis_url: str, expected: int | str, after: int | str
+    redis_url: str, job_id: str, expected: int | str, after: int | str
 ) -> None:
     heartbeat_timeout = 2.0
-    job = strata_redis.connect(redis_url, JOB, heartbeat_timeout=heartbeat_timeout)
-    victim = spawn(idle_worker, redis_url, "victim")
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=heartbeat_timeout)
+    victim = spawn(idle_worker, redis_url, job_id, "victim")
     out: Queue[Any] = CTX.Queue()
     ids = ["s0", "s1", "s2"]
-    procs = [spawn(surviving_waiter, redis_url, w, expected, after, out) for w in ids]
+    procs = [spawn(surviving_waiter, redis_url, job_id, w, expected, after, out) for w in ids]
     barrier = job.barrier("kill", expected=expected)
     wait_for(lambda: barrier.state().arrived == ids and "victim" in job.live_workers(), 60)
     killed_at = time.time()
@@ -254,7 +267,7 @@ def test_duplicate_arrival_counted_once(
     job: strata_redis.Job, raw: redis.Redis, register: Callable[[str], Any]
 ) -> None:
     # a second handle: its calls are not retries of the first handle's
-    two = strata_redis.connect(job.client, JOB, heartbeat_timeout=2.0)
+    two = strata_redis.connect(job.client, job.job_id, heartbeat_timeout=2.0)
     register("a")
     register("b")
     results: queue.Queue[Any] = queue.Queue()
@@ -416,9 +429,11 @@ def test_live_barrier_released_by_a_graceful_leave(
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
-def test_watchers_read_streams_over_resp2_and_resp3(redis_url: str, protocol: int) -> None:
-    client = redis.Redis.from_url(redis_url, decode_responses=True, protocol=protocol)
-    job = strata_redis.connect(client, JOB, heartbeat_timeout=2.0)
+def test_watchers_read_streams_over_resp2_and_resp3(
+    redis_url: str, job_id: str, protocol: int
+) -> None:
+    client = decoding_client(redis_url, protocol=protocol)
+    job = strata_redis.connect(client, job_id, heartbeat_timeout=2.0)
     workers = [job.register_worker(w, heartbeat_interval=0.2) for w in ("a", "b", "leaver")]
     results: queue.Queue[Any] = queue.Queue()
     # "a" and "b" are the generation's watchers: they block on the wake and events streams
@@ -464,7 +479,7 @@ def test_advance_epoch_twenty_processes_repeated_and_retried(
     n, rounds = 20, 6
     assert job.current_epoch() == 0
     out: Queue[Any] = CTX.Queue()
-    procs = [spawn(epoch_participant, redis_url, i, n, rounds, out) for i in range(n)]
+    procs = [spawn(epoch_participant, redis_url, job.job_id, i, n, rounds, out) for i in range(n)]
     results = [out.get(timeout=150) for _ in range(n)]
     assert join_all(procs) == [0] * n
     for worker_id, epochs, _ in results:

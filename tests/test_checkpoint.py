@@ -36,20 +36,22 @@ from strata_redis.storage.base import TMP_PREFIX
 
 from .procs import join_all, kill9, spawn, wait_for
 
-JOB = "ckpt-job"
+pytestmark = pytest.mark.both_backends  # conftest: on one redis-server and on a Redis Cluster
+
+JOB = "ckpt-job"  # the job_id fixture's name for this module's job
 MiB = 1024 * 1024
 
 Factory = Callable[..., CheckpointManager]
 
 
 @pytest.fixture
-def manager(redis_url: str, tmp_path: Path) -> Iterator[Factory]:
+def manager(redis_url: str, job_id: str, tmp_path: Path) -> Iterator[Factory]:
     """CheckpointManagers on the test Redis, local storage in tmp_path by default; closed after."""
     made: list[CheckpointManager] = []
 
     def make(path: Any = None, **kwargs: Any) -> CheckpointManager:
         kwargs.setdefault("redis", redis_url)
-        kwargs.setdefault("job_id", JOB)
+        kwargs.setdefault("job_id", job_id)
         ckpt = CheckpointManager(tmp_path / "store" if path is None else path, **kwargs)
         made.append(ckpt)
         return ckpt
@@ -59,7 +61,7 @@ def manager(redis_url: str, tmp_path: Path) -> Iterator[Factory]:
         ckpt.close()
 
 
-def step_path(root: Path, step: int, job: str = JOB) -> Path:
+def step_path(root: Path, step: int, job: str) -> Path:
     return root / job / "checkpoints" / f"step_{step}"
 
 
@@ -110,18 +112,18 @@ def test_seed_example_s3(redis_url: str, s3_endpoint: str, monkeypatch: pytest.M
     admin.close()
 
 
-def test_metadata_lists_sizes_and_checksums(manager: Factory, tmp_path: Path) -> None:
+def test_metadata_lists_sizes_and_checksums(manager: Factory, job_id: str, tmp_path: Path) -> None:
     ckpt = manager()
     parts = {"model.bin": part(1), "optim/adam.bin": part(2, size=10)}
     info = ckpt.save(parts, step=7, epoch=1).result(timeout=30)
-    doc = orjson.loads((step_path(tmp_path / "store", 7) / "metadata.json").read_bytes())
+    doc = orjson.loads((step_path(tmp_path / "store", 7, job_id) / "metadata.json").read_bytes())
     assert doc["step"] == 7 and doc["epoch"] == 1 and doc["world_size"] == 1
-    assert doc["job_id"] == JOB and doc["workers"] == {"0": ckpt.worker_id}
+    assert doc["job_id"] == job_id and doc["workers"] == {"0": ckpt.worker_id}
     for name, data in parts.items():
         entry = doc["files"][name]
         assert entry["size"] == len(data)
         assert entry["checksum"] == f"crc32:{zlib.crc32(data):08x}"
-        assert (step_path(tmp_path / "store", 7) / name).read_bytes() == data
+        assert (step_path(tmp_path / "store", 7, job_id) / name).read_bytes() == data
         assert ckpt.load(name=name) == data
     assert set(info.files) == set(parts)
 
@@ -179,7 +181,7 @@ def test_at_most_max_in_flight_saves_then_save_waits_for_room(
 
 
 def test_a_long_upload_is_logged_while_it_runs(
-    manager: Factory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    manager: Factory, job_id: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     storage = GatedStorage(tmp_path / "gated")
     ckpt = manager(storage, progress_interval=0.2)
@@ -190,8 +192,8 @@ def test_a_long_upload_is_logged_while_it_runs(
             time.sleep(0.05)
         storage.gate.set()
         future.result(timeout=30)
-    assert "checkpoint step 1 of job 'ckpt-job' still uploading after" in caplog.text
-    assert "checkpoint step 1 of job 'ckpt-job' committed: 1 files" in caplog.text
+    assert f"checkpoint step 1 of job '{job_id}' still uploading after" in caplog.text
+    assert f"checkpoint step 1 of job '{job_id}' committed: 1 files" in caplog.text
 
 
 def test_every_save_is_recorded(manager: Factory) -> None:
@@ -241,12 +243,14 @@ def test_memory_stays_flat_over_200_saves_of_64_mib(manager: Factory, tmp_path: 
 # -- all or nothing ------------------------------------------------------------------------------
 
 
-def test_ranks_commit_together_with_exactly_one_leader(manager: Factory, tmp_path: Path) -> None:
+def test_ranks_commit_together_with_exactly_one_leader(
+    manager: Factory, job_id: str, tmp_path: Path
+) -> None:
     ranks = [manager(world_size=3, rank=r, worker_id=f"w{r}") for r in range(3)]
     futures = [ranks[r].save(part(1, r), step=1, epoch=0) for r in (0, 1)]
     time.sleep(0.3)
     assert not any(f.done() for f in futures), "no commit before every rank acked"
-    assert not (step_path(tmp_path / "store", 1) / "metadata.json").exists()
+    assert not (step_path(tmp_path / "store", 1, job_id) / "metadata.json").exists()
     futures.append(ranks[2].save(part(1, 2), step=1, epoch=0))
     infos = [f.result(timeout=30) for f in futures]
     assert infos[0] == infos[1] == infos[2]
@@ -258,7 +262,7 @@ def test_ranks_commit_together_with_exactly_one_leader(manager: Factory, tmp_pat
 
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_failed_upload_aborts_the_step_and_the_others_are_told_at_once(
-    backend: str, manager: Factory, tmp_path: Path, request: pytest.FixtureRequest
+    backend: str, manager: Factory, job_id: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     good = manager(world_size=2, rank=0, worker_id="good", commit_timeout=120)
     if backend == "local":
@@ -279,7 +283,7 @@ def test_failed_upload_aborts_the_step_and_the_others_are_told_at_once(
         waiting.result(timeout=30)
     assert time.monotonic() - start < 10, "the waiting rank must not wait for its timeout"
     assert good.list() == [] and good.latest() is None
-    assert not (step_path(tmp_path / "store", 1) / "metadata.json").exists()
+    assert not (step_path(tmp_path / "store", 1, job_id) / "metadata.json").exists()
     with pytest.raises(CheckpointNotFoundError):
         good.load()
     assert [r.outcome for r in good.records()] == ["uploaded", "aborted"]
@@ -314,19 +318,19 @@ def test_a_registered_rank_declared_failed_aborts_the_step(
 # -- crashes: a worker killed mid-upload ---------------------------------------------------------
 
 
-def save_then_die_mid_upload(url: str, root: str, big_mb: int) -> None:
+def save_then_die_mid_upload(url: str, job_id: str, root: str, big_mb: int) -> None:
     """Commit step 1, then save step 2 with a big second part (the parent kills us in it)."""
-    ckpt = CheckpointManager(root, keep_count=5, redis=url, job_id=JOB, worker_id="doomed")
+    ckpt = CheckpointManager(root, keep_count=5, redis=url, job_id=job_id, worker_id="doomed")
     ckpt.save(part(1), step=1).result(timeout=60)
     ckpt.save({"model.bin": part(2), "optim.bin": bytes(big_mb * MiB)}, step=2).result()
 
 
 def test_worker_killed_mid_upload_never_shows_its_step(
-    manager: Factory, redis_url: str, tmp_path: Path
+    manager: Factory, redis_url: str, job_id: str, tmp_path: Path
 ) -> None:
     root = tmp_path / "store"
-    proc = spawn(save_then_die_mid_upload, redis_url, str(root), 512)
-    step2 = step_path(root, 2)
+    proc = spawn(save_then_die_mid_upload, redis_url, job_id, str(root), 512)
+    step2 = step_path(root, 2, job_id)
     deadline = time.monotonic() + 60
     # model.bin (small) is in place and optim.bin (512 MiB) is being written
     while not (
@@ -361,12 +365,12 @@ def test_worker_killed_mid_upload_never_shows_its_step(
 
 
 def test_corrupt_byte_is_skipped_for_the_previous_valid_step(
-    manager: Factory, tmp_path: Path
+    manager: Factory, job_id: str, tmp_path: Path
 ) -> None:
     ckpt = manager()
     for step in (1, 2):
         ckpt.save(part(step), step=step).result(timeout=30)
-    model = step_path(tmp_path / "store", 2) / "model.bin"
+    model = step_path(tmp_path / "store", 2, job_id) / "model.bin"
     raw = bytearray(model.read_bytes())
     raw[1234] ^= 0x01
     model.write_bytes(bytes(raw))
@@ -376,7 +380,7 @@ def test_corrupt_byte_is_skipped_for_the_previous_valid_step(
     with pytest.raises(CheckpointError, match=r"step 2 .*does not verify"):
         ckpt.verify(2)
     # and when no step is valid: a clear error, never bad bytes
-    (step_path(tmp_path / "store", 1) / "model.bin").write_bytes(part(1)[:-1])
+    (step_path(tmp_path / "store", 1, job_id) / "model.bin").write_bytes(part(1)[:-1])
     with (
         pytest.warns(CheckpointSkippedWarning, match="step 1 skipped: model.bin: 4095 bytes"),
         pytest.warns(CheckpointSkippedWarning, match="step 2 skipped"),
@@ -385,13 +389,15 @@ def test_corrupt_byte_is_skipped_for_the_previous_valid_step(
         ckpt.load()
 
 
-def test_partial_and_half_deleted_steps_are_skipped(manager: Factory, tmp_path: Path) -> None:
+def test_partial_and_half_deleted_steps_are_skipped(
+    manager: Factory, job_id: str, tmp_path: Path
+) -> None:
     ckpt = manager()
     for step in (1, 2, 3):
         ckpt.save(part(step), step=step).result(timeout=30)
     root = tmp_path / "store"
-    (step_path(root, 3) / "metadata.json").unlink()  # as retention leaves it half-way
-    (step_path(root, 2) / "model.bin").unlink()
+    (step_path(root, 3, job_id) / "metadata.json").unlink()  # as retention leaves it half-way
+    (step_path(root, 2, job_id) / "model.bin").unlink()
     with pytest.warns(CheckpointSkippedWarning) as caught:
         assert ckpt.load() == part(1)
         latest = ckpt.latest()
@@ -401,7 +407,7 @@ def test_partial_and_half_deleted_steps_are_skipped(manager: Factory, tmp_path: 
 
 
 def test_redis_losing_its_metadata_loads_from_storage_alone(
-    manager: Factory, raw: redis.Redis
+    manager: Factory, job_id: str, raw: redis.Redis
 ) -> None:
     ckpt = manager(keep_count=5)
     for step in (1, 2, 3):
@@ -410,15 +416,16 @@ def test_redis_losing_its_metadata_loads_from_storage_alone(
     assert ckpt.load() == part(3)  # from storage: Redis has no index
     fresh = manager(keep_count=5)
     assert [i.step for i in fresh.list()] == [3, 2, 1]  # index rebuilt from metadata.json
-    assert raw.zrange(f"strata:{{{JOB}}}:checkpoints", 0, -1) == ["1", "2", "3"]
+    assert raw.zrange(f"strata:{{{job_id}}}:checkpoints", 0, -1) == ["1", "2", "3"]
     fresh.save(part(4), step=4).result(timeout=30)
     with pytest.raises(ValueError, match="step must go forward"):
         fresh.save(part(3), step=3)
-    raw.delete(f"strata:{{{JOB}}}:checkpoints")  # a partial loss: the marker survived
+    raw.delete(f"strata:{{{job_id}}}:checkpoints")  # a partial loss: the marker survived
     assert fresh.load() == part(4)
     assert fresh.rebuild_index() == [4, 3, 2, 1]
 
 
+@pytest.mark.single_only("kills and restarts its own redis-server (redis_factory)")
 def test_redis_killed_with_aof_keeps_every_committed_checkpoint(
     redis_factory: Callable[..., RedisServer], tmp_path: Path
 ) -> None:
@@ -441,33 +448,33 @@ def test_redis_killed_with_aof_keeps_every_committed_checkpoint(
 
 
 def test_retention_keeps_the_newest_and_touches_only_this_job(
-    manager: Factory, tmp_path: Path
+    manager: Factory, job_id: str, tmp_path: Path
 ) -> None:
     root = tmp_path / "store"
     other = LocalStorage(root)
     other.write("other-job/checkpoints/step_1/model.bin", b"theirs")
     other.write("other-job/checkpoints/step_1/metadata.json", b"{}")
-    other.write(f"{JOB}/notes.txt", b"mine, not a step")
-    other.write(f"{JOB}/checkpoints/step_x/model.bin", b"not a step either")
+    other.write(f"{job_id}/notes.txt", b"mine, not a step")
+    other.write(f"{job_id}/checkpoints/step_x/model.bin", b"not a step either")
     ckpt = manager(keep_count=2)
     for step in range(1, 6):
         ckpt.save(part(step), step=step).result(timeout=30)
     ckpt.wait(30)
-    steps = sorted(p.name for p in (root / JOB / "checkpoints").iterdir())
+    steps = sorted(p.name for p in (root / job_id / "checkpoints").iterdir())
     assert steps == ["step_4", "step_5", "step_x"]
     assert [i.step for i in ckpt.list()] == [5, 4]
     assert other.read("other-job/checkpoints/step_1/model.bin") == b"theirs"
-    assert other.read(f"{JOB}/notes.txt") == b"mine, not a step"
+    assert other.read(f"{job_id}/notes.txt") == b"mine, not a step"
     one = manager(keep_count=1, job_id="solo")
     one.save(part(1), step=1).result(timeout=30)
     one.wait(30)
     assert [i.step for i in one.list()] == [1], "the newest committed step is never deleted"
 
 
-def rank_saver(url: str, root: str, rank: int, steps: int) -> None:
+def rank_saver(url: str, job_id: str, root: str, rank: int, steps: int) -> None:
     """One of 4 ranks: save its part of every step, overlapping saves, then close."""
     ckpt = CheckpointManager(
-        root, keep_count=3, redis=url, job_id=JOB, worker_id=f"rank-{rank}", rank=rank,
+        root, keep_count=3, redis=url, job_id=job_id, worker_id=f"rank-{rank}", rank=rank,
         world_size=4, commit_timeout=60,
     )  # fmt: skip
     futures = [ckpt.save(part(s, rank), step=s, epoch=s // 5) for s in range(1, steps + 1)]
@@ -477,14 +484,14 @@ def rank_saver(url: str, root: str, rank: int, steps: int) -> None:
 
 
 def test_four_processes_twenty_steps_keep_the_three_newest(
-    manager: Factory, redis_url: str, tmp_path: Path
+    manager: Factory, redis_url: str, job_id: str, tmp_path: Path
 ) -> None:
     root = tmp_path / "store"
-    procs = [spawn(rank_saver, redis_url, str(root), rank, 20) for rank in range(4)]
+    procs = [spawn(rank_saver, redis_url, job_id, str(root), rank, 20) for rank in range(4)]
     assert join_all(procs, timeout=120) == [0, 0, 0, 0]
     reader = manager()
     reader.prune()  # every rank closed after its last retention pass; this one must be idle
-    assert sorted(p.name for p in (root / JOB / "checkpoints").iterdir()) == [
+    assert sorted(p.name for p in (root / job_id / "checkpoints").iterdir()) == [
         "step_18", "step_19", "step_20",
     ]  # fmt: skip
     assert [i.step for i in reader.list()] == [20, 19, 18]
@@ -500,7 +507,7 @@ def test_four_processes_twenty_steps_keep_the_three_newest(
 # -- bad input -----------------------------------------------------------------------------------
 
 
-def test_bad_input_is_refused_clearly(manager: Factory, tmp_path: Path) -> None:
+def test_bad_input_is_refused_clearly(manager: Factory, job_id: str, tmp_path: Path) -> None:
     ckpt = manager()
     ok = part(1)
     cases: list[tuple[Callable[[], Any], type[Exception], str]] = [
@@ -543,7 +550,7 @@ def test_bad_input_is_refused_clearly(manager: Factory, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'nope.bin' is not a part .* parts: \['model.bin'\]"):
         ckpt.load(name="nope.bin")
     other = manager(worker_id="another")  # another manager of the same job
-    with pytest.raises(ValueError, match="job 'ckpt-job' already committed step 5"):
+    with pytest.raises(ValueError, match=f"job '{job_id}' already committed step 5"):
         other.save(ok, step=3)
     assert ckpt.load() == ok and [i.step for i in ckpt.list()] == [5], "nothing corrupted"
     ckpt.close()

@@ -13,8 +13,12 @@ import redis
 import strata_redis
 from strata_redis import ShardManager
 
+from .conftest import decoding_client
 from .procs import join_all, kill9, spawn
 
+pytestmark = pytest.mark.both_backends  # conftest: on one redis-server and on a Redis Cluster
+
+JOB = "lease-job"  # the job_id fixture's name for this module's job
 DONE_LOG = "test:completions"
 #: generous: 20 interpreters starting at once on two cores must not be declared failed (the
 #: killed workers' shards come back through their leases' 1 s ttl, not through the reaper)
@@ -24,11 +28,13 @@ HEARTBEAT_TIMEOUT = 5.0  # processes append "<shard> <worker> <token>" per recor
 # -- processes ------------------------------------------------------------------------------
 
 
-def drainer(url: str, worker_id: str, dataset: str, epoch: int, work_s: float, limit: int) -> None:
+def drainer(
+    url: str, job_id: str, worker_id: str, dataset: str, epoch: int, work_s: float, limit: int
+) -> None:
     """Register, wait for the go signal, drain the epoch through leases (at most ``limit``)."""
-    job = strata_redis.connect(url, "lease-job", heartbeat_timeout=HEARTBEAT_TIMEOUT)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=HEARTBEAT_TIMEOUT)
     job.register_worker(worker_id, heartbeat_interval=0.2)
-    log = redis.Redis.from_url(url, decode_responses=True)
+    log = decoding_client(url)
     log.blpop(["test:go"], timeout=60)
     for done, lease in enumerate(job.leases(dataset, epoch, worker_id, ttl=1.0), start=1):
         time.sleep(work_s)
@@ -39,11 +45,11 @@ def drainer(url: str, worker_id: str, dataset: str, epoch: int, work_s: float, l
 
 
 def run_drainers(
-    url: str, ids: list[str], dataset: str, work_s: float, limit: int = 10**9
+    url: str, job_id: str, ids: list[str], dataset: str, work_s: float, limit: int = 10**9
 ) -> list[Any]:
-    client = redis.Redis.from_url(url, decode_responses=True)
-    job = strata_redis.connect(url, "lease-job", heartbeat_timeout=HEARTBEAT_TIMEOUT)
-    procs = [spawn(drainer, url, wid, dataset, 0, work_s, limit) for wid in ids]
+    client = decoding_client(url)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=HEARTBEAT_TIMEOUT)
+    procs = [spawn(drainer, url, job_id, wid, dataset, 0, work_s, limit) for wid in ids]
     deadline = time.monotonic() + 120
     while len(set(ids) & set(job.live_workers())) < len(ids):
         assert time.monotonic() < deadline, "drainers did not register"
@@ -64,7 +70,7 @@ def check_exactly_once(
     A killed worker may have recorded a shard and died before reporting it: such a shard is
     in the record, under that worker, and in nobody's report.
     """
-    client = redis.Redis.from_url(url, decode_responses=True)
+    client = decoding_client(url)
     leases = manager.job.leases(dataset, 0, "checker")
     record = leases.completions()
     assert sorted(record) == list(range(num_shards)), "every shard completed, none skipped"
@@ -78,8 +84,8 @@ def check_exactly_once(
 
 
 @pytest.fixture
-def manager(redis_url: str) -> ShardManager:
-    return ShardManager(redis_url, job_id="lease-job", heartbeat_timeout=HEARTBEAT_TIMEOUT)
+def manager(redis_url: str, job_id: str) -> ShardManager:
+    return ShardManager(redis_url, job_id=job_id, heartbeat_timeout=HEARTBEAT_TIMEOUT)
 
 
 # -- multi-process ----------------------------------------------------------------------------
@@ -88,7 +94,7 @@ def manager(redis_url: str) -> ShardManager:
 def test_twenty_processes_drain_one_epoch_with_kills(redis_url: str, manager: ShardManager) -> None:
     manager.register_dataset_params("ds", 3000, 10, True, 7)  # 300 shards
     ids = [f"w{i:02d}" for i in range(20)]
-    procs = run_drainers(redis_url, ids, "ds", work_s=0.03)
+    procs = run_drainers(redis_url, manager.job.job_id, ids, "ds", work_s=0.03)
     time.sleep(0.4)
     victims = random.Random(1).sample(range(20), 4)
     for i in victims:
@@ -104,12 +110,13 @@ def test_restart_mid_epoch_with_a_different_worker_count(
     redis_url: str, manager: ShardManager
 ) -> None:
     manager.register_dataset_params("ds", 1200, 10, False, 0)  # 120 shards
-    first = run_drainers(redis_url, ["a0", "a1", "a2"], "ds", work_s=0.01, limit=15)
+    job_id = manager.job.job_id
+    first = run_drainers(redis_url, job_id, ["a0", "a1", "a2"], "ds", work_s=0.01, limit=15)
     join_all(first)
     progress = manager.job.leases("ds", 0, "x").progress()
     assert progress.done == 45 and not progress.finished
     # The whole job goes away (its workers leave), then 5 new workers resume the epoch.
-    second = run_drainers(redis_url, [f"b{i}" for i in range(5)], "ds", work_s=0.01)
+    second = run_drainers(redis_url, job_id, [f"b{i}" for i in range(5)], "ds", work_s=0.01)
     assert join_all(second) == [0] * 5
     check_exactly_once(redis_url, manager, "ds", 120)
 
@@ -326,7 +333,7 @@ def test_register_dataset_like_the_seeds(job: strata_redis.Job, raw: redis.Redis
     sm.register_dataset_params("imagenet-1k", 1281167, 5000, True, 42, replace=True)
     assert sm.get_dataset("imagenet-1k").num_shards == 257
     assert [d.name for d in sm.list_datasets()] == ["imagenet-1k"]
-    assert raw.hkeys("strata:{test-job}:datasets") == ["imagenet-1k"]
+    assert raw.hkeys(f"strata:{{{job.job_id}}}:datasets") == ["imagenet-1k"]
     assert sm.delete_dataset("imagenet-1k") and not sm.delete_dataset("imagenet-1k")
     with pytest.raises(strata_redis.DatasetNotFoundError, match="imagenet-1k"):
         sm.get_dataset("imagenet-1k")

@@ -15,11 +15,19 @@ from strata_redis.server import RedisServer
 
 from .procs import CTX, join_all, kill9, spawn, wait_for
 
+pytestmark = pytest.mark.both_backends  # conftest: on one redis-server and on a Redis Cluster
+
 # -- processes ------------------------------------------------------------------------------
 
 
 def heartbeating_worker(
-    url: str, worker_id: str, interval: float, timeout: float, skew: float, ready: Queue[Any]
+    url: str,
+    job_id: str,
+    worker_id: str,
+    interval: float,
+    timeout: float,
+    skew: float,
+    ready: Queue[Any],
 ) -> None:
     """Register, heartbeat from the background thread, live until killed (or 30 s)."""
     if skew:
@@ -27,7 +35,7 @@ def heartbeating_worker(
         real_time, real_time_ns = time.time, time.time_ns
         time.time = lambda: real_time() + skew  # type: ignore[assignment]
         time.time_ns = lambda: real_time_ns() + int(skew * 1e9)  # type: ignore[assignment]
-    job = strata_redis.connect(url, "test-job", heartbeat_timeout=timeout)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=timeout)
     worker = job.register_worker(worker_id, heartbeat_interval=interval)
     worker.set_status("training")
     ready.put(worker_id)
@@ -36,9 +44,9 @@ def heartbeating_worker(
         time.sleep(0.05)
 
 
-def reaper(url: str, start_at: float, out: Queue[Any]) -> None:
+def reaper(url: str, job_id: str, start_at: float, out: Queue[Any]) -> None:
     """Run the reaper step at (about) the same instant as the other reapers."""
-    job = strata_redis.connect(url, "test-job", heartbeat_timeout=0.5)
+    job = strata_redis.connect(url, job_id, heartbeat_timeout=0.5)
     time.sleep(max(0.0, start_at - time.time()))
     out.put(job.reap())
 
@@ -120,7 +128,7 @@ def test_live_id_refused_unless_replace(job: strata_redis.Job) -> None:
     old = job.register_worker("w", heartbeat_interval=None)
     with pytest.raises(strata_redis.WorkerExistsError, match="replace=True") as info:
         job.register_worker("w", heartbeat_interval=None)
-    assert info.value.worker_id == "w" and info.value.job_id == "test-job"
+    assert info.value.worker_id == "w" and info.value.job_id == job.job_id
     new = job.register_worker("w", replace=True, heartbeat_interval=None)
     assert new.incarnation > old.incarnation
     with pytest.raises(strata_redis.WorkerReplacedError):
@@ -159,12 +167,12 @@ def test_heartbeat_thread_reports_loss(job: strata_redis.Job) -> None:
 # -- failure detection with real processes ---------------------------------------------------
 
 
-def test_sigkilled_worker_declared_failed_within_timeout(redis_url: str) -> None:
+def test_sigkilled_worker_declared_failed_within_timeout(redis_url: str, job_id: str) -> None:
     timeout, interval = 1.0, 0.2
-    job = strata_redis.connect(redis_url, "test-job", heartbeat_timeout=timeout)
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=timeout)
     ready: Queue[Any] = CTX.Queue()
     procs = [
-        spawn(heartbeating_worker, redis_url, f"w{i}", interval, timeout, 0.0, ready)
+        spawn(heartbeating_worker, redis_url, job_id, f"w{i}", interval, timeout, 0.0, ready)
         for i in range(3)
     ]
     for _ in procs:
@@ -181,11 +189,13 @@ def test_sigkilled_worker_declared_failed_within_timeout(redis_url: str) -> None
 
 
 @pytest.mark.parametrize("skew", [3600.0, -3600.0])
-def test_skewed_client_clock_is_not_declared_failed(redis_url: str, skew: float) -> None:
+def test_skewed_client_clock_is_not_declared_failed(
+    redis_url: str, job_id: str, skew: float
+) -> None:
     timeout = 1.0
-    job = strata_redis.connect(redis_url, "test-job", heartbeat_timeout=timeout)
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=timeout)
     ready: Queue[Any] = CTX.Queue()
-    proc = spawn(heartbeating_worker, redis_url, "skewed", 0.2, timeout, skew, ready)
+    proc = spawn(heartbeating_worker, redis_url, job_id, "skewed", 0.2, timeout, skew, ready)
     ready.get(timeout=60)
     deadline = time.monotonic() + 3 * timeout
     while time.monotonic() < deadline:
@@ -195,8 +205,8 @@ def test_skewed_client_clock_is_not_declared_failed(redis_url: str, skew: float)
     kill9(proc)
 
 
-def test_twenty_concurrent_reapers_record_each_failure_once(redis_url: str) -> None:
-    job = strata_redis.connect(redis_url, "test-job", heartbeat_timeout=0.5)
+def test_twenty_concurrent_reapers_record_each_failure_once(redis_url: str, job_id: str) -> None:
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=0.5)
     ids = [f"w{i:02d}" for i in range(10)]
     for wid in ids:
         job.register_worker(wid, heartbeat_interval=None)
@@ -204,7 +214,7 @@ def test_twenty_concurrent_reapers_record_each_failure_once(redis_url: str) -> N
     time.sleep(0.6)  # every heartbeat is now stale
     out: Queue[Any] = CTX.Queue()
     start_at = time.time() + 3.0  # processes take a while to spawn; start them together
-    procs = [spawn(reaper, redis_url, start_at, out) for _ in range(20)]
+    procs = [spawn(reaper, redis_url, job_id, start_at, out) for _ in range(20)]
     reaped = [out.get(timeout=60) for _ in procs]
     assert join_all(procs) == [0] * 20
     flat = [wid for batch in reaped for wid in batch]
@@ -218,6 +228,7 @@ def test_twenty_concurrent_reapers_record_each_failure_once(redis_url: str) -> N
 # -- Redis faults ----------------------------------------------------------------------------
 
 
+@pytest.mark.single_only("restarts its own redis-server (redis_factory)")
 @pytest.mark.parametrize("kill", [False, True], ids=["restart", "kill-9"])
 def test_heartbeat_thread_survives_redis_restart(
     redis_factory: Callable[..., RedisServer], kill: bool
@@ -237,6 +248,7 @@ def test_heartbeat_thread_survives_redis_restart(
     w.stop_heartbeat()
 
 
+@pytest.mark.single_only("kills its own redis-server (redis_factory)")
 def test_redis_down_gives_a_clear_error(redis_factory: Callable[..., RedisServer]) -> None:
     server = redis_factory()
     job = strata_redis.connect(server.url, "test-job")
