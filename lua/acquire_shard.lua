@@ -7,9 +7,11 @@
 -- does not ask for liveness: a lease not yet taken back is still its holder's.
 -- Acquiring leases one shard of a (dataset, epoch) to a live worker: the first of its own
 -- candidates still in the pool, else (if allowed) the pool's highest-priority shard
--- (stealing another worker's unstarted shard; the epoch meta's 'steals' counts these grants). Before choosing, expired leases, and leases
--- of workers that are no longer live (checked once per membership generation), go back
--- to the pool. Every grant carries a new fencing token from a counter that never expires.
+-- (stealing another worker's unstarted shard; the epoch meta's 'steals' counts these grants).
+-- Before choosing, expired leases, and leases of workers that are no longer live (checked
+-- once per membership generation), go back to the pool: at most 256 of each per call, a
+-- sweep of more holders goes on over the next calls (its cursor in the epoch meta).
+-- Every grant carries a new fencing token from a counter that never expires.
 -- KEYS[1] = epoch meta HASH   KEYS[2] = todo ZSET      KEYS[3] = holders HASH
 -- KEYS[4] = expiry ZSET       KEYS[5] = done HASH      KEYS[6] = fence STRING
 -- KEYS[7] = heartbeats ZSET   KEYS[8] = status HASH    KEYS[9] = generation STRING
@@ -77,17 +79,31 @@ local function back_to_pool(shard)
   redis.call('ZREM', KEYS[4], shard)
 end
 
-for _, shard in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
+-- bounded work per call (SWEEP leases at most): with 10^5 workers holding leases, expired
+-- leases and a sweep after a membership change are spread over several acquires
+local SWEEP = 256
+for _, shard in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, SWEEP)) do
   back_to_pool(shard)
 end
 local gen = redis.call('GET', KEYS[9]) or '0'
 if swept ~= gen then
-  local held = redis.call('HGETALL', KEYS[3])
+  -- one HSCAN step of the holders; the cursor is kept until the sweep of this generation
+  -- is through (a lease that is held throughout is looked at; one missed expires anyway)
+  local at = redis.call('HMGET', KEYS[1], 'sweep_gen', 'sweep_cursor')
+  local cursor = '0'
+  if at[1] == gen then cursor = at[2] end
+  local step = redis.call('HSCAN', KEYS[3], cursor, 'COUNT', SWEEP)
+  local held = step[2]
   for i = 1, #held, 2 do
     local holder = string.match(held[i + 1], '^%d+ %d+ %S+ (.*)$')
     if not redis.call('ZSCORE', KEYS[7], holder) then back_to_pool(held[i]) end
   end
-  redis.call('HSET', KEYS[1], 'swept', gen)
+  if step[1] == '0' then
+    redis.call('HSET', KEYS[1], 'swept', gen)
+    redis.call('HDEL', KEYS[1], 'sweep_gen', 'sweep_cursor')
+  else
+    redis.call('HSET', KEYS[1], 'sweep_gen', gen, 'sweep_cursor', step[1])
+  end
 end
 
 local pick, prio

@@ -10,19 +10,26 @@ Measures, into ``<results>/limits.json``:
   builds an epoch's lease pool (``prepare``), leases and completes shards, and restores
   the epoch to a checkpoint's data position, at each ``--shards`` size: no call may hold
   Redis for more than a few milliseconds at any size the library accepts;
+- the longest command with N workers in one job, for each ``--job-workers`` N (up to the
+  documented 10^5): registering them, a "live" barrier of all of them released, a count
+  barrier timing out (its record names the absent), a lease sweep after a membership change
+  with N leases held, a reaper step;
 - heartbeats on time with N workers registered in one process (each with its heartbeat
-  thread, at a 1 s interval, 10 s timeout), for each ``--workers`` N: the longest gap
-  between two heartbeats of any worker, read from Redis by another process every 100 ms, as
-  a multiple of the interval, and how many workers were declared failed.
+  thread, at a 1 s interval, 10 s timeout), half of them waiting at one barrier, for each
+  ``--workers`` N: the longest gap between two heartbeats of any worker, read from Redis by
+  another process every 100 ms, as a multiple of the interval, how many workers were
+  declared failed, how many barrier waits raised, and "unreachable" warnings.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +38,41 @@ import redis
 
 import strata_redis
 from strata_redis.data.position import restore_position
+from strata_redis.keys import LeaseKeys
 from strata_redis.server import RedisServer
 
 HERE = Path(__file__).resolve().parent
 INTERVAL, TIMEOUT = 1.0, 10.0  # the heartbeat run's interval and timeout, seconds
 FLOOR_US = 200  # commands faster than this are not logged (microseconds)
 
-#: N workers with heartbeat threads in one process, until stdin closes
-BUSY = f"""import sys, strata_redis
+#: N workers with heartbeat threads in one process, half of them waiting at one barrier
+#: (it releases when the other half arrives, after stdin closes); prints the waits' errors
+BUSY = f"""import logging, sys, threading, strata_redis
+unreachable = []
+class Seen(logging.Handler):
+    def emit(self, record):
+        if "unreachable" in record.getMessage():
+            unreachable.append(record.getMessage())
+logging.getLogger("strata_redis").addHandler(Seen())
 job = strata_redis.connect(sys.argv[1], "limits-beat", heartbeat_timeout={TIMEOUT})
-workers = [job.register_worker(f"w{{i}}", heartbeat_interval={INTERVAL})
-           for i in range(int(sys.argv[2]))]
+n = int(sys.argv[2])
+workers = [job.register_worker(f"w{{i}}", heartbeat_interval={INTERVAL}) for i in range(n)]
+barrier, errors = job.barrier("hold", n), []
+def wait(w):
+    try:
+        barrier.wait(w.worker_id, timeout=600)
+    except Exception as exc:
+        errors.append(repr(exc))
+waiters = [threading.Thread(target=wait, args=(w,)) for w in workers]
+for t in waiters[: n // 2]:
+    t.start()
 print("ready", flush=True)
 sys.stdin.read()
+for t in waiters[n // 2 :]:
+    t.start()
+for t in waiters:
+    t.join(120)
+print("errors", len(errors), len(unreachable), *errors[:3], *unreachable[:3], flush=True)
 for w in workers:
     w.leave()"""
 
@@ -95,6 +124,68 @@ def longest_command(url: str, shards: int) -> dict[str, float]:
     return {f"longest_command_ms_{shards}": longest}
 
 
+def _slowlog_max(raw: redis.Redis, what: str) -> float:
+    """The longest command (ms) since the last reset, printed with ``what``; then a reset."""
+    entries = [e for e in raw.slowlog_get(100_000)
+               if not _text(e["command"]).upper().startswith("SLOWLOG")]  # fmt: skip
+    longest = max((e["duration"] for e in entries), default=FLOOR_US) / 1000
+    print(f"    {what}: longest command {longest:.2f} ms", flush=True)
+    raw.slowlog_reset()
+    return longest
+
+
+def job_of(url: str, n: int) -> dict[str, float]:
+    """The longest command (ms) with ``n`` workers in one job (see the module doc)."""
+    raw = redis.Redis.from_url(url, decode_responses=True)
+    raw.flushall(asynchronous=True)
+    raw.config_set("slowlog-log-slower-than", FLOOR_US)
+    raw.config_set("slowlog-max-len", 100_000)
+    raw.slowlog_reset()
+    job = strata_redis.connect(url, "limits-many", heartbeat_timeout=3600)
+    names = [f"w{i:06d}" for i in range(n)]
+    start = time.perf_counter()
+    for name in names:
+        job.register_worker(name, heartbeat_interval=None)
+    print(f"  {n:,} workers in one job (registered in {time.perf_counter() - start:.0f} s)",
+          flush=True)  # fmt: skip
+    phases = {"register": _slowlog_max(raw, "registering")}
+    live = job.barrier("all", "live")
+    calls = [live.arrive_call(w, uuid.uuid4().hex, 1, 600) for w in names]
+    for first in range(0, n - 1, 2_000):
+        job.scripts.run_many(calls[first : min(n - 1, first + 2_000)])
+    raw.slowlog_reset()
+    job.scripts.run_many(calls[-1:])  # the last arrival releases all of them
+    phases["live_release"] = _slowlog_max(raw, "the last arrival of a live barrier")
+    count = job.barrier("count", n)
+    job.scripts.run_many([count.arrive_call(names[0], uuid.uuid4().hex, 1, 600)])
+    raw.slowlog_reset()
+    with contextlib.suppress(strata_redis.BarrierTimeoutError):
+        count.wait(names[1], timeout=0.5)
+    phases["timeout"] = _slowlog_max(raw, "a count barrier timing out")
+    strata_redis.ShardManager(job).register_dataset_params("ds", n * 10, 10)
+    holder = job.leases("ds", 0, names[0], ttl=3600)
+    holder.prepare()
+    # one worker holds n leases (the sweep's cost is per lease held, not per worker)
+    call = ("acquire_shard", holder._acquire_keys, [*holder._acquire_args, "", ""])
+    for first in range(0, n, 2_000):
+        job.scripts.run_many([call] * min(2_000, n - first))
+    assert raw.hlen(LeaseKeys(job.keys, "ds", 0).holders) == n
+    other = job.leases("ds", 0, names[1], ttl=3600)
+    other.prepare()
+    job.register_worker("late", heartbeat_interval=None)  # the membership moves
+    raw.slowlog_reset()
+    for _ in range(10):
+        other.acquire()
+    phases["sweep"] = _slowlog_max(raw, "acquires after a membership change (the sweep)")
+    job.reap()
+    phases["reap"] = _slowlog_max(raw, "a reaper step")
+    raw.config_set("slowlog-log-slower-than", 10_000)
+    job.close()
+    doc = {f"job_workers_{phase}_ms_{n}": ms for phase, ms in phases.items()}
+    doc[f"job_workers_longest_ms_{n}"] = max(phases.values())
+    return doc
+
+
 def _text(raw: object) -> str:
     return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
@@ -127,29 +218,42 @@ def heartbeats(url: str, workers: int, seconds: float) -> dict[str, float]:
         statuses = raw.hvals(keys.status)
     finally:
         proc.stdin.close()
+        report = proc.stdout.read().split()
         proc.wait(60)
     failed = sum(s == "failed" for s in statuses)
+    # "errors <barrier waits that raised> <'unreachable' warnings> <the first ones>"
+    errors, unreachable = (int(report[1]), int(report[2])) if report[:1] == ["errors"] else (-1, -1)
     print(
-        f"  {workers} workers in one process: longest gap {gap / 1000:.2f} s "
-        f"({gap / 1000 / INTERVAL:.2f}x the interval), {failed} declared failed",
+        f"  {workers} workers in one process, {workers // 2} of them at a barrier: longest gap "
+        f"{gap / 1000:.2f} s ({gap / 1000 / INTERVAL:.2f}x the interval), {failed} declared "
+        f"failed, {errors} barrier errors, {unreachable} 'unreachable' warnings",
         flush=True,
     )
-    return {f"heartbeat_gap_x_{workers}": gap / 1000 / INTERVAL, f"failed_{workers}": failed}
+    return {
+        f"heartbeat_gap_x_{workers}": gap / 1000 / INTERVAL,
+        f"failed_{workers}": failed,
+        f"barrier_errors_{workers}": errors,
+        f"unreachable_{workers}": unreachable,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="100000,1000000,10000000")
     parser.add_argument("--workers", default="100,300,1000")
+    parser.add_argument(
+        "--job-workers", default="10000,99999", help="workers in one job (a ring holds 10^5)"
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="per heartbeat run")
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.shards, args.workers, args.seconds = "10000", "20", 3.0
+        args.shards, args.workers, args.seconds, args.job_workers = "10000", "20", 3.0, "2000"
     sizes = [int(s) for s in args.shards.split(",")]
     counts = [int(n) for n in args.workers.split(",")]
+    per_job = [int(n) for n in args.job_workers.split(",")]
     args.results.mkdir(parents=True, exist_ok=True)
     server = None if args.redis_url else RedisServer().start()
     url = args.redis_url or server.url  # type: ignore[union-attr]
@@ -157,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for size in sizes:
             doc.update(longest_command(url, size))
+        for n in per_job:
+            doc.update(job_of(url, n))
         for n in counts:
             doc.update(heartbeats(url, n, args.seconds))
     finally:
@@ -166,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     doc["longest_command_ms_largest"] = doc[f"longest_command_ms_{sizes[-1]}"]
     doc["heartbeat_gap_x_largest"] = doc[f"heartbeat_gap_x_{counts[-1]}"]
     doc["failed_largest"] = doc[f"failed_{counts[-1]}"]
+    doc["barrier_errors_largest"] = doc[f"barrier_errors_{counts[-1]}"]
+    doc["job_workers_longest_ms_largest"] = doc[f"job_workers_longest_ms_{per_job[-1]}"]
     (args.results / "limits.json").write_text(json.dumps(doc, indent=2))
     return 0
 

@@ -208,7 +208,8 @@ class LeaseKeys:
 
     @property
     def meta(self) -> str:
-        """HASH num_shards, initialized_ms, swept generation."""
+        """HASH num_shards, initialized_ms, swept generation (sweep_gen, sweep_cursor: a
+        sweep of the holders under way, in steps), steals."""
         return self._key("epoch_meta")
 
     @property
