@@ -16,7 +16,8 @@
 -- ARGV[5] = key TTL, ms  ARGV[6] = outcomes kept in the state HASH
 -- ARGV[7] = wake stream MAXLEN    ARGV[8] = watchers: arrivals 1..ARGV[8] block on streams
 -- ARGV[9] = release list TTL, ms (short: watchers leave their tokens unread)
--- uses: lib/barrier_live.lua (live_arrived: the "live" check without a scan of the workers)
+-- uses: lib/barrier.lua (live_arrived: the "live" check without a scan of the workers;
+--   push_tokens: at most 4,096 release tokens now, the rest owed: see refill_release)
 -- returns {0, generation, index, now_us, outcome, wake_id, events_id}
 --   index: 1-based arrival order, 0 for a repeated arrival
 --   outcome: "" (wait) | "R <gen> <released_us> <first_us> <participants> <counter|->"
@@ -27,7 +28,6 @@
 -- | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT
 -- | {10, generation} the guess ARGV[3] is stale: call again with that generation
 -- | {11, generation, expected} the generation is open with another expected
-local unpack = unpack or table.unpack
 local id, ticket = ARGV[1], ARGV[2]
 local status = redis.call('HGET', KEYS[7], id)
 if not status then return {S.WORKER_NOT_REGISTERED} end
@@ -122,18 +122,11 @@ local counter = '-'
 if NKEYS >= 9 then counter = redis.call('INCR', KEYS[9]) end
 local outcome = 'R ' .. gen .. ' ' .. now_us .. ' ' .. first_us .. ' ' .. n .. ' ' .. counter
 redis.call('HSET', KEYS[1], 'gen', gen + 1, 'r:' .. gen, outcome)
-redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'r:' .. (gen - tonumber(ARGV[6])))
+local old = gen - tonumber(ARGV[6])
+redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'r:' .. old, 'owed:' .. old)
 redis.call('UNLINK', KEYS[2])
 -- tokens first, stream entry second: list waiters (the many) are served first
-local chunk = {}
-for i = 1, math.min(n, 1000) do chunk[i] = outcome end
-local left = n
-while left >= #chunk do
-  redis.call('RPUSH', KEYS[4], unpack(chunk))
-  left = left - #chunk
-end
-if left > 0 then redis.call('RPUSH', KEYS[4], unpack(chunk, 1, left)) end
-redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[9]))
+push_tokens(KEYS[1], KEYS[4], gen, outcome, n, tonumber(ARGV[9]))
 redis.call('XADD', KEYS[5], 'MAXLEN', ARGV[7], '*', 'g', gen, 'o', outcome)
 redis.call('PEXPIRE', KEYS[5], ttl)
 return {S.OK, gen, index, now_us, outcome, '', ''}

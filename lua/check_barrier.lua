@@ -13,11 +13,10 @@
 -- ARGV[4] = abort reason ARGV[5] = key TTL, ms   ARGV[6] = outcomes kept in the state HASH
 -- ARGV[7] = wake stream MAXLEN    ARGV[8] = at most this many membership events scanned
 -- ARGV[9] = release list TTL, ms
--- uses: lib/barrier_live.lua (live_arrived, absent_ids: no scan of every worker)
+-- uses: lib/barrier.lua (live_arrived, absent_ids: no scan of every worker; push_tokens)
 -- returns {0, outcome}: "" (still open) | "R ..." released | "B\n..." broken (formats as in
 --   arrive_barrier) | "F" finished, outcome trimmed | "G" no such generation (expired)
 -- | {1} NOT_REGISTERED (an abort by an unknown worker)
-local unpack = unpack or table.unpack
 local g, action, who = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local ttl = tonumber(ARGV[5])
 if action == 'abort' and who ~= '' and not redis.call('HGET', KEYS[7], who) then return {S.WORKER_NOT_REGISTERED} end
@@ -36,15 +35,7 @@ if g < cur then return {S.OK, 'F'} end
 local expected = redis.call('HGET', KEYS[1], 'expected')
 
 local function push(token, n)
-  local chunk = {}
-  for i = 1, math.min(n, 1000) do chunk[i] = token end
-  local left = n
-  while left > 0 and left >= #chunk do
-    redis.call('RPUSH', KEYS[4], unpack(chunk))
-    left = left - #chunk
-  end
-  if left > 0 then redis.call('RPUSH', KEYS[4], unpack(chunk, 1, left)) end
-  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[9]))
+  push_tokens(KEYS[1], KEYS[4], g, token, n, tonumber(ARGV[9]))
 end
 
 local function wake(outcome)
@@ -105,7 +96,8 @@ if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and absent
   local first_us = redis.call('HGET', KEYS[1], 'first_us')
   local rec = 'R ' .. g .. ' ' .. now_us .. ' ' .. first_us .. ' ' .. n .. ' ' .. counter
   redis.call('HSET', KEYS[1], 'gen', g + 1, 'r:' .. g, rec)
-  redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'r:' .. (g - tonumber(ARGV[6])))
+  local old = g - tonumber(ARGV[6])
+  redis.call('HDEL', KEYS[1], 'expected', 'first_us', 'ev', 'r:' .. old, 'owed:' .. old)
   redis.call('UNLINK', KEYS[2])
   push(rec, n)
   wake(rec)

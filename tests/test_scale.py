@@ -6,6 +6,8 @@ not this machine's client-side noise)."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -69,6 +71,67 @@ def test_a_live_barrier_of_20000_workers_releases_without_scanning_them(
     assert caught.value.missing_count == n - 2 and len(caught.value.missing) == 100
     assert f"{n - 2}, among them" in str(caught.value)
     assert _longest_ms(raw) < 25
+    job.close()
+
+
+def test_release_tokens_past_one_batch_are_pushed_by_the_waiters(
+    redis_url: str, raw: redis.Redis, job_id: str
+) -> None:
+    """A release pushes at most 4,096 tokens, the first marked "+"; the waiter that pops it
+    pushes the next batch (refill_release), so no call pushes 10^5 tokens at once."""
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=3600)
+    n = 5_000
+    names = [f"w{i:04d}" for i in range(n)]
+    for name in names:
+        job.register_worker(name, heartbeat_interval=None)
+    barrier = job.barrier("big", n)
+    calls = [barrier.arrive_call(w, uuid.uuid4().hex, 1, 600) for w in names]
+    for start in range(0, n, 1_000):
+        job.scripts.run_many(calls[start : start + 1_000])
+    tokens = job.keys.barrier_release("big", 1)
+    assert raw.llen(tokens) == 4_096
+    first = raw.lpop(tokens)
+    assert first is not None and first.startswith("+R 1 ")
+    assert raw.lindex(tokens, 0) == first[1:]  # only the first of a batch is marked
+    state = job.keys.barrier("big")
+    assert job.scripts.run("refill_release", [state, tokens], [1, 60_000], {}) == [n - 4_096, 0]
+    assert raw.llen(tokens) == n - 1
+    assert job.scripts.run("refill_release", [state, tokens], [1, 60_000], {}) == [0, 0]
+    job.close()
+
+
+@pytest.mark.single_only("4,200 threads: once is enough")
+@pytest.mark.timeout(300)
+def test_4200_waiting_threads_are_all_released_at_once(redis_url: str, job_id: str) -> None:
+    """Past one batch of tokens, the waiters refill: all of them return within moments of
+    each other, not one blocking slice (10 s here) later."""
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=3600)
+    n = 4_200
+    names = [f"w{i:04d}" for i in range(n)]
+    for name in names:
+        job.register_worker(name, heartbeat_interval=None)
+    barrier = job.barrier("crowd", n)
+    returned: list[float] = []
+    errors: list[BaseException] = []
+
+    def wait(worker: str) -> None:
+        try:
+            barrier.wait(worker, timeout=120)
+            returned.append(time.monotonic())
+        except BaseException as exc:  # recorded, asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait, args=(w,)) for w in names[:-1]]
+    for t in threads:
+        t.start()
+    arrived = job.keys.barrier_arrived("crowd")
+    wait_for(lambda: job.client.scard(arrived) == n - 1, 120)
+    start = time.monotonic()
+    barrier.wait(names[-1], timeout=120)
+    for t in threads:
+        t.join(120)
+    assert not errors and len(returned) == n - 1
+    assert max(returned) - start < 5, max(returned) - start
     job.close()
 
 

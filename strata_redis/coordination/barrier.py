@@ -389,6 +389,13 @@ class Barrier:
             else:
                 # one blocked connection for every such waiter of the job in this process
                 token = release_pops(self.context).pop(release_key, max(block, 0.001))
+                if token is not None and token.startswith("+"):
+                    # the first of a batch: more waiters than one release pushes at once
+                    token = token[1:]
+                    self.context.scripts.run(
+                        "refill_release", [self._state, release_key],
+                        [a.generation, RELEASE_TTL_MS], self._context(worker_id),
+                    )  # fmt: skip
                 if token is not None and token.startswith("R "):
                     outcome = token
                 else:  # the slice ended, or a "broken" token: read the record
