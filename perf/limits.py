@@ -9,7 +9,8 @@ Measures, into ``<results>/limits.json``:
 - the longest command Redis ran (``SLOWLOG``, every command logged) while the library
   builds an epoch's lease pool (``prepare``), leases and completes shards, and restores
   the epoch to a checkpoint's data position, at each ``--shards`` size: no call may hold
-  Redis for more than a few milliseconds at any size the library accepts;
+  Redis for more than a few milliseconds at any size the library accepts; meanwhile another
+  job's 4 workers heartbeat on the same Redis (2 s timeout): none may be declared failed;
 - the longest command with N workers in one job, for each ``--job-workers`` N (up to the
   documented 10^5): registering them, a "live" barrier of all of them released, a count
   barrier timing out (its record names the absent), a lease sweep after a membership change
@@ -77,10 +78,27 @@ for w in workers:
     w.leave()"""
 
 
+#: another job's workers heartbeating on the same Redis (0.5 s interval, 2 s timeout) while a
+#: big epoch is built, until stdin closes; prints how many of them were declared failed
+NEIGHBOUR = """import sys, strata_redis
+job = strata_redis.connect(sys.argv[1], "limits-neighbour", heartbeat_timeout=2.0)
+workers = [job.register_worker(f"n{i}", heartbeat_interval=0.5) for i in range(4)]
+print("ready", flush=True)
+sys.stdin.read()
+print(sum(w.status == "failed" for w in job.workers()), flush=True)"""
+
+
 def longest_command(url: str, shards: int) -> dict[str, float]:
-    """The longest command (ms) while an epoch of ``shards`` is prepared, leased, restored."""
+    """The longest command (ms) while an epoch of ``shards`` is prepared, leased, restored,
+    and how many of another job's heartbeating workers were declared failed meanwhile."""
     raw = redis.Redis.from_url(url, decode_responses=True)
     raw.flushall(asynchronous=True)  # a 10^7-shard epoch takes seconds to free
+    neighbour = subprocess.Popen(
+        [sys.executable, "-c", NEIGHBOUR, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert neighbour.stdout is not None and neighbour.stdin is not None
+    assert neighbour.stdout.readline().strip() == "ready"
     # every command over FLOOR_US is logged (a chunk of a big epoch takes milliseconds)
     raw.config_set("slowlog-log-slower-than", FLOOR_US)
     raw.config_set("slowlog-max-len", 100_000)
@@ -121,7 +139,12 @@ def longest_command(url: str, shards: int) -> dict[str, float]:
         longest = max(longest, phase_max)
     raw.config_set("slowlog-log-slower-than", 10_000)
     job.close()
-    return {f"longest_command_ms_{shards}": longest}
+    neighbour.stdin.close()
+    failed = int(neighbour.stdout.read().split()[0])
+    neighbour.wait(60)
+    print(f"  another job's 4 workers (2 s timeout) declared failed meanwhile: {failed}",
+          flush=True)  # fmt: skip
+    return {f"longest_command_ms_{shards}": longest, f"neighbour_failed_{shards}": failed}
 
 
 def _slowlog_max(raw: redis.Redis, what: str) -> float:
@@ -270,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             server.close()
     doc["longest_command_ms"] = float(np.max([doc[f"longest_command_ms_{s}"] for s in sizes]))
     doc["longest_command_ms_largest"] = doc[f"longest_command_ms_{sizes[-1]}"]
+    doc["neighbour_failed_largest"] = doc[f"neighbour_failed_{sizes[-1]}"]
     doc["heartbeat_gap_x_largest"] = doc[f"heartbeat_gap_x_{counts[-1]}"]
     doc["failed_largest"] = doc[f"failed_{counts[-1]}"]
     doc["barrier_errors_largest"] = doc[f"barrier_errors_{counts[-1]}"]
