@@ -34,6 +34,14 @@ def _longest_ms(raw: redis.Redis) -> float:
     return max((e["duration"] for e in entries), default=0) / 1000
 
 
+def _registered(job: strata_redis.Job, n: int) -> list[str]:
+    """``n`` workers registered (no heartbeat threads), their ids in order."""
+    names = [f"w{i:05d}" for i in range(n)]
+    for name in names:
+        job.register_worker(name, heartbeat_interval=None)
+    return names
+
+
 def _arrive(job: strata_redis.Job, barrier: strata_redis.Barrier, worker: str) -> str:
     """One arrival without waiting; the outcome it got ("" while the generation is open)."""
     ((_, _gen, _index, _now, outcome, *_),) = job.scripts.run_many(
@@ -50,9 +58,7 @@ def test_a_live_barrier_of_20000_workers_releases_without_scanning_them(
     server, raw = _slowlogged(redis_factory)
     job = strata_redis.connect(server.url, "many", heartbeat_timeout=3600)
     n = 20_000
-    names = [f"w{i:05d}" for i in range(n)]
-    for name in names:
-        job.register_worker(name, heartbeat_interval=None)
+    names = _registered(job, n)
     barrier = job.barrier("all", "live")
     calls = [barrier.arrive_call(w, uuid.uuid4().hex, 1, 600) for w in names[:-1]]
     for start in range(0, len(calls), 2_000):
@@ -81,9 +87,7 @@ def test_release_tokens_past_one_batch_are_pushed_by_the_waiters(
     pushes the next batch (refill_release), so no call pushes 10^5 tokens at once."""
     job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=3600)
     n = 5_000
-    names = [f"w{i:04d}" for i in range(n)]
-    for name in names:
-        job.register_worker(name, heartbeat_interval=None)
+    names = _registered(job, n)
     barrier = job.barrier("big", n)
     calls = [barrier.arrive_call(w, uuid.uuid4().hex, 1, 600) for w in names]
     for start in range(0, n, 1_000):
@@ -107,9 +111,7 @@ def test_4200_waiting_threads_are_all_released_at_once(redis_url: str, job_id: s
     each other, not one blocking slice (10 s here) later."""
     job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=3600)
     n = 4_200
-    names = [f"w{i:04d}" for i in range(n)]
-    for name in names:
-        job.register_worker(name, heartbeat_interval=None)
+    names = _registered(job, n)
     barrier = job.barrier("crowd", n)
     returned: list[float] = []
     errors: list[BaseException] = []
