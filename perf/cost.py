@@ -11,9 +11,10 @@ Measures, into ``<results>/cost.json``:
 - a worker process's RSS (Python + strata_redis + a registered worker with its heartbeat
   thread) beside a bare Python process with redis-py that sent one command;
 - the heartbeat thread's CPU share at the default interval (CPU seconds per tick, measured
-  over many fast ticks, over the 2 s interval);
+  over many fast ticks, over the 2 s interval), beside a raw redis-py heartbeat + reaper
+  tick (ZADD + ZRANGEBYSCORE, pipelined);
 - worker start-up: process start, import, connect, register -> its first heartbeat seen by
-  another process (median of 5);
+  another process (median of 5), beside a bare redis-py process writing one ZADD;
 - recovery: a worker holding a lease is SIGKILLed; seconds until its shard is back in the
   pool or leased to another worker, beside the heartbeat timeout (our bar: timeout + 1 s).
 """
@@ -50,6 +51,10 @@ w.deregister()"""
 STARTUP = """import sys, time, strata_redis
 job = strata_redis.connect(sys.argv[1], "cost-start")
 job.register_worker(sys.argv[2], heartbeat_interval=1.0)
+time.sleep(30)"""
+#: the reference: a process that imports redis-py and writes its own heartbeat (one ZADD)
+BARE_STARTUP = """import sys, time, redis
+redis.Redis.from_url(sys.argv[1]).zadd(sys.argv[3], {sys.argv[2]: time.time()})
 time.sleep(30)"""
 HOLDER = f"""import sys, time, strata_redis
 job = strata_redis.connect(sys.argv[1], "cost-recover", heartbeat_timeout={TIMEOUT})
@@ -98,38 +103,54 @@ def rss(url: str) -> dict[str, float]:
 
 
 def heartbeat_cpu(url: str, ticks: int = 300) -> dict[str, float]:
+    """CPU per heartbeat tick, beside a raw redis-py tick (ZADD + a ZRANGEBYSCORE of the
+    stale, pipelined: a hand-rolled heartbeat and reaper), interleaved on one thread."""
     job = strata_redis.connect(url, "cost-cpu")
     worker = job.register_worker("cpu", heartbeat_interval=None, replace=True)
-    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    raw = redis.Redis.from_url(url, decode_responses=True)
     calls = [worker.heartbeat_call(), job.reap_call()]
-    for _ in range(ticks):  # what the thread does each interval, on this thread to time it
+    ours = ref = wall = 0.0
+    for i in range(ticks):  # what the thread does each interval, on this thread to time it
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
         job.scripts.run_many(calls)
-    per_tick = (time.thread_time() - cpu0) / ticks
-    wall = (time.perf_counter() - wall0) / ticks
+        ours += time.thread_time() - cpu0
+        wall += time.perf_counter() - wall0
+        cpu0 = time.thread_time()
+        with raw.pipeline(transaction=False) as pipe:
+            pipe.zadd("cost:{raw}:heartbeats", {"cpu": i})
+            pipe.zrangebyscore("cost:{raw}:heartbeats", "-inf", i - 1000)
+            pipe.execute()
+        ref += time.thread_time() - cpu0
     return {
-        "heartbeat_cpu_s_per_tick": per_tick,
-        "heartbeat_round_trip_ms": wall * 1e3,
-        "heartbeat_cpu_percent": per_tick / 2.0 * 100,  # the default interval: 2 s
+        "heartbeat_cpu_s_per_tick": ours / ticks,
+        "raw_heartbeat_cpu_s_per_tick": ref / ticks,
+        "heartbeat_round_trip_ms": wall / ticks * 1e3,
+        "heartbeat_cpu_percent": ours / ticks / 2.0 * 100,  # the default interval: 2 s
+        "raw_heartbeat_cpu_percent": ref / ticks / 2.0 * 100,
     }
 
 
 def startup(url: str, runs: int = 5) -> dict[str, float]:
+    """Process start -> its first heartbeat seen by this process (median of ``runs``), for a
+    strata worker and for the reference (a bare redis-py process's ZADD), taking turns."""
     client = redis.Redis.from_url(url, decode_responses=True)
     heartbeats = strata_redis.connect(url, "cost-start").keys.heartbeats
-    times = []
+    times: dict[str, list[float]] = {"startup_ms": [], "bare_startup_ms": []}
     for i in range(runs):
-        start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", STARTUP, url, f"s{i}"])
-        try:
-            while client.zscore(heartbeats, f"s{i}") is None:
-                if time.perf_counter() - start > 60:
-                    raise RuntimeError("the worker never registered")
-                time.sleep(0.002)
-            times.append(time.perf_counter() - start)
-        finally:
-            proc.kill()
-            proc.wait()
-    return {"startup_ms": statistics.median(times) * 1e3}
+        pair = (("startup_ms", STARTUP, heartbeats), ("bare_startup_ms", BARE_STARTUP, "c:beats"))
+        for name, script, key in pair:
+            start = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-c", script, url, f"s{i}", key])
+            try:
+                while client.zscore(key, f"s{i}") is None:
+                    if time.perf_counter() - start > 60:
+                        raise RuntimeError("the worker never registered")
+                    time.sleep(0.002)
+                times[name].append(time.perf_counter() - start)
+            finally:
+                proc.kill()
+                proc.wait()
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
 def recovery(url: str) -> dict[str, float]:
