@@ -99,9 +99,7 @@ def longest_command(url: str, shards: int) -> dict[str, float]:
     )  # fmt: skip
     assert neighbour.stdout is not None and neighbour.stdin is not None
     assert neighbour.stdout.readline().strip() == "ready"
-    # every command over FLOOR_US is logged (a chunk of a big epoch takes milliseconds)
-    raw.config_set("slowlog-log-slower-than", FLOOR_US)
-    raw.config_set("slowlog-max-len", 100_000)
+    _log_every_command(raw)
     job = strata_redis.connect(url, "limits-big")
     params = strata_redis.ShardManager(job).register_dataset_params("ds", shards, 1)
     job.register_worker("w1", heartbeat_interval=None)
@@ -124,19 +122,7 @@ def longest_command(url: str, shards: int) -> dict[str, float]:
                 job.context, params, 0, done, offsets, workers=["w1"], mark=1, later_epochs=0
             )
         took = time.perf_counter() - start
-        # (not this harness's own SLOWLOG RESET: clearing ~40,000 entries takes 100 ms)
-        entries = [e for e in raw.slowlog_get(100_000)
-                   if not _text(e["command"]).upper().startswith("SLOWLOG")]  # fmt: skip
-        # none logged: every command took under FLOOR_US (that bound is reported)
-        phase_max = max((e["duration"] for e in entries), default=FLOOR_US) / 1000
-        worst = max(entries, key=lambda e: e["duration"], default=None)
-        if worst is not None:
-            words = _text(worst["command"]).split()
-            what = " ".join(words[:2] if words[0].upper() != "EVALSHA" else [words[0], *words[3:4]])
-            print(f"    the longest: {what} ...", flush=True)
-        print(f"  {shards:,} shards, {phase}: {took:.1f} s; longest command {phase_max:.2f} ms",
-              flush=True)  # fmt: skip
-        longest = max(longest, phase_max)
+        longest = max(longest, _slowlog_max(raw, f"{shards:,} shards, {phase} ({took:.1f} s)"))
     raw.config_set("slowlog-log-slower-than", 10_000)
     job.close()
     neighbour.stdin.close()
@@ -147,12 +133,26 @@ def longest_command(url: str, shards: int) -> dict[str, float]:
     return {f"longest_command_ms_{shards}": longest, f"neighbour_failed_{shards}": failed}
 
 
+def _log_every_command(raw: redis.Redis) -> None:
+    """SLOWLOG keeps every command over FLOOR_US (a chunk of a big epoch takes milliseconds)."""
+    raw.config_set("slowlog-log-slower-than", FLOOR_US)
+    raw.config_set("slowlog-max-len", 100_000)
+    raw.slowlog_reset()
+
+
 def _slowlog_max(raw: redis.Redis, what: str) -> float:
-    """The longest command (ms) since the last reset, printed with ``what``; then a reset."""
+    """The longest command (ms) since the last reset, printed with ``what`` and the command;
+    then a reset. None logged: every command took under FLOOR_US (that bound is reported)."""
+    # (not this harness's own SLOWLOG RESET: clearing ~40,000 entries takes 100 ms)
     entries = [e for e in raw.slowlog_get(100_000)
                if not _text(e["command"]).upper().startswith("SLOWLOG")]  # fmt: skip
-    longest = max((e["duration"] for e in entries), default=FLOOR_US) / 1000
-    print(f"    {what}: longest command {longest:.2f} ms", flush=True)
+    worst = max(entries, key=lambda e: e["duration"], default=None)
+    longest = FLOOR_US / 1000 if worst is None else worst["duration"] / 1000
+    command = ""
+    if worst is not None:
+        words = _text(worst["command"]).split()
+        command = " ".join(words[:2] if words[0].upper() != "EVALSHA" else [words[0], *words[3:4]])
+    print(f"    {what}: longest command {longest:.2f} ms {command}", flush=True)
     raw.slowlog_reset()
     return longest
 
@@ -161,9 +161,7 @@ def job_of(url: str, n: int) -> dict[str, float]:
     """The longest command (ms) with ``n`` workers in one job (see the module doc)."""
     raw = redis.Redis.from_url(url, decode_responses=True)
     raw.flushall(asynchronous=True)
-    raw.config_set("slowlog-log-slower-than", FLOOR_US)
-    raw.config_set("slowlog-max-len", 100_000)
-    raw.slowlog_reset()
+    _log_every_command(raw)
     job = strata_redis.connect(url, "limits-many", heartbeat_timeout=3600)
     names = [f"w{i:06d}" for i in range(n)]
     start = time.perf_counter()
