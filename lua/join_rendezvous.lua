@@ -4,23 +4,32 @@
 -- closes when max_workers joined, or when min_workers joined and the last-call window
 -- (Redis' clock) passed, or at once when every live member of the previous round and every
 -- live waiting worker is in (a re-rendezvous after a failure need not wait out the window).
--- Closing gives dense ranks 0..N-1: the previous round's members keep their order, new ones
--- follow in arrival order. A worker arriving while a round runs waits for the next one,
--- unless a member of the running round is dead: then the round is broken and it opens the
--- next one. Only live workers (live heartbeat, current incarnation) count.
+-- Ranks are dense, 0..N-1: a member's rank is its place in the round's members ZSET, where
+-- the previous round's members keep their order and new ones follow in arrival order. A
+-- worker arriving while a round runs waits for the next one, unless a member of the running
+-- round is dead: then the round is broken and it opens the next one. Only live workers (live
+-- heartbeat, current incarnation) count.
+-- Bounded at any size (uses: lib/rendezvous.lua): a call reads at most 500 membership events
+-- and scans at most 256 entries (members that died leave the round; the set of workers the
+-- round still waits for is filled in steps after it opens), and closing is O(1): a closed
+-- round's reply carries no member list, members read its members ZSET by pages.
+-- uses: lib/rendezvous.lua
 -- KEYS[1] = rendezvous HASH    KEYS[2] = waiting ZSET      KEYS[3] = rendezvous events STREAM
 -- KEYS[4] = heartbeats ZSET    KEYS[5] = status HASH       KEYS[6] = incarnation HASH
--- KEYS[7] = generation STRING
--- KEYS[8] = members ZSET of round g      KEYS[9] = ranks HASH of round g
--- KEYS[10] = members ZSET of round g+1   KEYS[11] = ranks HASH of round g+1
--- KEYS[12] = ranks HASH of round g-1
+-- KEYS[7] = generation STRING  KEYS[8] = membership events STREAM
+-- KEYS[9] = members ZSET of round g-1      KEYS[10] = ranks HASH of round g-1
+-- KEYS[11] = members ZSET of round g       KEYS[12] = ranks HASH of round g
+-- KEYS[13] = expected SET of round g
+-- KEYS[14] = members ZSET of round g+1     KEYS[15] = ranks HASH of round g+1
+-- KEYS[16] = expected SET of round g+1
 -- ARGV[1] = worker id   ARGV[2] = its incarnation   ARGV[3] = g: the round the caller
 -- believes current   ARGV[4] = the round the caller was a member of and leaves (it broke),
 -- or 0   ARGV[5] = min_workers   ARGV[6] = max_workers   ARGV[7] = last-call window, ms
 -- ARGV[8] = events stream cap   ARGV[9] = how long a finished round's keys are kept, ms
 -- returns {S.OK, 'closed', round, rank, world_size, fresh, failure restarts, growth
---          restarts (rounds ended by leaves count in neither), membership generation at close, last event id, member...}
---          fresh = 1: no member was in the previous round (a whole-job (re)start)
+--          restarts (rounds ended by leaves count in neither), membership generation at
+--          close, last event id}: fresh = 1: no member was in the previous round (a
+--          whole-job (re)start); the members are the round's members ZSET, in rank order
 --       | {S.OK, 'joining', round, joined, deadline_ms (0: not set), now_ms, last event id}
 --       | {S.OK, 'waiting', round, now_ms, last event id}: a round runs; wait for the next
 --       | {S.ROUND_MOVED, round}: g is stale, call again with this round
@@ -42,130 +51,100 @@ if redis.call('HGET', KEYS[6], id) ~= inc then return {S.WORKER_REPLACED} end
 local cur = tonumber(redis.call('HGET', R, 'round') or '0')
 if cur ~= g then return {S.ROUND_MOVED, cur} end
 
-local function last_event()
-  local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-  if #last > 0 then return last[1][1] end
-  return '0-0'
+-- the keys of round g (this = 0) or g+1 (this = 1), as the shared functions take them
+local function round_keys(this)
+  return {R = R, waiting = KEYS[2], rv_events = KEYS[3], hb = KEYS[4], status = KEYS[5],
+    incs = KEYS[6], gen = KEYS[7], events = KEYS[8],
+    prev_members = KEYS[9 + 2 * this], prev_ranks = KEYS[10 + 2 * this],
+    members = KEYS[11 + 3 * this], ranks = KEYS[12 + 3 * this], expected = KEYS[13 + 3 * this]}
 end
 
-local function alive(member, member_inc)
-  return redis.call('ZSCORE', KEYS[4], member) and redis.call('HGET', KEYS[6], member) == member_inc
-end
-
-local function inc_of(rank_value)
-  return string.match(rank_value, ' (%d+)$')
-end
-
--- the first member of a closed round that is no longer alive: its id and why
-local function casualty(ranks_key)
-  local ranks = redis.call('HGETALL', ranks_key)
-  for i = 1, #ranks, 2 do
-    if not alive(ranks[i], inc_of(ranks[i + 1])) then
-      local st = redis.call('HGET', KEYS[5], ranks[i])
-      if st ~= 'failed' and st ~= 'left' then st = 'replaced' end
-      return ranks[i], st
-    end
-  end
-  return nil, nil
-end
-
-local function open(n, reason)
-  redis.call('HSET', R, 'round', n, 'state', 'joining', 'opened_ms', now, 'deadline_ms', 0,
-    'world_size', 0)
-  if n > 1 then redis.call('HINCRBY', R, 'restarts_' .. reason, 1) end
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', cap, '*', 'type', 'open', 'round', n,
-    'reason', reason, 'ms', now)
-end
-
-local function assignment(n, members_key, ranks_key)
-  local rank = tonumber(string.match(redis.call('HGET', ranks_key, id), '^(%d+) '))
+local function assignment(n, k)
   local f = redis.call('HMGET', R, 'world_size', 'fresh', 'restarts_failure', 'restarts_growth',
     'generation')
-  local out = {S.OK, 'closed', n, rank, tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or '0'),
-    tonumber(f[4] or '0'), tonumber(f[5] or '0'), last_event()}
-  for _, m in ipairs(redis.call('ZRANGE', members_key, 0, -1)) do out[#out + 1] = m end
-  return out
+  return {S.OK, 'closed', n, redis.call('ZRANK', k.members, id), tonumber(f[1]), tonumber(f[2]),
+    tonumber(f[3] or '0'), tonumber(f[4] or '0'), tonumber(f[5] or '0'), last_id(k.rv_events)}
 end
 
-local function close(n, members_key, ranks_key, prev_key)
-  local members = redis.call('ZRANGE', members_key, 0, -1)
+local function close(n, k)
+  local world = redis.call('ZCARD', k.members)
   local fresh = 1
-  for i, m in ipairs(members) do
-    local m_inc = redis.call('HGET', KEYS[6], m)
-    redis.call('HSET', ranks_key, m, (i - 1) .. ' ' .. m_inc)
-    local before = redis.call('HGET', prev_key, m)
-    if before and inc_of(before) == m_inc then fresh = 0 end
-    redis.call('ZREM', KEYS[2], m)
-  end
-  redis.call('HSET', R, 'state', 'closed', 'world_size', #members, 'closed_ms', now,
-    'fresh', fresh, 'generation', redis.call('GET', KEYS[7]) or '0')
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', cap, '*', 'type', 'close', 'round', n,
-    'world_size', #members, 'ms', now)
-  redis.call('PEXPIRE', prev_key, keep_ms)
-  return assignment(n, members_key, ranks_key)
+  if tonumber(redis.call('HGET', R, 'returning') or '0') > 0 then fresh = 0 end
+  redis.call('HSET', R, 'state', 'closed', 'world_size', world, 'closed_ms', now,
+    'fresh', fresh, 'generation', redis.call('GET', k.gen) or '0')
+  redis.call('XADD', k.rv_events, 'MAXLEN', '~', cap, '*', 'type', 'close', 'round', n,
+    'world_size', world, 'ms', now)
+  redis.call('PEXPIRE', k.prev_members, keep_ms)
+  redis.call('PEXPIRE', k.prev_ranks, keep_ms)
+  redis.call('UNLINK', k.expected)
+  return assignment(n, k)
 end
 
-local function join(n, members_key, ranks_key, prev_key)
-  for _, m in ipairs(redis.call('ZRANGE', members_key, 0, -1)) do
-    if not redis.call('ZSCORE', KEYS[4], m) then redis.call('ZREM', members_key, m) end
+local function join(n, k)
+  local _, behind = members_gone(k, true)
+  local ready = expect_step(k)
+  local had = redis.call('HGET', k.ranks, id)
+  if had and inc_of(had) ~= inc then
+    drop(k, id)
+    had = nil
   end
-  if not redis.call('ZSCORE', members_key, id) then
-    if redis.call('ZCARD', members_key) >= max_w then
-      redis.call('ZADD', KEYS[2], now, id)
-      return {S.OK, 'waiting', n, now, last_event()}
+  if not had then
+    if redis.call('ZCARD', k.members) >= max_w then
+      redis.call('ZADD', k.waiting, now, id)
+      return {S.OK, 'waiting', n, now, last_id(k.rv_events)}
     end
-    local before = redis.call('HGET', prev_key, id)
     local score = 1e13 + now
-    if before and inc_of(before) == inc then score = tonumber(string.match(before, '^(%d+) ')) end
-    redis.call('ZADD', members_key, score, id)
-    redis.call('ZREM', KEYS[2], id)
-  end
-  local count = redis.call('ZCARD', members_key)
-  -- who else is expected: the previous round's live members and the live waiting workers
-  local pending, returning = 0, 0
-  local prev = redis.call('HGETALL', prev_key)
-  for i = 1, #prev, 2 do
-    if alive(prev[i], inc_of(prev[i + 1])) then
-      if redis.call('ZSCORE', members_key, prev[i]) then returning = returning + 1
-      else pending = pending + 1 end
+    if inc_of(redis.call('HGET', k.prev_ranks, id)) == inc then
+      local before = redis.call('ZRANK', k.prev_members, id)
+      if before then
+        score = before
+        redis.call('HINCRBY', R, 'returning', 1)
+      end
     end
+    redis.call('ZADD', k.members, score, id)
+    redis.call('HSET', k.ranks, id, inc)
+    redis.call('ZREM', k.waiting, id)
+    redis.call('SREM', k.expected, id)
   end
-  for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-    if not redis.call('ZSCORE', KEYS[4], w) then redis.call('ZREM', KEYS[2], w)
-    elseif not redis.call('ZSCORE', members_key, w) then pending = pending + 1 end
-  end
+  local count = redis.call('ZCARD', k.members)
   local deadline = tonumber(redis.call('HGET', R, 'deadline_ms') or '0')
   if count >= min_w and deadline == 0 then
     deadline = now + last_call
     redis.call('HSET', R, 'deadline_ms', deadline)
   end
-  if count >= max_w or (count >= min_w and (now >= deadline or (returning > 0 and pending == 0))) then
-    return close(n, members_key, ranks_key, prev_key)
+  -- everyone expected is in: the previous round's live members (some returned) and the
+  -- live waiting workers (known once the opening's scan is done)
+  local all_back = ready and tonumber(redis.call('HGET', R, 'returning') or '0') > 0
+    and redis.call('SCARD', k.expected) == 0
+  -- (never while membership events are unread: a member that died must not be closed in)
+  if not behind and (count >= max_w or (count >= min_w and (now >= deadline or all_back))) then
+    return close(n, k)
   end
-  return {S.OK, 'joining', n, count, deadline, now, last_event()}
+  return {S.OK, 'joining', n, count, deadline, now, last_id(k.rv_events)}
 end
 
 if cur == 0 then
-  open(1, 'start')
-  return join(1, KEYS[10], KEYS[11], KEYS[9])
+  open_round(round_keys(1), 1, 'start', now, cap)
+  return join(1, round_keys(1))
 end
-if redis.call('HGET', R, 'state') == 'joining' then return join(g, KEYS[8], KEYS[9], KEYS[12]) end
+local this = round_keys(0)
+if redis.call('HGET', R, 'state') == 'joining' then return join(g, this) end
 -- round g is closed (running)
-local mine = redis.call('HGET', KEYS[9], id)
-local member = mine and inc_of(mine) == inc
-if member and leaving ~= g then return assignment(g, KEYS[8], KEYS[9]) end
-if not member then
-  local culprit, why = casualty(KEYS[9])
+local member = inc_of(redis.call('HGET', this.ranks, id)) == inc
+if member and leaving ~= g then return assignment(g, this) end
+if not member and redis.call('HGET', R, 'broken_round') ~= tostring(g) then
+  local culprit = members_gone(this, false)
   if not culprit then
     redis.call('ZADD', KEYS[2], now, id)
-    return {S.OK, 'waiting', g, now, last_event()}
+    return {S.OK, 'waiting', g, now, last_id(KEYS[3])}
   end
-  redis.call('HSET', R, 'broken_round', g, 'broken', culprit, 'reason', why)
+  redis.call('HSET', R, 'broken_round', g, 'broken', culprit, 'reason', why_gone(this, culprit))
 end
 -- a round ended by members leaving (a finished job, a relaunch) is not a failure restart
 local kind = 'failure'
 local fate = redis.call('HMGET', R, 'broken_round', 'reason')
 if tonumber(fate[1]) == g and fate[2] == 'left' then kind = 'leave' end
-redis.call('PEXPIRE', KEYS[8], keep_ms)
-open(g + 1, kind)
-return join(g + 1, KEYS[10], KEYS[11], KEYS[9])
+redis.call('PEXPIRE', this.members, keep_ms)
+redis.call('PEXPIRE', this.ranks, keep_ms)
+open_round(round_keys(1), g + 1, kind, now, cap)
+return join(g + 1, round_keys(1))

@@ -14,7 +14,8 @@ Measures, into ``<results>/limits.json``:
 - the longest command with N workers in one job, for each ``--job-workers`` N (up to the
   documented 10^5): registering them, a "live" barrier of all of them released, a count
   barrier timing out (its record names the absent), a lease sweep after a membership change
-  with N leases held, a reaper step;
+  with N leases held, a reaper step, a rendezvous round of all of them (joins and close, the
+  check after one left, the survivors' next round), ``job.workers()`` and a dashboard read;
 - heartbeats on time with N workers registered in one process (each with its heartbeat
   thread, at a 1 s interval, 10 s timeout), half of them waiting at one barrier, for each
   ``--workers`` N: the longest gap between two heartbeats of any worker, read from Redis by
@@ -38,9 +39,12 @@ import numpy as np
 import redis
 
 import strata_redis
+from strata_redis.connection import hash_items
+from strata_redis.dashboard.state import DashboardState
 from strata_redis.data.position import restore_position
 from strata_redis.keys import LeaseKeys
 from strata_redis.server import RedisServer
+from strata_redis.status import Status
 
 HERE = Path(__file__).resolve().parent
 INTERVAL, TIMEOUT = 1.0, 10.0  # the heartbeat run's interval and timeout, seconds
@@ -200,11 +204,49 @@ def job_of(url: str, n: int) -> dict[str, float]:
     phases["sweep"] = _slowlog_max(raw, "acquires after a membership change (the sweep)")
     job.reap()
     phases["reap"] = _slowlog_max(raw, "a reaper step")
+    phases.update(_rendezvous_of(job, raw, names))
+    job.workers()
+    phases["workers_read"] = _slowlog_max(raw, "job.workers() (strata status)")
+    DashboardState(job.client, heartbeat_timeout=3600).read("limits-many", limit=100)
+    phases["dashboard_read"] = _slowlog_max(raw, "a dashboard document")
     raw.config_set("slowlog-log-slower-than", 10_000)
     job.close()
     doc = {f"job_workers_{phase}_ms_{n}": ms for phase, ms in phases.items()}
     doc[f"job_workers_longest_ms_{n}"] = max(phases.values())
     return doc
+
+
+def _rendezvous_of(job: strata_redis.Job, raw: redis.Redis, names: list[str]) -> dict[str, float]:
+    """A rendezvous round of every worker: joins, the close, a member lost (check_round), the
+    survivors' next round (closing early when all are back); the longest command of each."""
+    incs = {w: int(i) for w, i in hash_items(raw, job.keys.incarnation).items()}
+    rdzv = strata_redis.Rendezvous(job.context, min_workers=2, max_workers=len(names),
+                                   last_call=3600)  # fmt: skip
+
+    def join_all(members: list[str], guess: int, leaving: int) -> None:
+        for w in members:
+            reply = rdzv.join_step(w, incs[w], guess, leaving)
+            if int(reply[0]) == Status.ROUND_MOVED:
+                reply = rdzv.join_step(w, incs[w], int(reply[1]), leaving)
+            guess = int(reply[2])
+
+    join_all(names, 0, 0)  # closes at max_workers
+    first = rdzv.join(names[0], incs[names[0]])
+    phases = {"rendezvous_round": _slowlog_max(raw, f"a rendezvous round of {len(names):,}")}
+    k = job.keys
+    job.scripts.run("deregister_worker",  # names[1] leaves, as Worker.deregister does
+                    [k.heartbeats, k.status, k.incarnation, k.generation, k.events],
+                    [names[1], incs[names[1]], job.events_cap], {})  # fmt: skip
+    try:
+        rdzv.check(first)
+        raise AssertionError("check_round missed the lost member")
+    except strata_redis.RoundBrokenError:
+        pass
+    phases["rendezvous_check"] = _slowlog_max(raw, "check_round after a member was lost")
+    join_all([names[0], *names[2:]], first.number, first.number)  # closes when all are back
+    assert rdzv.join(names[0], incs[names[0]]).world_size == len(names) - 1
+    phases["rendezvous_again"] = _slowlog_max(raw, "the survivors' next round")
+    return phases
 
 
 def _text(raw: object) -> str:

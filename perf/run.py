@@ -126,7 +126,8 @@ def main() -> int:
         print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1
     compare = args.compare or (HERE / "baseline")
-    use = compare if compare.is_dir() and not args.smoke else None
+    # (a run that just saved the baseline would only be compared with itself)
+    use = compare if compare.is_dir() and not args.smoke and not args.save_baseline else None
     return report.report(args.results, use, args.fail_on)
 
 

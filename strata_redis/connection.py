@@ -386,6 +386,33 @@ def server_time(client: Any, key: str) -> tuple[int, int]:
     return int(sec), int(usec)
 
 
+#: the COUNT hint of one HSCAN step where a hash may be huge (an epoch's record of 10^7
+#: shards: one HKEYS of it would hold Redis for seconds)
+HSCAN_STEP = 5_000
+
+
+def hash_items(client: Any, key: str) -> dict[str, Any]:
+    """A hash read in ``HSCAN`` steps (each one bounded command, however big the hash). Not a
+    snapshot: a field written during the read may be missed; fields present throughout are
+    all returned."""
+    return dict(client.hscan_iter(key, count=HSCAN_STEP))
+
+
+def zrange_pages(
+    client: Any, key: str, page: int, *, first: list[Any] | None = None, withscores: bool = False
+) -> list[Any]:
+    """A sorted set in rank order, read in pages of ``page`` members, each one bounded
+    ``ZRANGE`` (one ``ZRANGE`` of 10^5 members holds Redis for ~16 ms). ``first``: its
+    first page, already read (in a pipeline). Members that move during the read may be
+    missed or seen twice."""
+    out = list(first) if first is not None else []
+    last = out if first is not None else [None] * page
+    while len(last) == page:
+        last = client.zrange(key, len(out), len(out) + page - 1, withscores=withscores)
+        out += last
+    return out
+
+
 def max_block(client: Any) -> float:
     """Seconds a blocking command on ``client`` may block: within its socket timeout."""
     if isinstance(client, RedisCluster):

@@ -283,12 +283,21 @@ class RendezvousTimeoutError(RendezvousError):
 
     @classmethod
     def after(
-        cls, job_id: str, round: int, joined: list[str], needed: int, timeout: float
+        cls,
+        job_id: str,
+        round: int,
+        joined: list[str],
+        needed: int,
+        timeout: float,
+        count: int | None = None,
     ) -> RendezvousTimeoutError:
-        """Round ``round`` did not close within ``timeout`` seconds."""
+        """Round ``round`` did not close within ``timeout`` seconds; ``joined`` names the
+        joiners (or the first of ``count``)."""
+        count = len(joined) if count is None else count
+        names = f"{joined}" if count == len(joined) else f"first {len(joined)}: {joined}"
         return cls(
             f"rendezvous round {round} of job {job_id!r} did not close within {timeout}s: "
-            f"{len(joined)} of the min_workers={needed} joined ({joined})",
+            f"{count} of the min_workers={needed} joined ({names})",
             job_id=job_id,
             round=round,
             joined=joined,

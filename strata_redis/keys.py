@@ -117,12 +117,18 @@ class Keys:
         return f"{self.base}:rendezvous"
 
     def round_members(self, round_: int) -> str:
-        """ZSET a round's joiners -> order score (previous rank, else arrival); while joining."""
+        """ZSET a round's members -> order score (previous rank, else arrival): rank order."""
         return f"{self.base}:round_members:{round_}"
 
     def round_ranks(self, round_: int) -> str:
-        """HASH a closed round's members -> "<rank> <incarnation>"."""
+        """HASH a round's members -> incarnation (a member's rank: its place in
+        ``round_members``)."""
         return f"{self.base}:round_ranks:{round_}"
+
+    def round_expected(self, round_: int) -> str:
+        """SET while a round joins: the live workers it still waits for (the previous round's
+        members, the waiting workers) before it may close early."""
+        return f"{self.base}:round_expected:{round_}"
 
     @property
     def rendezvous_waiting(self) -> str:

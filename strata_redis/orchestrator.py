@@ -38,6 +38,7 @@ import redis as redis_py
 
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
+from .connection import hash_items
 from .context import HasContext, JobContext
 from .coordination.barrier import RESERVED_PREFIX, Barrier
 from .coordination.epochs import current_epoch
@@ -510,7 +511,7 @@ class TrainingOrchestrator:
             cursor = stream.cursor
             if cursor is not None and cursor.round != self.round.number:
                 lk = self.context.keys.lease_keys(stream.params.name, cursor.position.epoch)
-                done = self._retry(self.context.client.hkeys, lk.done)
+                done = self._retry(hash_items, self.context.client, lk.done)
                 # (less what this worker handed out and its trainer has not yet taken)
                 in_flight = stream._in_flight_shards()
                 cursor.position.base = {int(s) for s in done} - in_flight
@@ -853,11 +854,9 @@ class TrainingOrchestrator:
         return future
 
     def _read_epoch(self, done_key: str, offsets_key: str) -> tuple[list[str], dict[str, str]]:
-        with self.context.client.pipeline(transaction=False) as pipe:
-            pipe.hkeys(done_key)
-            pipe.hgetall(offsets_key)
-            done, offsets = pipe.execute()
-        return done, offsets
+        # (in HSCAN steps: an epoch of 10^7 shards has a record of 10^7 fields)
+        client = self.context.client
+        return list(hash_items(client, done_key)), hash_items(client, offsets_key)
 
     def _announce(self, internal: int) -> None:
         # The round's members that end the epoch before this step fill it in (see _fill).

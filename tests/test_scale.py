@@ -1,8 +1,9 @@
 """Big jobs hold Redis for bounded time: a barrier of many workers is checked without a scan
 of every worker (membership events since its opening), a sweep of many lease holders goes
-in steps, and a big epoch is built while another job's workers heartbeat on the same Redis
-without any of them declared failed. Bounds are read from Redis' own SLOWLOG (server time,
-not this machine's client-side noise)."""
+in steps, a rendezvous round of many members joins, closes and breaks in bounded calls (its
+reads for people go in pages), and a big epoch is built while another job's workers
+heartbeat on the same Redis without any of them declared failed. Bounds are read from Redis'
+own SLOWLOG (server time, not this machine's client-side noise)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.dashboard.state import DashboardState
 from strata_redis.keys import LeaseKeys
 from strata_redis.server import RedisServer
+from strata_redis.status import Status
 
 from .procs import wait_for
 
@@ -222,3 +226,54 @@ def test_a_million_shard_epoch_built_beside_a_heartbeating_job_fails_nobody(
         w.leave()
     big.close()
     other.close()
+
+
+@pytest.mark.single_only("reads its own server's SLOWLOG")
+@pytest.mark.timeout(900)
+def test_a_rendezvous_of_20000_workers_and_its_reads_are_bounded(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    """A round of 20,000 members closes, breaks and closes again with the 19,999 survivors,
+    with no command over the bound: before, each join scanned every member and closing one
+    wrote every rank in one script. The reads for people (the dashboard, ``job.workers()``)
+    go in pages too."""
+    server, raw = _slowlogged(redis_factory)
+    job = strata_redis.connect(server.url, "many", heartbeat_timeout=3600)
+    n = 20_000
+    workers = [job.register_worker(f"w{i:05d}", heartbeat_interval=None) for i in range(n)]
+    raw.slowlog_reset()
+
+    def join_all(rdzv: strata_redis.Rendezvous, members: list[Any], leaving: int) -> list[str]:
+        kinds, guess = [], rdzv.current_round()
+        for w in members:
+            reply = rdzv.join_step(w.worker_id, w.incarnation, guess, leaving)
+            if int(reply[0]) == Status.ROUND_MOVED:
+                guess = int(reply[1])
+                reply = rdzv.join_step(w.worker_id, w.incarnation, guess, leaving)
+            assert int(reply[0]) == Status.OK, reply
+            kinds.append(str(reply[1]))
+            guess = int(reply[2])
+        return kinds
+
+    rdzv = strata_redis.Rendezvous(job.context, min_workers=n, max_workers=n, timeout=60)
+    assert join_all(rdzv, workers, 0) == ["joining"] * (n - 1) + ["closed"]
+    first = rdzv.join(workers[5].worker_id, workers[5].incarnation)
+    assert (first.world_size, first.rank) == (n, 5)
+    assert first.members == tuple(w.worker_id for w in workers)  # read in pages
+    workers[123].leave()
+    with pytest.raises(strata_redis.RoundBrokenError, match="w00123"):
+        rdzv.check(first)
+    survivors = workers[:123] + workers[124:]
+    again = strata_redis.Rendezvous(job.context, min_workers=2, max_workers=n, last_call=600)
+    # the round closes when the last survivor is back (no last-call wait), not before
+    assert join_all(again, survivors, 1) == ["joining"] * (n - 2) + ["closed"]
+    second = again.join(workers[124].worker_id, workers[124].incarnation)
+    assert (second.number, second.world_size, second.rank, second.fresh) == (2, n - 1, 123, False)
+    again.check(second)  # whole
+
+    listed = job.workers()
+    assert len(listed) == n and sum(w.status == "left" for w in listed) == 1
+    doc = DashboardState(job.client, heartbeat_timeout=3600).read("many", limit=50)
+    assert doc["page"]["total"] == n and len(doc["workers"]) == 50
+    longest = _longest_ms(raw)
+    assert longest < 25, longest

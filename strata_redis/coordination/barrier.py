@@ -10,6 +10,7 @@ from typing import Any, Final
 
 import redis
 
+from ..connection import HSCAN_STEP
 from ..context import JobContext, as_context
 from ..errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
 from ..scripts import Call, check
@@ -276,10 +277,9 @@ class Barrier:
 
     def state(self) -> BarrierState:
         """The current generation: its number, expected, arrivals, and whether it broke."""
-        with self.context.client.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self._state)
-            pipe.smembers(self._arrived)
-            fields, arrived = pipe.execute()
+        fields = self.context.client.hgetall(self._state)  # a few fields per generation
+        # (SSCAN steps: 10^5 arrivals in one SMEMBERS would hold Redis for ~10 ms)
+        arrived = set(self.context.client.sscan_iter(self._arrived, count=HSCAN_STEP))
         gen = int(fields.get("gen", 1))
         raw = fields.get("expected")
         expected: int | str | None = None if raw is None else raw if raw == LIVE else int(raw)

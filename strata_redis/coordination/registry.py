@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ..connection import is_cluster, server_time
+from ..connection import is_cluster, server_time, zrange_pages
 from ..context import JobContext
 from ..keys import PREFIX
 from ..scripts import Call, check
@@ -69,21 +69,43 @@ class WorkerInfo:
     incarnation: int = 0
 
 
+#: live workers read per command: one ZRANGE of 10^5 members held Redis for 16 ms
+LIVE_PAGE = 10_000
+#: the COUNT hint of one HSCAN step of a job's worker hashes
+SCAN_COUNT = 2_000
+
+
+def _scan_rest(ctx: JobContext, key: str, cursor: int, found: dict[str, Any]) -> dict[str, Any]:
+    """Finish an HSCAN of ``key`` begun elsewhere (``cursor``, what it found so far)."""
+    while int(cursor):
+        cursor, more = ctx.client.hscan(key, cursor, count=SCAN_COUNT)
+        found.update(more)
+    return found
+
+
 def workers(ctx: JobContext) -> list[WorkerInfo]:
-    """Every worker the job has seen, sorted by id, with ages on Redis' clock."""
+    """Every worker the job has seen, sorted by id, with ages on Redis' clock.
+
+    One round trip for a small job; at 10^5 workers the hashes are read by ``HSCAN`` steps
+    and the live set by pages, each one bounded command (not one long ``HGETALL``)."""
     k = ctx.keys
     cluster = is_cluster(ctx.client)  # redis-py refuses TIME in a cluster pipeline
     with ctx.client.pipeline(transaction=False) as pipe:
-        pipe.hgetall(k.status)
-        pipe.hgetall(k.info)
-        pipe.hgetall(k.incarnation)
-        pipe.zrange(k.heartbeats, 0, -1, withscores=True)
+        for key in (k.status, k.info, k.incarnation):
+            pipe.hscan(key, 0, count=SCAN_COUNT)
+        pipe.zrange(k.heartbeats, 0, LIVE_PAGE - 1, withscores=True)
         if not cluster:
             pipe.time()
-        status, info, incarnation, beats, *clock = pipe.execute()
-    sec, usec = server_time(ctx.client, k.heartbeats) if cluster else clock[0]
+        replies = pipe.execute()
+    status, info, incarnation = (
+        _scan_rest(ctx, key, cursor, dict(found))
+        for key, (cursor, found) in zip((k.status, k.info, k.incarnation), replies, strict=False)
+    )
+    last = dict(
+        zrange_pages(ctx.client, k.heartbeats, LIVE_PAGE, first=replies[3], withscores=True)
+    )
+    sec, usec = server_time(ctx.client, k.heartbeats) if cluster else replies[4]
     now_ms = sec * 1000 + usec / 1000
-    last = dict(beats)
     out = []
     for worker_id in sorted(status):
         meta = orjson.loads(info[worker_id]) if worker_id in info else {}
@@ -103,24 +125,13 @@ def workers(ctx: JobContext) -> list[WorkerInfo]:
     return out
 
 
-#: live workers read per command: one ZRANGE of 10^5 members held Redis for 16 ms
-LIVE_PAGE = 10_000
-
-
 def live_workers(ctx: JobContext) -> list[str]:
     """Ids of the workers that are registered and not failed or left, sorted.
 
     Read in pages of ``LIVE_PAGE``, so a job of 10^5 workers never holds Redis long for
     this; a worker that joins or leaves during the read may be missed or included (the
     membership generation tells a caller that the set moved)."""
-    found: set[str] = set()
-    start = 0
-    while True:
-        page = ctx.client.zrange(ctx.keys.heartbeats, start, start + LIVE_PAGE - 1)
-        found.update(page)
-        if len(page) < LIVE_PAGE:
-            return sorted(found)
-        start += LIVE_PAGE
+    return sorted(set(zrange_pages(ctx.client, ctx.keys.heartbeats, LIVE_PAGE)))
 
 
 def membership_generation(ctx: JobContext) -> int:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ..connection import zrange_pages
 from ..context import JobContext
 from ..errors import RendezvousTimeoutError, RestartLimitError
 from ..scripts import check
@@ -31,6 +32,8 @@ KEEP_ROUND_MS: Final = 86_400_000
 EVENTS_CAP: Final = 1000
 #: the longest a joiner blocks between two looks at the rendezvous (ms)
 MAX_BLOCK_MS: Final = 1000
+#: a closed round's members are read in pages of this many (one ZRANGE each)
+MEMBERS_PAGE: Final = 10_000
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,13 @@ class Rendezvous:
 
     def _keys(self, g: int) -> list[str]:
         k = self.context.keys
+        before = max(g - 1, 0)
         return [
             k.rendezvous, k.rendezvous_waiting, k.rendezvous_events, k.heartbeats, k.status,
-            k.incarnation, k.generation, k.round_members(g), k.round_ranks(g),
-            k.round_members(g + 1), k.round_ranks(g + 1), k.round_ranks(max(g - 1, 0)),
+            k.incarnation, k.generation, k.events,
+            k.round_members(before), k.round_ranks(before),
+            k.round_members(g), k.round_ranks(g), k.round_expected(g),
+            k.round_members(g + 1), k.round_ranks(g + 1), k.round_expected(g + 1),
         ]  # fmt: skip
 
     def current_round(self) -> int:
@@ -143,34 +149,56 @@ class Rendezvous:
         guess = self.current_round()
         ids = {"job_id": ctx.job_id, "worker_id": worker_id, "round": guess}
         while True:
-            args = [worker_id, incarnation, guess, leaving, self.min_workers, self.max_workers,
-                    int(self.last_call * 1000), EVENTS_CAP, KEEP_ROUND_MS]  # fmt: skip
-            reply = ctx.scripts.call("join_rendezvous", self._keys(guess), args)
+            reply = self.join_step(worker_id, incarnation, guess, leaving)
             if int(reply[0]) == Status.ROUND_MOVED:
                 guess = int(reply[1])
                 continue
             payload = check(reply, {**ids, "round": guess})
             kind = payload[0]
             if kind == "closed":
-                return self._closed(payload)
-            guess = int(payload[1])
+                number, rank, world = map(int, payload[1:4])
+                members = self.members(number)
+                if len(members) == world and members[rank] == worker_id:
+                    return self._closed(payload, members)
+                # the round's keys changed under us (its state lost): the next call says so
+                time.sleep(0.05)
+            else:
+                guess = int(payload[1])
             if time.monotonic() > deadline:
-                joined = sorted(ctx.client.zrange(ctx.keys.round_members(guess), 0, -1))
+                key = ctx.keys.round_members(guess)
+                joined = sorted(ctx.client.zrange(key, 0, 99))
                 raise RendezvousTimeoutError.after(
-                    ctx.job_id, guess, joined, self.min_workers, self.timeout
-                )
+                    ctx.job_id, guess, joined, self.min_workers, self.timeout,
+                    count=int(ctx.client.zcard(key)),
+                )  # fmt: skip
+            if kind == "closed":
+                continue
             block = MAX_BLOCK_MS
             if kind == "joining" and int(payload[3]):
                 block = min(block, max(5, int(payload[3]) - int(payload[4]) + 5))
             # Block until something happens in the rendezvous (or the window closes).
             ctx.client.xread({ctx.keys.rendezvous_events: payload[-1]}, block=block, count=16)
 
-    def _closed(self, payload: list[Any]) -> Round:
+    def join_step(self, worker_id: str, incarnation: int, guess: int, leaving: int) -> Any:
+        """One call of the join script (no waiting): its raw reply, status code first.
+        ``join`` loops over it; a tool or test can drive a rendezvous step by step."""
+        args = [worker_id, incarnation, guess, leaving, self.min_workers, self.max_workers,
+                int(self.last_call * 1000), EVENTS_CAP, KEEP_ROUND_MS]  # fmt: skip
+        return self.context.scripts.call("join_rendezvous", self._keys(guess), args)
+
+    def _closed(self, payload: list[Any], members: tuple[str, ...]) -> Round:
         number, rank, world, fresh, failures, growth, generation = map(int, payload[1:8])
-        members = tuple(str(m) for m in payload[9:])
         if self.max_restarts is not None and failures > self.max_restarts:
             raise RestartLimitError.over(self.context.job_id, number, failures, self.max_restarts)
         return Round(number, rank, world, members, bool(fresh), generation, failures, growth)
+
+    def members(self, number: int) -> tuple[str, ...]:
+        """A round's members in rank order, read in pages of ``MEMBERS_PAGE`` (each one
+        bounded command, however big the round)."""
+        ctx = self.context
+        return tuple(
+            map(str, zrange_pages(ctx.client, ctx.keys.round_members(number), MEMBERS_PAGE))
+        )
 
     def check(self, round_: Round) -> None:
         """Raise if ``round_`` is over: a member died or left, or a newer round opened.
@@ -183,13 +211,15 @@ class Rendezvous:
             RoundBrokenError: the round is over (``.culprit``, ``.reason``).
         """
         ctx, k = self.context, self.context.keys
-        ctx.heartbeat_scripts.run(
-            "check_round",
-            [k.rendezvous, k.round_ranks(round_.number), k.heartbeats, k.status, k.incarnation,
-             k.rendezvous_events],
-            [round_.number, EVENTS_CAP],
-            {"job_id": ctx.job_id, "round": round_.number},
-        )  # fmt: skip
+        more = 1
+        while more:  # each call reads a bounded slice of the membership changes
+            (more,) = ctx.heartbeat_scripts.run(
+                "check_round",
+                [k.rendezvous, k.round_ranks(round_.number), k.heartbeats, k.status,
+                 k.incarnation, k.rendezvous_events, k.events],
+                [round_.number, EVENTS_CAP],
+                {"job_id": ctx.job_id, "round": round_.number},
+            )  # fmt: skip
 
     def review(self, round_: Round, epoch: int) -> bool:
         """At an epoch boundary: does ``round_`` go on? Decided once for all its members.
@@ -201,7 +231,15 @@ class Rendezvous:
         ctx, k = self.context, self.context.keys
         (decision,) = ctx.scripts.run(
             "review_round",
-            [k.rendezvous, k.rendezvous_waiting, k.heartbeats, k.rendezvous_events],
+            [
+                k.rendezvous,
+                k.rendezvous_waiting,
+                k.heartbeats,
+                k.rendezvous_events,
+                k.events,
+                k.generation,
+                k.round_expected(round_.number + 1),
+            ],
             [round_.number, epoch, self.max_workers, EVENTS_CAP],
             {"job_id": ctx.job_id, "round": round_.number},
         )

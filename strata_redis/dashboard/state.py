@@ -45,7 +45,7 @@ import redis
 
 import strata_redis
 from strata_redis.connection import describe, is_cluster, server_time
-from strata_redis.coordination.registry import list_jobs
+from strata_redis.coordination.registry import LIVE_PAGE, list_jobs
 from strata_redis.keys import PREFIX, Keys
 
 SCHEMA: Final = "strata-dashboard/1"
@@ -301,7 +301,7 @@ class DashboardState:
         if info:
             stats, rest = self._stats(rest[0]), rest[1:]
         for j in jobs:
-            rest = j.take_heads(rest)
+            rest = j.take_heads(rest, self.client)
         if job is not None and not jobs[0].exists:
             raise JobNotFoundError(
                 f"no job {job!r} in this Redis ({self.redis_description}): it has no "
@@ -470,8 +470,9 @@ class _JobRead:
     def queue_heads(self, pipe: Any) -> None:
         k = self.k
         # live workers with their last heartbeat (without zrange()'s score_cast_func
-        # round, which takes twice as long at 1,000 workers)
-        pipe.execute_command("ZRANGE", k.heartbeats, 0, -1, "WITHSCORES")
+        # round, which takes twice as long at 1,000 workers): the first page here, the
+        # others in take_heads (a page is one bounded command at 10^5 workers)
+        pipe.execute_command("ZRANGE", k.heartbeats, 0, LIVE_PAGE - 1, "WITHSCORES")
         pipe.hlen(k.status)
         pipe.get(k.generation)
         pipe.get(k.epoch)  # direct read: Job.current_epoch() is one round trip of its own
@@ -482,12 +483,18 @@ class _JobRead:
         self._record_tail.queue(pipe, k.checkpoint_records)
         pipe.get(k.fence)  # direct read: lease grants so far (no API)
 
-    def take_heads(self, replies: Sequence[Any]) -> list[Any]:
+    def take_heads(self, replies: Sequence[Any], client: Any) -> list[Any]:
         (beats, registered, gen, epoch, datasets, events, events_len, lat, lat_len, steps,
          records, records_len, fence) = (_ok(r) for r in replies[:13])  # fmt: skip
-        if beats and not isinstance(beats[0], (list, tuple)):  # a flat reply (redis-py < 6)
-            beats = list(zip(beats[::2], beats[1::2], strict=True))
-        self.beats = [(str(w), float(s)) for w, s in beats]
+        beats = page = _pairs(beats)
+        while len(page) == LIVE_PAGE:  # the next pages, one bounded command each
+            start = len(beats)
+            page = _pairs(client.execute_command(
+                "ZRANGE", self.k.heartbeats, start, start + LIVE_PAGE - 1, "WITHSCORES"
+            ))  # fmt: skip
+            beats = beats + page
+        # (a worker that moved between pages is listed once)
+        self.beats = list({str(w): float(s) for w, s in beats}.items())
         self.registered = int(registered)
         self.generation = int(gen or 0)
         self.epoch = int(epoch or 0)
@@ -520,8 +527,8 @@ class _JobRead:
         k = self.k
         self._page = sorted(page)
         self._details = []
-        if self._candidates:
-            pipe.hmget(k.status, self._candidates)
+        for chunk in _chunks(self._candidates, LIVE_PAGE):
+            pipe.hmget(k.status, chunk)
         if self._page:
             pipe.hmget(k.info, self._page)
             pipe.hmget(k.incarnation, self._page)
@@ -559,8 +566,9 @@ class _JobRead:
 
     def take_details(self, replies: Sequence[Any], state: DashboardState) -> list[Any]:
         replies = list(replies)
-        if self._candidates:
-            self.status = dict(zip(self._candidates, replies.pop(0), strict=True))
+        self.status = {}
+        for chunk in _chunks(self._candidates, LIVE_PAGE):
+            self.status.update(zip(chunk, replies.pop(0), strict=True))
         if self._page:
             infos, incs = replies.pop(0), replies.pop(0)
             for w, raw, inc in zip(self._page, infos, incs, strict=True):
@@ -865,3 +873,16 @@ def _membership_series(events: list[tuple[str, dict[str, str]]]) -> list[list[fl
 def _thin(points: list[list[float]]) -> list[list[float]]:
     """At most ``SERIES_POINTS`` of the newest points."""
     return points[-SERIES_POINTS:]
+
+
+def _pairs(reply: Sequence[Any]) -> list[Any]:
+    """A WITHSCORES reply as (member, score) pairs (redis-py < 6 gives it flat)."""
+    if reply and not isinstance(reply[0], (list, tuple)):
+        return list(zip(reply[::2], reply[1::2], strict=True))
+    return list(reply)
+
+
+def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+    """``items`` in lists of at most ``size`` (one bounded command each)."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from ..connection import hash_items
 from ..context import JobContext, as_context
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
@@ -382,7 +383,7 @@ class ShardLeases:
     def completions(self) -> dict[int, tuple[str, int]]:
         """The completion record: shard id -> (worker id, fencing token)."""
         out = {}
-        for shard, value in self.context.client.hgetall(self.keys.done).items():
+        for shard, value in hash_items(self.context.client, self.keys.done).items():
             token, worker = value.split(" ", 1)
             out[int(shard)] = (worker, int(token))
         return out
