@@ -885,7 +885,8 @@ class TrainingOrchestrator:
 
     def _submit(self, parts: dict[str, Any], internal: int, epoch: int) -> Future[CheckpointInfo]:
         assert self._ckpt is not None
-        future = self._ckpt.save(parts, step=internal, epoch=epoch)
+        # (save() reads the job's newest step before it queues anything: safe to retry)
+        future = self._retry(self._ckpt.save, parts, step=internal, epoch=epoch)
         self._last_step = internal
         return future
 
