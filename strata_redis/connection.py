@@ -388,7 +388,7 @@ def server_time(client: Any, key: str) -> tuple[int, int]:
 
 #: the COUNT hint of one HSCAN step where a hash may be huge (an epoch's record of 10^7
 #: shards: one HKEYS of it would hold Redis for seconds)
-HSCAN_STEP = 5_000
+HSCAN_STEP = 1_000
 
 
 def hash_items(client: Any, key: str) -> dict[str, Any]:

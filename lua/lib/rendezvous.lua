@@ -17,11 +17,11 @@
 -- members that were in the previous round, goes down); once closed, it is the casualty.
 -- expect_step: one step of filling k.expected at a round's opening ('escan': P:<cursor> over
 -- the previous round's members, then W:<cursor> over the waiting workers, then 'done'), of
--- EXPECT_STEP entries (a previous round of 10^5 takes ~100 joins).
+-- EXPECT_STEP entries (a previous round of 10^5 takes ~400 joins).
 -- A ranks value is the member's incarnation ("<rank> <incarnation>" from before 0.x reads the
 -- same: inc_of takes the last number).
 -- open_round: round n opens (all the per-round fields reset).
-local EVENT_STEP, SCAN_STEP, EXPECT_STEP = 500, 256, 1000
+local EVENT_STEP, SCAN_STEP, EXPECT_STEP = 500, 256, 256
 local function inc_of(value)
   if value then return string.match(value, '(%d+)$') end
   return nil

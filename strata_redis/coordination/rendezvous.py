@@ -33,7 +33,7 @@ EVENTS_CAP: Final = 1000
 #: the longest a joiner blocks between two looks at the rendezvous (ms)
 MAX_BLOCK_MS: Final = 1000
 #: a closed round's members are read in pages of this many (one ZRANGE each)
-MEMBERS_PAGE: Final = 10_000
+MEMBERS_PAGE: Final = 5_000
 
 
 @dataclass(frozen=True)
