@@ -69,7 +69,7 @@ end
 local function close(n, k)
   local world = redis.call('ZCARD', k.members)
   local fresh = 1
-  if tonumber(redis.call('HGET', R, 'returning') or '0') > 0 then fresh = 0 end
+  if returning(k) > 0 then fresh = 0 end
   redis.call('HSET', R, 'state', 'closed', 'world_size', world, 'closed_ms', now,
     'fresh', fresh, 'generation', redis.call('GET', k.gen) or '0')
   redis.call('XADD', k.rv_events, 'MAXLEN', '~', cap, '*', 'type', 'close', 'round', n,
@@ -93,13 +93,9 @@ local function join(n, k)
       redis.call('ZADD', k.waiting, now, id)
       return {S.OK, 'waiting', n, now, last_id(k.rv_events)}
     end
-    local score = 1e13 + now
+    local score = NEW + now
     if inc_of(redis.call('HGET', k.prev_ranks, id)) == inc then
-      local before = redis.call('ZRANK', k.prev_members, id)
-      if before then
-        score = before
-        redis.call('HINCRBY', R, 'returning', 1)
-      end
+      score = redis.call('ZRANK', k.prev_members, id) or score
     end
     redis.call('ZADD', k.members, score, id)
     redis.call('HSET', k.ranks, id, inc)
@@ -114,7 +110,7 @@ local function join(n, k)
   end
   -- everyone expected is in: the previous round's live members (some returned) and the
   -- live waiting workers (known once the opening's scan is done)
-  local all_back = ready and tonumber(redis.call('HGET', R, 'returning') or '0') > 0
+  local all_back = ready and returning(k) > 0
     and redis.call('SCARD', k.expected) == 0
   -- (never while membership events are unread: a member that died must not be closed in)
   if not behind and (count >= max_w or (count >= min_w and (now >= deadline or all_back))) then

@@ -386,16 +386,24 @@ def server_time(client: Any, key: str) -> tuple[int, int]:
     return int(sec), int(usec)
 
 
-#: the COUNT hint of one HSCAN step where a hash may be huge (an epoch's record of 10^7
-#: shards: one HKEYS of it would hold Redis for seconds)
-HSCAN_STEP = 1_000
+#: the COUNT hint of one HSCAN/SSCAN step where a hash or set may be huge (an epoch's record
+#: of 10^7 shards: one HKEYS of it would hold Redis for seconds)
+SCAN_STEP = 1_000
 
 
-def hash_items(client: Any, key: str) -> dict[str, Any]:
+def hash_items(
+    client: Any, key: str, *, first: tuple[int, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """A hash read in ``HSCAN`` steps (each one bounded command, however big the hash). Not a
     snapshot: a field written during the read may be missed; fields present throughout are
-    all returned."""
-    return dict(client.hscan_iter(key, count=HSCAN_STEP))
+    all returned. ``first``: its first step's reply (cursor, fields), already read (in a
+    pipeline)."""
+    cursor, found = first if first is not None else (None, {})
+    out = dict(found)
+    while cursor is None or int(cursor):
+        cursor, more = client.hscan(key, cursor or 0, count=SCAN_STEP)
+        out.update(more)
+    return out
 
 
 def zrange_pages(

@@ -13,8 +13,9 @@
 -- means events were trimmed from the stream before they were read). members_gone reads at
 -- most EVENT_STEP events per call; after a gap it also scans the round's members in HSCAN
 -- steps ('mscan': the HSCAN cursor, '' when no scan runs), so a death is never missed.
--- While the round is joining, a member found dead leaves it (and 'returning', the count of
--- members that were in the previous round, goes down); once closed, it is the casualty.
+-- While the round is joining, a member found dead leaves it; once closed, it is the casualty.
+-- returning(k): how many members were in the previous round (their order scores are their
+-- previous ranks, below NEW; a new member's is NEW + its arrival ms): O(log N).
 -- expect_step: one step of filling k.expected at a round's opening ('escan': P:<cursor> over
 -- the previous round's members, then W:<cursor> over the waiting workers, then 'done'), of
 -- EXPECT_STEP entries (a previous round of 10^5 takes ~400 joins).
@@ -39,9 +40,11 @@ local function why_gone(k, w)
   if st ~= 'failed' and st ~= 'left' then st = 'replaced' end
   return st
 end
+local NEW = 10000000000000
+local function returning(k)
+  return redis.call('ZCOUNT', k.members, '-inf', '(' .. NEW)
+end
 local function drop(k, w)
-  local score = redis.call('ZSCORE', k.members, w)
-  if score and tonumber(score) < 1e13 then redis.call('HINCRBY', k.R, 'returning', -1) end
   redis.call('ZREM', k.members, w)
   redis.call('HDEL', k.ranks, w)
 end
@@ -110,7 +113,7 @@ local function expect_step(k)
 end
 local function open_round(k, n, reason, now, cap)
   redis.call('HSET', k.R, 'round', n, 'state', 'joining', 'opened_ms', now, 'deadline_ms', 0,
-    'world_size', 0, 'returning', 0, 'escan', 'P:0', 'mev', last_id(k.events),
+    'world_size', 0, 'escan', 'P:0', 'mev', last_id(k.events),
     'mgen', redis.call('GET', k.gen) or '0', 'mscan', '')
   redis.call('DEL', k.expected)
   if n > 1 then redis.call('HINCRBY', k.R, 'restarts_' .. reason, 1) end

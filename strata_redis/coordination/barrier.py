@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import redis
 
-from ..connection import HSCAN_STEP
+from ..connection import SCAN_STEP
 from ..context import JobContext, as_context
 from ..errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
 from ..scripts import Call, check
@@ -279,7 +279,7 @@ class Barrier:
         """The current generation: its number, expected, arrivals, and whether it broke."""
         fields = self.context.client.hgetall(self._state)  # a few fields per generation
         # (SSCAN steps: 10^5 arrivals in one SMEMBERS would hold Redis for ~10 ms)
-        arrived = set(self.context.client.sscan_iter(self._arrived, count=HSCAN_STEP))
+        arrived = set(self.context.client.sscan_iter(self._arrived, count=SCAN_STEP))
         gen = int(fields.get("gen", 1))
         raw = fields.get("expected")
         expected: int | str | None = None if raw is None else raw if raw == LIVE else int(raw)

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ..connection import HSCAN_STEP, is_cluster, server_time, zrange_pages
+from ..connection import SCAN_STEP, hash_items, is_cluster, server_time, zrange_pages
 from ..context import JobContext
 from ..keys import PREFIX
 from ..scripts import Call, check
@@ -74,14 +74,6 @@ class WorkerInfo:
 LIVE_PAGE = 2_000
 
 
-def _scan_rest(ctx: JobContext, key: str, cursor: int, found: dict[str, Any]) -> dict[str, Any]:
-    """Finish an HSCAN of ``key`` begun elsewhere (``cursor``, what it found so far)."""
-    while int(cursor):
-        cursor, more = ctx.client.hscan(key, cursor, count=HSCAN_STEP)
-        found.update(more)
-    return found
-
-
 def workers(ctx: JobContext) -> list[WorkerInfo]:
     """Every worker the job has seen, sorted by id, with ages on Redis' clock.
 
@@ -91,14 +83,14 @@ def workers(ctx: JobContext) -> list[WorkerInfo]:
     cluster = is_cluster(ctx.client)  # redis-py refuses TIME in a cluster pipeline
     with ctx.client.pipeline(transaction=False) as pipe:
         for key in (k.status, k.info, k.incarnation):
-            pipe.hscan(key, 0, count=HSCAN_STEP)
+            pipe.hscan(key, 0, count=SCAN_STEP)
         pipe.zrange(k.heartbeats, 0, LIVE_PAGE - 1, withscores=True)
         if not cluster:
             pipe.time()
         replies = pipe.execute()
     status, info, incarnation = (
-        _scan_rest(ctx, key, cursor, dict(found))
-        for key, (cursor, found) in zip((k.status, k.info, k.incarnation), replies, strict=False)
+        hash_items(ctx.client, key, first=step)
+        for key, step in zip((k.status, k.info, k.incarnation), replies, strict=False)
     )
     last = dict(
         zrange_pages(ctx.client, k.heartbeats, LIVE_PAGE, first=replies[3], withscores=True)

@@ -44,7 +44,7 @@ import orjson
 import redis
 
 import strata_redis
-from strata_redis.connection import describe, is_cluster, server_time
+from strata_redis.connection import describe, is_cluster, server_time, zrange_pages
 from strata_redis.coordination.registry import LIVE_PAGE, list_jobs
 from strata_redis.keys import PREFIX, Keys
 
@@ -486,14 +486,11 @@ class _JobRead:
     def take_heads(self, replies: Sequence[Any], client: Any) -> list[Any]:
         (beats, registered, gen, epoch, datasets, events, events_len, lat, lat_len, steps,
          records, records_len, fence) = (_ok(r) for r in replies[:13])  # fmt: skip
-        beats = page = _pairs(beats)
-        while len(page) == LIVE_PAGE:  # the next pages, one bounded command each
-            start = len(beats)
-            page = _pairs(client.execute_command(
-                "ZRANGE", self.k.heartbeats, start, start + LIVE_PAGE - 1, "WITHSCORES"
-            ))  # fmt: skip
-            beats = beats + page
-        # (a worker that moved between pages is listed once)
+        # the next pages, one bounded command each (a worker that moved between pages is
+        # listed once)
+        beats = zrange_pages(
+            client, self.k.heartbeats, LIVE_PAGE, first=_pairs(beats), withscores=True
+        )
         self.beats = list({str(w): float(s) for w, s in beats}.items())
         self.registered = int(registered)
         self.generation = int(gen or 0)
