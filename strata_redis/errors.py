@@ -26,10 +26,10 @@ The tree::
     ├── StorageError                .backend, .path (never credentials)
     │   ├── StorageNotFoundError        the object does not exist
     │   └── StorageExistsError          a create-only write found the object already there
-    └── CheckpointError             .job_id, .step
-        ├── CheckpointAbortedError      a participant's upload failed: the step never commits
-        ├── CheckpointNotFoundError     no committed step verifies
-        └── StepNotForwardError         a step not after the newest one (also a ValueError)
+    └── CheckpointError             .job_id, .step, .epoch
+        ├── CheckpointAbortedError      a participant's upload failed: it never commits
+        ├── CheckpointNotFoundError     no committed checkpoint verifies
+        └── StepNotForwardError         not after the newest checkpoint (also a ValueError)
 
 A refusal from a Lua script is a ``Status`` code; ``from_status`` turns it into the
 exception, each class building its own message from the caller's ids (``refused``).
@@ -498,23 +498,32 @@ class StorageExistsError(StorageError):
 
 
 class CheckpointError(StrataError):
-    """A checkpoint error about one step of one job."""
+    """A checkpoint error about one checkpoint of one job.
 
-    def __init__(self, message: str, *, job_id: str, step: int | None = None) -> None:
+    Attributes:
+        job_id: the job.
+        step, epoch: the loop's step and epoch of the checkpoint, when known.
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str, step: int | None = None, epoch: int | None = None
+    ) -> None:
         super().__init__(message)
         self.job_id = job_id
         self.step = step
+        self.epoch = epoch
 
     @classmethod
     def about(cls, c: Context, what: str) -> CheckpointError:
-        """``step {step} of job {job_id!r} {what}``."""
+        """``checkpoint {checkpoint} of job {job_id!r} {what}``."""
         return cls(
-            f"step {c['step']} of job {c['job_id']!r} {what}", job_id=c["job_id"], step=c["step"]
-        )
+            f"checkpoint {c['checkpoint']} of job {c['job_id']!r} {what}",
+            job_id=c["job_id"], step=c["step"], epoch=c.get("epoch"),
+        )  # fmt: skip
 
     @classmethod
     def mismatch(cls, c: Context) -> CheckpointError:
-        """The step was opened with another world size or epoch (``STEP_MISMATCH``)."""
+        """The checkpoint was opened with another world size (``STEP_MISMATCH``)."""
         return cls.about(
             c,
             f"was opened with world_size={c['payload'][0]} and epoch={c['payload'][1] or None}; "
@@ -525,22 +534,21 @@ class CheckpointError(StrataError):
     @classmethod
     def rank_not_held(cls, c: Context) -> CheckpointError:
         """The rank is another worker's (``RANK_NOT_HELD``)."""
-        holder = c["payload"][0] or "nobody (the step expired)"
+        holder = c["payload"][0] or "nobody (the checkpoint expired)"
         return cls(
-            f"rank {c['rank']} of step {c['step']} of job {c['job_id']!r} is not worker "
-            f"{c['worker_id']!r}'s: it is held by {holder!r}",
-            job_id=c["job_id"],
-            step=c["step"],
-        )
+            f"rank {c['rank']} of checkpoint {c['checkpoint']} of job {c['job_id']!r} is not "
+            f"worker {c['worker_id']!r}'s: it is held by {holder!r}",
+            job_id=c["job_id"], step=c["step"], epoch=c.get("epoch"),
+        )  # fmt: skip
 
     @classmethod
     def committed(cls, c: Context) -> CheckpointError:
-        """The step is committed already (``STEP_COMMITTED``)."""
+        """The checkpoint is committed already (``STEP_COMMITTED``)."""
         return cls.about(c, "is already committed")
 
     @classmethod
     def committing(cls, c: Context) -> CheckpointError:
-        """A leader is committing the step (``STEP_COMMITTING``)."""
+        """A leader is committing the checkpoint (``STEP_COMMITTING``)."""
         return cls.about(
             c,
             f"is being committed by leader {c['payload'][0]!r}; worker {c['worker_id']!r} "
@@ -549,62 +557,65 @@ class CheckpointError(StrataError):
 
 
 class CheckpointAbortedError(CheckpointError):
-    """A participant aborted this step (its upload failed); the step never becomes visible."""
+    """A participant aborted this checkpoint (its upload failed); it never becomes visible."""
 
     @classmethod
-    def by(cls, job_id: str, step: int, worker_id: str, reason: str) -> CheckpointAbortedError:
-        """``step`` was aborted by ``worker_id`` for ``reason``."""
+    def by(
+        cls, job_id: str, checkpoint: Any, worker_id: str, reason: str
+    ) -> CheckpointAbortedError:
+        """``checkpoint`` (a ``CheckpointId``) was aborted by ``worker_id`` for ``reason``."""
         return cls(
-            f"step {step} of job {job_id!r} was aborted by worker {worker_id!r}: {reason}",
-            job_id=job_id,
-            step=step,
-        )
+            f"checkpoint {checkpoint} of job {job_id!r} was aborted by worker {worker_id!r}: "
+            f"{reason}",
+            job_id=job_id, step=checkpoint.step, epoch=checkpoint.epoch,
+        )  # fmt: skip
 
     @classmethod
     def refused(cls, c: Context) -> CheckpointAbortedError:
-        """The step was aborted (``STEP_ABORTED``; payload: culprit, reason)."""
-        return cls.by(c["job_id"], c["step"], c["payload"][0], c["payload"][1])
+        """The checkpoint was aborted (``STEP_ABORTED``; payload: culprit, reason)."""
+        return cls.by(c["job_id"], c["checkpoint"], c["payload"][0], c["payload"][1])
 
 
 class CheckpointNotFoundError(CheckpointError):
-    """No committed checkpoint step verifies."""
+    """No committed checkpoint verifies."""
 
 
 class StepNotForwardError(CheckpointError, ValueError):
-    """A save's step is not after the newest one: steps must go forward.
+    """A save's checkpoint is not after the newest one: checkpoints must go forward in
+    (run, epoch, step) order.
 
-    Raised by whichever check finds it first (this manager's own last step, the Redis index,
+    Raised by whichever check finds it first (this manager's own last save, the Redis index,
     or the commit script), always as this type; it is also a ``ValueError`` (a bad argument).
 
     Attributes:
-        newest: the step it had to be after.
+        newest: the checkpoint (a ``CheckpointId``) it had to be after.
     """
 
-    def __init__(self, message: str, *, job_id: str, step: int | None, newest: int) -> None:
-        super().__init__(message, job_id=job_id, step=step)
+    def __init__(
+        self, message: str, *, job_id: str, step: int | None, epoch: int | None, newest: Any
+    ) -> None:
+        super().__init__(message, job_id=job_id, step=step, epoch=epoch)
         self.newest = newest
 
     @classmethod
-    def after(cls, job_id: str, step: int, newest: int, by: str) -> StepNotForwardError:
-        """``step`` is not after ``newest``, which ``by`` (who saved or committed it) holds."""
+    def after(cls, job_id: str, checkpoint: Any, newest: Any, by: str) -> StepNotForwardError:
+        """``checkpoint`` is not after ``newest``, which ``by`` (who saved or committed it)
+        holds (both ``CheckpointId``\\ s)."""
         return cls(
-            f"step must go forward: got step={step}, but {by} step {newest}",
-            job_id=job_id,
-            step=step,
-            newest=newest,
-        )
+            f"checkpoints must go forward: got {checkpoint}, but {by} {newest}",
+            job_id=job_id, step=checkpoint.step, epoch=checkpoint.epoch, newest=newest,
+        )  # fmt: skip
 
     @classmethod
     def refused(cls, c: Context) -> StepNotForwardError:
-        """The commit protocol found a newer committed step (``STEP_NOT_FORWARD``)."""
-        newest = int(c["payload"][0])
+        """The commit protocol found a newer committed checkpoint (``STEP_NOT_FORWARD``;
+        payload: its index member, which the context's ``parse`` turns into its id)."""
+        newest = c["parse"](c["payload"][0])
         return cls(
-            f"step {c['step']} of job {c['job_id']!r} is not after the newest committed step "
-            f"{newest}: steps must go forward",
-            job_id=c["job_id"],
-            step=c["step"],
-            newest=newest,
-        )
+            f"checkpoint {c['checkpoint']} of job {c['job_id']!r} is not after the newest "
+            f"committed checkpoint {newest}: checkpoints must go forward",
+            job_id=c["job_id"], step=c["step"], epoch=c.get("epoch"), newest=newest,
+        )  # fmt: skip
 
 
 #: each refusal a script can return, and the exception it becomes

@@ -141,7 +141,10 @@ class Keys:
         return f"{self.base}:rendezvous_events"
 
     def round_checkpoints(self, round_: int) -> str:
-        """ZSET checkpoint steps opened in a round (score = step), so ranks fill in missing ones."""
+        """ZSET the checkpoints opened in a round: index member (as in ``checkpoints``) -> the
+        job's epoch it was opened in, so ranks whose epoch ended early fill them in at the
+        epoch barrier (``checkpoint/rounds.py``); trimmed as epochs pass, expires a day after
+        its last write."""
         return f"{self.base}:round_checkpoints:{round_}"
 
     def torch_store(self, round_: int) -> str:
@@ -165,14 +168,22 @@ class Keys:
         return LeaseKeys(self, dataset, epoch)
 
     # -- checkpoints -----------------------------------------------------------------------
+    # A checkpoint is the loop's (epoch, step) and the job's run (``checkpoint/ids.py``). Its
+    # index member is "<run>:<epoch>:<step>", each zero-padded to 16 digits, the epoch "-"
+    # when it has none (run 1, epoch 3, step 200: 0000000000000001:0000000000000003:
+    # 0000000000000200); its label ("step_5000", "epoch_2_step_5000", "run_1_epoch_2_step_0")
+    # names its directory in storage and ends its own keys below.
     @property
     def checkpoints(self) -> str:
-        """ZSET the committed checkpoint steps (score = step): the index, newest last."""
+        """ZSET the committed checkpoints: index member -> 0. Every score is 0, so Redis sorts
+        the members by their bytes: (run, epoch, step) order, newest last
+        (``ZRANGE key 0 0 REV`` is the newest)."""
         return f"{self.base}:checkpoints"
 
     @property
     def checkpoint_info(self) -> str:
-        """HASH step -> JSON summary of a committed step {epoch, world_size, bytes, files}."""
+        """HASH index member -> the committed checkpoint's metadata.json (JSON: run, epoch,
+        step, world_size, acked_ms, workers, files with sizes and checksums)."""
         return f"{self.base}:checkpoint_info"
 
     @property
@@ -182,20 +193,31 @@ class Keys:
 
     @property
     def checkpoint_records(self) -> str:
-        """STREAM one entry per save (step, rank, bytes, seconds, MB/s, outcome), capped."""
+        """STREAM one entry per save, capped: step, epoch ("" if none), run, rank, worker,
+        bytes, seconds, mb_s, outcome (uploaded/aborted), at_ms."""
         return f"{self.base}:checkpoint_records"
 
-    def checkpoint_step(self, step: int) -> str:
-        """HASH a step being saved: state, world_size, epoch, leader, r:<rank> -> worker, ..."""
-        return f"{self.base}:checkpoint_step:{step}"
+    @property
+    def checkpoint_run(self) -> str:
+        """HASH the job's run (``checkpoint/rounds.py``): ``run`` (0 for the job's first
+        launch; a whole-job relaunch makes it the newest committed checkpoint's run + 1, and
+        never less than the previous run + 1), ``round`` (the fresh rendezvous round that
+        started it: every member of that round reads the same run), ``started_ms``."""
+        return f"{self.base}:checkpoint_run"
 
-    def checkpoint_acks(self, step: int) -> str:
-        """HASH rank -> JSON {worker, files} of the ranks that uploaded and acked a step."""
-        return f"{self.base}:checkpoint_acks:{step}"
+    def checkpoint_step(self, label: str) -> str:
+        """HASH a checkpoint being saved, by label: state (open/committing/committed/aborted),
+        world_size, run, epoch, step, opened_ms, leader, acked_ms, committed_ms, culprit,
+        reason, aborted_ms, r:<rank> -> worker."""
+        return f"{self.base}:checkpoint_step:{label}"
 
-    def checkpoint_wake(self, step: int) -> str:
-        """LIST tokens pushed when a step commits or aborts; its waiters BLPOP it."""
-        return f"{self.base}:checkpoint_wake:{step}"
+    def checkpoint_acks(self, label: str) -> str:
+        """HASH rank -> JSON {worker, files} of the ranks that uploaded and acked a checkpoint."""
+        return f"{self.base}:checkpoint_acks:{label}"
+
+    def checkpoint_wake(self, label: str) -> str:
+        """LIST tokens pushed when a checkpoint commits or aborts; its waiters BLPOP it."""
+        return f"{self.base}:checkpoint_wake:{label}"
 
 
 @dataclass(frozen=True)

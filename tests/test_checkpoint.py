@@ -31,6 +31,7 @@ from strata_redis import (
     S3Storage,
     StorageError,
 )
+from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.server import RedisServer
 from strata_redis.storage.base import TMP_PREFIX
 
@@ -61,8 +62,9 @@ def manager(redis_url: str, job_id: str, tmp_path: Path) -> Iterator[Factory]:
         ckpt.close()
 
 
-def step_path(root: Path, step: int, job: str) -> Path:
-    return root / job / "checkpoints" / f"step_{step}"
+def step_path(root: Path, step: int, job: str, epoch: int | None = None) -> Path:
+    label = f"step_{step}" if epoch is None else f"epoch_{epoch}_step_{step}"
+    return root / job / "checkpoints" / label
 
 
 def part(step: int, rank: int = 0, size: int = 4096) -> bytes:
@@ -87,7 +89,7 @@ def test_seed_example_local(
         assert latest is not None and latest.step == 5000
         assert ckpt.load() == model_state_bytes
         assert [i.step for i in ckpt.list()] == [5000]
-    step_dir = step_path(tmp_path, 5000, "default")
+    step_dir = step_path(tmp_path, 5000, "default", epoch=2)
     assert sorted(p.name for p in step_dir.iterdir()) == ["metadata.json", "model.bin"]
 
 
@@ -106,8 +108,8 @@ def test_seed_example_s3(redis_url: str, s3_endpoint: str, monkeypatch: pytest.M
         assert ckpt.load() == model_state_bytes
     keys = [o["Key"] for o in admin.list_objects_v2(Bucket="my-bucket")["Contents"]]
     assert sorted(keys) == [
-        "models/default/checkpoints/step_5000/metadata.json",
-        "models/default/checkpoints/step_5000/model.bin",
+        "models/default/checkpoints/epoch_2_step_5000/metadata.json",
+        "models/default/checkpoints/epoch_2_step_5000/model.bin",
     ]
     admin.close()
 
@@ -116,14 +118,14 @@ def test_metadata_lists_sizes_and_checksums(manager: Factory, job_id: str, tmp_p
     ckpt = manager()
     parts = {"model.bin": part(1), "optim/adam.bin": part(2, size=10)}
     info = ckpt.save(parts, step=7, epoch=1).result(timeout=30)
-    doc = orjson.loads((step_path(tmp_path / "store", 7, job_id) / "metadata.json").read_bytes())
-    assert doc["step"] == 7 and doc["epoch"] == 1 and doc["world_size"] == 1
+    doc = orjson.loads((step_path(tmp_path / "store", 7, job_id, 1) / "metadata.json").read_bytes())
+    assert doc["step"] == 7 and doc["epoch"] == 1 and doc["run"] == 0 and doc["world_size"] == 1
     assert doc["job_id"] == job_id and doc["workers"] == {"0": ckpt.worker_id}
     for name, data in parts.items():
         entry = doc["files"][name]
         assert entry["size"] == len(data)
         assert entry["checksum"] == f"crc32:{zlib.crc32(data):08x}"
-        assert (step_path(tmp_path / "store", 7, job_id) / name).read_bytes() == data
+        assert (step_path(tmp_path / "store", 7, job_id, 1) / name).read_bytes() == data
         assert ckpt.load(name=name) == data
     assert set(info.files) == set(parts)
 
@@ -192,8 +194,8 @@ def test_a_long_upload_is_logged_while_it_runs(
             time.sleep(0.05)
         storage.gate.set()
         future.result(timeout=30)
-    assert f"checkpoint step 1 of job '{job_id}' still uploading after" in caplog.text
-    assert f"checkpoint step 1 of job '{job_id}' committed: 1 files" in caplog.text
+    assert f"checkpoint (step 1) of job '{job_id}' still uploading after" in caplog.text
+    assert f"checkpoint (step 1) of job '{job_id}' committed: 1 files" in caplog.text
 
 
 def test_every_save_is_recorded(manager: Factory) -> None:
@@ -279,7 +281,9 @@ def test_failed_upload_aborts_the_step_and_the_others_are_told_at_once(
     with pytest.raises(CheckpointAbortedError, match="worker 'bad'") as caught:
         failing.result(timeout=30)
     assert isinstance(caught.value.__cause__, StorageError)
-    with pytest.raises(CheckpointAbortedError, match=r"step 1 .*aborted by worker 'bad'"):
+    with pytest.raises(
+        CheckpointAbortedError, match=r"checkpoint \(step 1\) .*aborted by worker 'bad'"
+    ):
         waiting.result(timeout=30)
     assert time.monotonic() - start < 10, "the waiting rank must not wait for its timeout"
     assert good.list() == [] and good.latest() is None
@@ -305,7 +309,7 @@ def test_a_registered_rank_declared_failed_aborts_the_step(
     dead = job.register_worker("dead-rank", heartbeat_interval=None)
     assert dead.incarnation >= 1
     lost = manager(world_size=2, rank=1, worker_id="dead-rank", job_id=job.job_id)
-    lost.protocol.begin(1, None)
+    lost.protocol.begin(CheckpointId(1))
     ckpt = manager(world_size=2, rank=0, job_id=job.job_id, commit_timeout=120)
     future = ckpt.save(part(1), step=1)
     deadline = time.monotonic() + 10
@@ -348,10 +352,8 @@ def test_worker_killed_mid_upload_never_shows_its_step(
     assert latest is not None and latest.step == 1
     assert ckpt.load() == part(1)
     assert [i.step for i in ckpt.list()] == [1]
-    with (
-        pytest.warns(CheckpointSkippedWarning, match="step 2 skipped: .*metadata.json is missing"),
-        pytest.raises(CheckpointNotFoundError, match="in step 2 of job"),
-    ):
+    # step 2 has no metadata.json: it is not a committed checkpoint a load could find
+    with pytest.raises(CheckpointNotFoundError, match=r"in checkpoint \(step 2\) of job"):
         ckpt.load(step=2)
 
     ckpt.save(part(3), step=3).result(timeout=30)  # the next commit cleans up
@@ -374,16 +376,16 @@ def test_corrupt_byte_is_skipped_for_the_previous_valid_step(
     raw = bytearray(model.read_bytes())
     raw[1234] ^= 0x01
     model.write_bytes(bytes(raw))
-    with pytest.warns(CheckpointSkippedWarning, match=r"step 2 skipped: model.bin: checksum"):
+    with pytest.warns(CheckpointSkippedWarning, match=r"step_2 skipped: model.bin: checksum"):
         loaded = ckpt.load_checkpoint()
     assert (loaded.step, loaded.data) == (1, part(1))
-    with pytest.raises(CheckpointError, match=r"step 2 .*does not verify"):
+    with pytest.raises(CheckpointError, match=r"checkpoint \(step 2\) of job .*does not verify"):
         ckpt.verify(2)
     # and when no step is valid: a clear error, never bad bytes
     (step_path(tmp_path / "store", 1, job_id) / "model.bin").write_bytes(part(1)[:-1])
     with (
-        pytest.warns(CheckpointSkippedWarning, match="step 1 skipped: model.bin: 4095 bytes"),
-        pytest.warns(CheckpointSkippedWarning, match="step 2 skipped"),
+        pytest.warns(CheckpointSkippedWarning, match="step_1 skipped: model.bin: 4095 bytes"),
+        pytest.warns(CheckpointSkippedWarning, match="step_2 skipped"),
         pytest.raises(CheckpointNotFoundError, match=r"no valid checkpoint of part 'model\.bin'"),
     ):
         ckpt.load()
@@ -403,7 +405,7 @@ def test_partial_and_half_deleted_steps_are_skipped(
         latest = ckpt.latest()
     assert latest is not None and latest.step == 1
     messages = " ".join(str(w.message) for w in caught)
-    assert "step 3 skipped" in messages and "step 2 skipped" in messages
+    assert "step_3 skipped" in messages and "step_2 skipped" in messages
 
 
 def test_redis_losing_its_metadata_loads_from_storage_alone(
@@ -416,13 +418,15 @@ def test_redis_losing_its_metadata_loads_from_storage_alone(
     assert ckpt.load() == part(3)  # from storage: Redis has no index
     fresh = manager(keep_count=5)
     assert [i.step for i in fresh.list()] == [3, 2, 1]  # index rebuilt from metadata.json
-    assert raw.zrange(f"strata:{{{job_id}}}:checkpoints", 0, -1) == ["1", "2", "3"]
+    assert raw.zrange(f"strata:{{{job_id}}}:checkpoints", 0, -1) == [
+        f"0000000000000000:-:{s:016d}" for s in (1, 2, 3)
+    ]
     fresh.save(part(4), step=4).result(timeout=30)
-    with pytest.raises(ValueError, match="step must go forward"):
+    with pytest.raises(ValueError, match="checkpoints must go forward"):
         fresh.save(part(3), step=3)
     raw.delete(f"strata:{{{job_id}}}:checkpoints")  # a partial loss: the marker survived
     assert fresh.load() == part(4)
-    assert fresh.rebuild_index() == [4, 3, 2, 1]
+    assert fresh.rebuild_index() == [CheckpointId(s) for s in (4, 3, 2, 1)]
 
 
 @pytest.mark.single_only("kills and restarts its own redis-server (redis_factory)")
@@ -492,7 +496,7 @@ def test_four_processes_twenty_steps_keep_the_three_newest(
     reader = manager()
     reader.prune()  # every rank closed after its last retention pass; this one must be idle
     assert sorted(p.name for p in (root / job_id / "checkpoints").iterdir()) == [
-        "step_18", "step_19", "step_20",
+        "epoch_3_step_18", "epoch_3_step_19", "epoch_4_step_20",
     ]  # fmt: skip
     assert [i.step for i in reader.list()] == [20, 19, 18]
     for step in (18, 19, 20):
@@ -543,14 +547,17 @@ def test_bad_input_is_refused_clearly(manager: Factory, job_id: str, tmp_path: P
         with pytest.raises(exc_type, match=match):
             call()
     ckpt.save(ok, step=5).result(timeout=30)
-    with pytest.raises(ValueError, match="step must go forward: got step=5"):
+    with pytest.raises(
+        ValueError,
+        match=r"must go forward: got \(step 5\), but this manager already saved \(step 5\)",
+    ):
         ckpt.save(ok, step=5)
-    with pytest.raises(ValueError, match="step must go forward: got step=4"):
+    with pytest.raises(ValueError, match=r"must go forward: got \(step 4\)"):
         ckpt.save(ok, step=4)
     with pytest.raises(ValueError, match=r"'nope.bin' is not a part .* parts: \['model.bin'\]"):
         ckpt.load(name="nope.bin")
     other = manager(worker_id="another")  # another manager of the same job
-    with pytest.raises(ValueError, match=f"job '{job_id}' already committed step 5"):
+    with pytest.raises(ValueError, match=rf"job '{job_id}' already committed \(step 5\)"):
         other.save(ok, step=3)
     assert ckpt.load() == ok and [i.step for i in ckpt.list()] == [5], "nothing corrupted"
     ckpt.close()
@@ -563,9 +570,11 @@ def test_a_stale_rank_cannot_reuse_a_committed_or_aborted_step(manager: Factory)
     first.save(part(1), step=1).result(timeout=30)
     stale = manager(worker_id="w-b")
     stale._indexed = True  # as if it had read the index long ago
-    with pytest.raises(ValueError, match="already committed step 1"):
+    with pytest.raises(ValueError, match=r"already committed \(step 1\)"):
         stale.save(part(1), step=1)
     with pytest.raises(CheckpointError, match="already committed"):
-        stale.protocol.begin(1, None)
-    with pytest.raises(CheckpointError, match="not after the newest committed step 1"):
-        stale.protocol.begin(0, None)
+        stale.protocol.begin(CheckpointId(1))
+    with pytest.raises(
+        CheckpointError, match=r"not after the newest committed checkpoint \(step 1\)"
+    ):
+        stale.protocol.begin(CheckpointId(0))

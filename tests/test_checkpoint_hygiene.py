@@ -13,7 +13,8 @@ import pytest
 
 import strata_redis
 from strata_redis import S3Storage, StorageError
-from strata_redis.checkpoint.manifest import checkpoints_prefix, step_dir
+from strata_redis.checkpoint.ids import CheckpointId
+from strata_redis.checkpoint.manifest import checkpoint_dir, checkpoints_prefix
 from strata_redis.checkpoint.retention import prune
 from strata_redis.storage.transfer import MiB
 
@@ -66,7 +67,7 @@ def test_s3_outage_mid_upload_then_retention_leaves_no_open_upload(
     s3: S3Storage, s3_endpoint: str, redis_url: str
 ) -> None:
     job = strata_redis.connect(redis_url, "run-9")
-    path = f"{step_dir('run-9', 100)}/rank_0.bin"
+    path = f"{checkpoint_dir('run-9', CheckpointId(100))}/rank_0.bin"
     events = s3._client.meta.events
     # the second part fails, and so does every abort (S3 is down): the upload stays open
     hook = _fail({"UploadPart", "AbortMultipartUpload"}, after=1)

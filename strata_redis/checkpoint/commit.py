@@ -1,14 +1,17 @@
-"""The all-or-nothing commit of one checkpoint step: begin, ack, lead or wait, commit or abort.
+"""The all-or-nothing commit of one checkpoint: begin, ack, lead or wait, commit or abort.
 
-Each participant (rank) of a step runs ``begin`` (Lua: the step must go forward and be
-open), uploads its parts, then ``ack``\\ s them with their sizes and checksums (Lua). The
-ack that brings the step to ``world_size`` acks makes its sender the one leader: it writes
-``metadata.json`` with a create-only write — the commit point in storage — and then marks
-the step committed in Redis (Lua), waking every waiter. A participant whose upload fails
-aborts the step (Lua): the step's waiters block on one list per step, so the abort wakes
-them at once, and the step never becomes visible. A waiter also aborts a step whose missing
-participant the registry declared failed, or that outlived its timeout; a committing step
-whose leader vanished is finished by a waiter (the metadata is the same bytes either way).
+A checkpoint is named by its ``CheckpointId`` (the loop's epoch and step, the job's run):
+its Redis keys end with its label, the index holds its member (``ids.py``). Each
+participant (rank) of a checkpoint runs ``begin`` (Lua: it must go forward in (run, epoch,
+step) order and be open), uploads its parts, then ``ack``\\ s them with their sizes and
+checksums (Lua). The ack that brings it to ``world_size`` acks makes its sender the one
+leader: it writes ``metadata.json`` with a create-only write — the commit point in storage —
+and then marks the checkpoint committed in Redis (Lua), waking every waiter. A participant
+whose upload fails aborts it (Lua): its waiters block on one list per checkpoint, so the
+abort wakes them at once, and it never becomes visible. A waiter also aborts a checkpoint
+whose missing participant the registry declared failed, or that outlived its timeout; a
+committing one whose leader vanished is finished by a waiter (the metadata is the same
+bytes either way).
 """
 
 from __future__ import annotations
@@ -27,15 +30,16 @@ from ..errors import (
     StorageExistsError,
 )
 from ..storage import Storage
+from .ids import CheckpointId
 from .index import CheckpointIndex
 from .manifest import (
     METADATA,
     CheckpointInfo,
     FileEntry,
+    checkpoint_dir,
     decode_metadata,
     encode_metadata,
     located,
-    step_dir,
 )
 
 __all__ = ["StepProtocol"]
@@ -74,34 +78,32 @@ class StepProtocol:
         self.world_size = world_size
 
     # -- the scripts -------------------------------------------------------------------------
-    def _run(
-        self, name: str, step: int, keys: list[str], args: list[Any], epoch: int | None = None
-    ) -> list[Any]:
+    def _run(self, name: str, cid: CheckpointId, keys: list[str], args: list[Any]) -> list[Any]:
         def context() -> dict[str, Any]:
             return {
-                "job_id": self.context.job_id, "step": step, "worker_id": self.worker_id,
-                "rank": self.rank, "world_size": self.world_size, "epoch": epoch,
+                "job_id": self.context.job_id, "step": cid.step, "epoch": cid.epoch,
+                "checkpoint": cid, "worker_id": self.worker_id, "rank": self.rank,
+                "world_size": self.world_size, "parse": CheckpointId.from_member,
             }  # fmt: skip
 
         return self.context.scripts.run(name, keys, args, context)
 
-    def begin(self, step: int, epoch: int | None) -> None:
-        """Open (or join) ``step`` as this rank's worker.
+    def begin(self, cid: CheckpointId) -> None:
+        """Open (or join) checkpoint ``cid`` as this rank's worker.
 
         Raises:
-            CheckpointError: the step is committed, not after the newest committed step, was
-                opened with another world size or epoch, or the rank is another worker's.
+            CheckpointError: it is committed, not after the newest committed checkpoint, was
+                opened with another world size, or the rank is another worker's.
             CheckpointAbortedError: another participant already aborted it.
         """
         k = self.context.keys
         self._run(
-            "begin_checkpoint", step, [k.checkpoint_step(step), self.index.keys[0]],
-            [step, "" if epoch is None else epoch, self.world_size, self.rank, self.worker_id,
-             STEP_TTL_MS], epoch=epoch,
+            "begin_checkpoint", cid, [k.checkpoint_step(cid.label), self.index.keys[0]],
+            [cid.member, *_numbers(cid), self.world_size, self.rank, self.worker_id, STEP_TTL_MS],
         )  # fmt: skip
 
     def ack(
-        self, step: int, files: dict[str, FileEntry], nbytes: int, seconds: float
+        self, cid: CheckpointId, files: dict[str, FileEntry], nbytes: int, seconds: float
     ) -> tuple[int, dict[int, dict[str, Any]]] | None:
         """Ack this rank's uploaded ``files``; also records the save (bytes, seconds, MB/s).
 
@@ -118,76 +120,76 @@ class StepProtocol:
                       for p, f in files.items()},
         }  # fmt: skip
         mb_s = nbytes / 1e6 / seconds if seconds > 0 else 0.0
+        label = cid.label
         reply = self._run(
-            "ack_checkpoint", step,
-            [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
+            "ack_checkpoint", cid,
+            [k.checkpoint_step(label), k.checkpoint_acks(label), k.checkpoint_wake(label),
              self.index.keys[0], k.checkpoint_records],
-            [step, self.rank, self.worker_id, orjson.dumps(doc), STEP_TTL_MS, RECORDS_CAP,
-             nbytes, f"{seconds:.6f}", f"{mb_s:.3f}"],
+            [cid.member, *_numbers(cid), self.rank, self.worker_id, orjson.dumps(doc),
+             STEP_TTL_MS, RECORDS_CAP, nbytes, f"{seconds:.6f}", f"{mb_s:.3f}"],
         )  # fmt: skip
         if int(reply[0]) != 1:
             return None
         return int(reply[1]), _acks(reply[2:])
 
-    def abort(self, step: int, reason: str, nbytes: int = 0, seconds: float = 0.0) -> bool:
-        """Abort ``step`` naming this worker as the culprit; wake its waiters at once.
+    def abort(self, cid: CheckpointId, reason: str, nbytes: int = 0, seconds: float = 0.0) -> bool:
+        """Abort checkpoint ``cid`` naming this worker as the culprit; wake its waiters at once.
 
         Returns:
-            Whether the step is aborted now (False: it committed or is being committed).
+            Whether it is aborted now (False: it committed or is being committed).
         """
         k = self.context.keys
         try:
             self._run(
-                "abort_checkpoint", step,
-                [k.checkpoint_step(step), k.checkpoint_wake(step), k.checkpoint_records],
-                [step, self.worker_id, reason[:1000], self.rank, self.world_size, STEP_TTL_MS,
-                 RECORDS_CAP, nbytes, f"{seconds:.6f}"],
+                "abort_checkpoint", cid,
+                [k.checkpoint_step(cid.label), k.checkpoint_wake(cid.label), k.checkpoint_records],
+                [*_numbers(cid), self.worker_id, reason[:1000], self.rank, self.world_size,
+                 STEP_TTL_MS, RECORDS_CAP, nbytes, f"{seconds:.6f}"],
             )  # fmt: skip
         except CheckpointError as exc:
-            log.warning("could not abort step %s: %s", step, exc)
+            log.warning("could not abort checkpoint %s: %s", cid, exc)
             return False
         return True
 
     # -- leading -----------------------------------------------------------------------------
     def commit(
-        self, step: int, epoch: int | None, acked_ms: int, acks: dict[int, dict[str, Any]],
+        self, cid: CheckpointId, acked_ms: int, acks: dict[int, dict[str, Any]],
         *, takeover: bool = False,
     ) -> CheckpointInfo:  # fmt: skip
-        """Write metadata.json (create-only), then mark ``step`` committed in Redis.
+        """Write metadata.json (create-only), then mark ``cid`` committed in Redis.
 
         Raises:
-            CheckpointAbortedError: metadata.json could not be written; the step is aborted.
+            CheckpointAbortedError: metadata.json could not be written; the checkpoint is
+                aborted.
             CheckpointError: a different metadata.json is already there (never overwritten).
         """
-        info = build_info(self.context.job_id, step, epoch, acked_ms, acks)
-        info = located(info, self.storage)
+        job_id = self.context.job_id
+        info = located(build_info(job_id, cid, acked_ms, acks), self.storage)
         raw = encode_metadata(info)
-        path = f"{step_dir(self.context.job_id, step)}/{METADATA}"
+        path = f"{checkpoint_dir(job_id, cid)}/{METADATA}"
         try:
             self.storage.write_if_absent(path, raw)
         except StorageExistsError:
             if self.storage.read(path) != raw:
-                self.abort(step, f"{path} already exists with other contents")
+                self.abort(cid, f"{path} already exists with other contents")
                 raise CheckpointError(
-                    f"step {step} of job {self.context.job_id!r}: {self.storage.describe()}/{path} "
+                    f"checkpoint {cid} of job {job_id!r}: {self.storage.describe()}/{path} "
                     "already exists with other contents; it was not overwritten",
-                    job_id=self.context.job_id,
-                    step=step,
-                ) from None
+                    job_id=job_id, step=cid.step, epoch=cid.epoch,
+                ) from None  # fmt: skip
             # The same bytes: an earlier leader (or our own earlier try) wrote it.
         except StorageError as exc:
             if not self._written(path, raw):
                 reason = f"writing {METADATA} failed: {exc}"
-                self.abort(step, reason)
-                raise CheckpointAbortedError.by(
-                    self.context.job_id, step, self.worker_id, reason
-                ) from exc
+                self.abort(cid, reason)
+                raise CheckpointAbortedError.by(job_id, cid, self.worker_id, reason) from exc
         k = self.context.keys
+        label = cid.label
         self._run(
-            "commit_checkpoint", step,
-            [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
+            "commit_checkpoint", cid,
+            [k.checkpoint_step(label), k.checkpoint_acks(label), k.checkpoint_wake(label),
              *self.index.keys],
-            [step, self.worker_id, raw, "1" if takeover else "0", DONE_TTL_MS],
+            [cid.member, self.worker_id, raw, "1" if takeover else "0", DONE_TTL_MS],
         )  # fmt: skip
         return info
 
@@ -199,8 +201,8 @@ class StepProtocol:
             return False
 
     # -- waiting -----------------------------------------------------------------------------
-    def wait(self, step: int, epoch: int | None, timeout: float) -> CheckpointInfo:
-        """Wait until ``step`` commits (return its info) or aborts (raise), at most ``timeout``.
+    def wait(self, cid: CheckpointId, timeout: float) -> CheckpointInfo:
+        """Wait until ``cid`` commits (return its info) or aborts (raise), at most ``timeout``.
 
         Raises:
             CheckpointAbortedError: a participant aborted it, failed before acking, or the
@@ -208,88 +210,96 @@ class StepProtocol:
             CheckpointError: its keys expired, or it stayed committing past the timeout and
                 could not be finished here.
         """
-        k = self.context.keys
-        wake = k.checkpoint_wake(step)
+        wake = self.context.keys.checkpoint_wake(cid.label)
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             block = max(0.001, min(CHECK_EVERY_S, as_context(self.context).max_block, remaining))
             popped = self.context.client.blpop([wake], timeout=block)
             if popped is not None and popped[1] == "committed":  # final: no check needed
-                return self._committed_info(step, epoch)
+                return self._committed_info(cid)
             timed_out = popped is None and remaining <= CHECK_EVERY_S
-            state, who, reason = self._check(step, timed_out)
+            state, who, reason = self._check(cid, timed_out)
             if state == "committed":
-                return self._committed_info(step, epoch)
+                return self._committed_info(cid)
             if state == "aborted":
-                raise CheckpointAbortedError.by(self.context.job_id, step, who, reason)
+                raise CheckpointAbortedError.by(self.context.job_id, cid, who, reason)
             if state == "missing":
                 raise CheckpointError(
-                    f"step {step} of job {self.context.job_id!r} has no state in Redis any more "
-                    "(its keys expired or Redis lost them)", job_id=self.context.job_id, step=step,
+                    f"checkpoint {cid} of job {self.context.job_id!r} has no state in Redis any "
+                    "more (its keys expired or Redis lost them)", job_id=self.context.job_id,
+                    step=cid.step, epoch=cid.epoch,
                 )  # fmt: skip
             if state == "committing" and timed_out:
-                log.warning("step %s: leader %r did not finish committing; finishing it", step, who)
-                return self._take_over(step, epoch)
+                log.warning("checkpoint %s: leader %r did not finish committing; finishing it",
+                            cid, who)  # fmt: skip
+                return self._take_over(cid)
 
-    def _check(self, step: int, timed_out: bool) -> tuple[str, str, str]:
+    def _check(self, cid: CheckpointId, timed_out: bool) -> tuple[str, str, str]:
         k = self.context.keys
+        label = cid.label
         state, who, reason = self._run(
-            "check_checkpoint", step,
-            [k.checkpoint_step(step), k.checkpoint_acks(step), k.checkpoint_wake(step),
+            "check_checkpoint", cid,
+            [k.checkpoint_step(label), k.checkpoint_acks(label), k.checkpoint_wake(label),
              k.heartbeats, k.status],
             ["1" if timed_out else "0", self.worker_id, STEP_TTL_MS],
         )  # fmt: skip
         return str(state), str(who), str(reason)
 
-    def _acks(self, step: int) -> tuple[int, dict[int, dict[str, Any]]]:
+    def _acks(self, cid: CheckpointId) -> tuple[int, dict[int, dict[str, Any]]]:
         k = self.context.keys
         with self.context.client.pipeline(transaction=True) as pipe:
-            pipe.hget(k.checkpoint_step(step), "acked_ms")
-            pipe.hgetall(k.checkpoint_acks(step))
+            pipe.hget(k.checkpoint_step(cid.label), "acked_ms")
+            pipe.hgetall(k.checkpoint_acks(cid.label))
             acked_ms, raw_acks = pipe.execute()
         return int(acked_ms or 0), {int(r): orjson.loads(v) for r, v in raw_acks.items()}
 
-    def _take_over(self, step: int, epoch: int | None) -> CheckpointInfo:
-        acked_ms, acks = self._acks(step)
-        return self.commit(step, epoch, acked_ms, acks, takeover=True)
+    def _take_over(self, cid: CheckpointId) -> CheckpointInfo:
+        acked_ms, acks = self._acks(cid)
+        return self.commit(cid, acked_ms, acks, takeover=True)
 
-    def _committed_info(self, step: int, epoch: int | None) -> CheckpointInfo:
+    def _committed_info(self, cid: CheckpointId) -> CheckpointInfo:
         try:
-            return self.info(step)
+            return self.info(cid)
         except CheckpointError:
-            # Retention already dropped it from the index (a newer step committed and
+            # Retention already dropped it from the index (a newer checkpoint committed and
             # keep_count is small): the acks say the same as its metadata.json did.
-            acked_ms, acks = self._acks(step)
-            info = build_info(self.context.job_id, step, epoch, acked_ms, acks)
-            return located(info, self.storage)
+            acked_ms, acks = self._acks(cid)
+            return located(build_info(self.context.job_id, cid, acked_ms, acks), self.storage)
 
-    def info(self, step: int) -> CheckpointInfo:
-        """The committed ``step``'s info from the Redis index.
+    def info(self, cid: CheckpointId) -> CheckpointInfo:
+        """The committed checkpoint ``cid``'s info from the Redis index.
 
         Raises:
-            CheckpointError: ``step`` is not in the index.
+            CheckpointError: ``cid`` is not in the index.
         """
-        raw = self.index.metadata(step)
+        raw = self.index.metadata(cid)
         if raw is None:
             raise CheckpointError(
-                f"step {step} of job {self.context.job_id!r} is not in the index",
-                job_id=self.context.job_id, step=step,
+                f"checkpoint {cid} of job {self.context.job_id!r} is not in the index",
+                job_id=self.context.job_id, step=cid.step, epoch=cid.epoch,
             )  # fmt: skip
-        return located(decode_metadata(raw, self.context.job_id, step), self.storage)
+        return located(decode_metadata(raw, self.context.job_id, cid), self.storage)
 
 
 def build_info(
-    job_id: str, step: int, epoch: int | None, acked_ms: int, acks: dict[int, dict[str, Any]]
+    job_id: str, cid: CheckpointId, acked_ms: int, acks: dict[int, dict[str, Any]]
 ) -> CheckpointInfo:
-    """The step's info from every rank's ack: what metadata.json will say."""
+    """The checkpoint's info from every rank's ack: what metadata.json will say."""
     files: dict[str, FileEntry] = {}
     workers: dict[int, str] = {}
     for rank, ack in sorted(acks.items()):
         workers[rank] = str(ack["worker"])
         for path, f in ack["files"].items():
             files[path] = FileEntry(path, str(f["name"]), rank, int(f["size"]), str(f["checksum"]))
-    return CheckpointInfo(job_id, step, epoch, len(acks), workers, files, acked_ms)
+    return CheckpointInfo(
+        job_id, cid.step, cid.epoch, len(acks), workers, files, acked_ms, run=cid.run
+    )
+
+
+def _numbers(cid: CheckpointId) -> list[Any]:
+    """(run, epoch or "", step): how the scripts take a checkpoint's numbers."""
+    return [cid.run, "" if cid.epoch is None else cid.epoch, cid.step]
 
 
 def _acks(flat: list[Any]) -> dict[int, dict[str, Any]]:

@@ -1,8 +1,11 @@
-"""The checkpoint index in Redis: the committed steps of a job and their metadata, for listing.
+"""The checkpoint index in Redis: a job's committed checkpoints and their metadata, for listing.
 
-This class is the only writer of the index from Python (the commit script adds a step to it
-atomically with the commit, through the keys ``keys`` gives it). Storage holds the truth:
-the index is rebuilt from the metadata.json files when Redis lost it.
+This class is the only writer of the index from Python (the commit script adds a checkpoint
+to it atomically with the commit, through the keys ``keys`` gives it). The sorted set holds
+each committed checkpoint's ``CheckpointId.member`` with score 0, so Redis orders it by
+member bytes, which is (run, epoch, step) order (``ids.py``); the hash maps the same member
+to the checkpoint's metadata.json bytes. Storage holds the truth: the index is rebuilt from
+the metadata.json files when Redis lost it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 
 from ..context import JobContext
 from ..validate import check_int
+from .ids import CheckpointId
 from .manifest import CheckpointInfo, decode_metadata
 
 __all__ = ["CheckpointIndex"]
@@ -20,12 +24,12 @@ log = logging.getLogger("strata_redis.checkpoint")
 
 
 class CheckpointIndex:
-    """One job's checkpoint index: a sorted set of committed steps and a hash of their metadata."""
+    """One job's checkpoint index: a sorted set of committed checkpoints and their metadata."""
 
     def __init__(self, ctx: JobContext) -> None:
         self.context = ctx
         k = ctx.keys
-        self._steps, self._info, self._built = (
+        self._ids, self._info, self._built = (
             k.checkpoints,
             k.checkpoint_info,
             k.checkpoint_indexed,
@@ -33,61 +37,72 @@ class CheckpointIndex:
 
     @property
     def keys(self) -> list[str]:
-        """The index's keys as the commit scripts take them: (steps ZSET, metadata HASH)."""
-        return [self._steps, self._info]
+        """The index's keys as the commit scripts take them: (ids ZSET, metadata HASH)."""
+        return [self._ids, self._info]
 
     def is_built(self) -> bool:
         """Whether Redis holds the index (False on a new or flushed Redis)."""
         return bool(self.context.client.exists(self._built))
 
-    def steps(self) -> list[int]:
-        """The committed steps, newest first."""
-        return [int(s) for s in self.context.client.zrange(self._steps, 0, -1, desc=True)]
+    def ids(self) -> list[CheckpointId]:
+        """The committed checkpoints, newest first (members that do not parse are skipped)."""
+        return _parse(self.context.client.zrange(self._ids, 0, -1, desc=True))
 
-    def newest(self) -> int | None:
-        """The newest committed step, or None."""
-        top = self.context.client.zrange(self._steps, 0, 0, desc=True)
-        return int(top[0]) if top else None
+    def newest(self) -> CheckpointId | None:
+        """The newest committed checkpoint, or None."""
+        top = _parse(self.context.client.zrange(self._ids, 0, 0, desc=True))
+        return top[0] if top else None
 
-    def metadata(self, step: int) -> bytes | None:
-        """The encoded metadata of committed ``step``, or None if it is not indexed."""
-        raw: bytes | None = self.context.client.hget(self._info, str(step))
+    def metadata(self, cid: CheckpointId) -> bytes | None:
+        """The encoded metadata of committed ``cid``, or None if it is not indexed."""
+        raw: bytes | None = self.context.client.hget(self._info, cid.member)
         return raw
 
     def infos(self, count: int | None = 100) -> list[CheckpointInfo]:
-        """The newest ``count`` (None: all) committed steps, newest first (Redis only).
+        """The newest ``count`` (None: all) committed checkpoints, newest first (Redis only).
 
         ``location`` is left empty: what a dashboard shows, without touching storage.
         """
         if count is not None:
             count = check_int("count", count, low=1, high=1_000_000)
         client, job_id = self.context.client, self.context.job_id
-        steps = client.zrange(self._steps, 0, -1 if count is None else count - 1, desc=True)
-        if not steps:
+        members = client.zrange(self._ids, 0, -1 if count is None else count - 1, desc=True)
+        if not members:
             return []
         out = []
-        for step, raw in zip(steps, client.hmget(self._info, steps), strict=True):
+        for member, raw in zip(members, client.hmget(self._info, members), strict=True):
             try:
-                out.append(decode_metadata(raw or b"", job_id, int(step)))
+                out.append(decode_metadata(raw or b"", job_id, CheckpointId.from_member(member)))
             except ValueError as exc:
-                log.warning("step %s: bad index entry (%s); rebuild_index() fixes it", step, exc)
+                log.warning("checkpoint %s: bad index entry (%s); rebuild_index() fixes it",
+                            member, exc)  # fmt: skip
         return out
 
-    def replace(self, found: dict[int, bytes], stale: list[int]) -> None:
-        """Add ``found`` (step -> encoded metadata), drop ``stale``, mark the index built."""
+    def replace(self, found: dict[CheckpointId, bytes], stale: list[CheckpointId]) -> None:
+        """Add ``found`` (id -> encoded metadata), drop ``stale``, mark the index built."""
         with self.context.client.pipeline(transaction=True) as pipe:
             if found:
-                pipe.zadd(self._steps, {str(s): s for s in found})
-                pipe.hset(self._info, mapping={str(s): raw for s, raw in found.items()})
+                pipe.zadd(self._ids, {c.member: 0 for c in found})
+                pipe.hset(self._info, mapping={c.member: raw for c, raw in found.items()})
             if stale:
-                pipe.zrem(self._steps, *map(str, stale))
-                pipe.hdel(self._info, *map(str, stale))
+                pipe.zrem(self._ids, *(c.member for c in stale))
+                pipe.hdel(self._info, *(c.member for c in stale))
             pipe.set(self._built, int(time.time() * 1000))
             pipe.execute()
 
-    def drop(self, step: int) -> None:
-        """Remove ``step`` from the index (retention, before its files are deleted)."""
+    def drop(self, cid: CheckpointId) -> None:
+        """Remove ``cid`` from the index (retention, before its files are deleted)."""
         with self.context.client.pipeline(transaction=True) as pipe:
-            pipe.zrem(self._steps, str(step))
-            pipe.hdel(self._info, str(step))
+            pipe.zrem(self._ids, cid.member)
+            pipe.hdel(self._info, cid.member)
             pipe.execute()
+
+
+def _parse(members: list[str]) -> list[CheckpointId]:
+    out = []
+    for member in members:
+        try:
+            out.append(CheckpointId.from_member(member))
+        except ValueError:
+            log.warning("checkpoint index: %r is not a checkpoint member; skipped", member)
+    return out

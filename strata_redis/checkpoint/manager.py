@@ -15,6 +15,7 @@ from ..storage import Storage, as_byte_view, open_storage
 from ..storage.base import check_path
 from ..validate import check_id, check_int, check_seconds
 from .commit import StepProtocol
+from .ids import MAX_NUMBER, CheckpointId
 from .manifest import CheckpointInfo, check_part_name
 from .pipeline import SaveFuture, SavePipeline
 from .reader import CheckpointReader, LoadedCheckpoint
@@ -24,8 +25,8 @@ from .snapshot import is_immutable
 
 __all__ = ["MAX_STEP", "CheckpointManager", "SaveFuture"]
 
-#: steps are ints in [0, MAX_STEP] (Redis sorted-set scores are exact up to 2**53)
-MAX_STEP = 2**53
+#: steps, epochs and runs are ints in [0, MAX_STEP] (exact in JSON and Lua numbers)
+MAX_STEP = MAX_NUMBER
 
 
 class CheckpointManager:
@@ -34,30 +35,38 @@ class CheckpointManager:
     ``save`` takes a snapshot of the bytes (one copy into a reused buffer; none for immutable
     ``bytes`` or with ``copy=False``) and returns at once; the upload runs in the background,
     at most ``max_in_flight`` saves at a time (a further ``save`` waits for room, so memory
-    stays flat). A step commits when ``world_size`` ranks have uploaded and acked it: one
-    leader then writes ``metadata.json`` last, and only then marks the step committed in
-    Redis. A failed upload aborts the step for every rank at once; it never becomes visible.
-    After each commit the ``keep_count`` newest steps are kept and older ones deleted in the
-    background, with the leftovers of crashed saves.
+    stays flat). A checkpoint commits when ``world_size`` ranks have uploaded and acked it:
+    one leader then writes ``metadata.json`` last, and only then marks it committed in
+    Redis. A failed upload aborts it for every rank at once; it never becomes visible.
+    After each commit the ``keep_count`` newest checkpoints are kept and older ones deleted
+    in the background, with the leftovers of crashed saves.
+
+    A checkpoint is the (epoch, step) the caller passed, plus a ``run`` (default 0; the
+    orchestrator passes the job's launch): checkpoints are ordered by (run, epoch, step), an
+    epoch of None before epoch 0, and each save must come after the newest committed one.
+    Its directory is its label: ``step_{S}`` without an epoch, ``epoch_{E}_step_{S}`` with
+    one, ``run_{R}_...`` in front for run ``R > 0`` (``checkpoint/ids.py``).
 
     Layout (``root`` is the storage's)::
 
-        {root}/{job_id}/checkpoints/step_{N}/metadata.json
-        {root}/{job_id}/checkpoints/step_{N}/model.bin            world_size == 1
-        {root}/{job_id}/checkpoints/step_{N}/rank_{r}/model.bin   world_size > 1
+        {root}/{job_id}/checkpoints/epoch_2_step_5000/metadata.json
+        {root}/{job_id}/checkpoints/epoch_2_step_5000/model.bin            world_size == 1
+        {root}/{job_id}/checkpoints/epoch_2_step_5000/rank_{r}/model.bin   world_size > 1
+        {root}/{job_id}/checkpoints/step_5000/...                          no epoch given
 
     Example::
 
         ckpt = CheckpointManager(path="s3://my-bucket/models", keep_count=5)
         ckpt.save(model_state_bytes, step=5000, epoch=2)    # returns at once
-        ckpt.latest()                                       # CheckpointInfo(step=5000, ...)
-        ckpt.load()                                         # the newest verified model.bin
+        ckpt.latest()                                # CheckpointInfo(step=5000, epoch=2, ...)
+        ckpt.load()                                  # the newest verified model.bin
+        ckpt.load(step=5000, epoch=2)                # that checkpoint's model.bin
 
     Args:
         path: the storage: a ``Storage``, a URL (``s3://bucket/prefix``, ``file:///dir``) or
             a path; None reads the environment (``STORAGE_BACKEND``, ``CHECKPOINT_BUCKET``,
             ``AWS_REGION``, ``LOCAL_STORAGE_PATH``, ``AWS_ENDPOINT_URL``).
-        keep_count: how many of the newest committed steps to keep (at least 1).
+        keep_count: how many of the newest committed checkpoints to keep (at least 1).
         job_id: the job; default the ``Job``'s given as ``redis``, else ``$STRATA_JOB_ID``,
             else ``"default"``. It may not contain ``/`` (it names a storage directory).
         redis: a Redis URL, a ``redis.Redis`` or a ``Job``; default ``$STRATA_REDIS_URL``,
@@ -143,43 +152,47 @@ class CheckpointManager:
         name: str = "model.bin",
         *,
         copy: bool = True,
+        run: int = 0,
     ) -> SaveFuture:
-        """Snapshot ``data`` and save it as this rank's part of ``step`` in the background.
+        """Snapshot ``data`` and save it as this rank's part of checkpoint (epoch, step) in the
+        background.
 
         Returns once the snapshot is taken (after waiting for room when ``max_in_flight``
-        saves are running). The step commits when every rank has acked it.
+        saves are running). The checkpoint commits when every rank has acked it.
 
         Args:
             data: the bytes: any C-contiguous buffer (``bytes``, ``bytearray``,
                 ``memoryview``, a numpy array), or a mapping of part name -> buffer to save
                 several parts in one step.
-            step: the training step, an int in ``[0, 2**53]``, after every step this
-                manager saved and after the job's newest committed step.
-            epoch: the epoch, recorded in the metadata (every rank must pass the same).
+            step: the training step, an int in ``[0, 2**53]``; (run, epoch, step) must come
+                after every checkpoint this manager saved and the job's newest committed one.
+            epoch: the epoch, an int in ``[0, 2**53]`` or None (every rank must pass the
+                same); it names the checkpoint with the step (``epoch_{E}_step_{S}``).
             name: the part's name when ``data`` is one buffer (a relative path such as
                 ``model.bin``; ``metadata.json`` and ``rank_<N>/...`` are reserved).
             copy: False hands the buffer over: it is saved without a copy and must not
                 change until the save is done. ``bytes`` are never copied (they cannot change).
+            run: the job's launch, an int in ``[0, 2**53]`` (``checkpoint/ids.py``): a
+                relaunched job that counts its steps from 0 again passes the run it resumed
+                from + 1, so its checkpoints come after the old ones.
 
         Returns:
-            A future of the committed step's :class:`CheckpointInfo`.
+            A future of the committed checkpoint's :class:`CheckpointInfo`.
 
         Raises:
             TypeError: ``data`` is not a buffer (or mapping of buffers), or a bad argument type.
-            ValueError: a negative, too large or backwards ``step``, empty ``data``, or a bad
-                part name.
+            ValueError: a negative or too large number, a checkpoint not after the newest one
+                (``StepNotForwardError``), empty ``data``, or a bad part name.
             RuntimeError: the manager is closed.
         """
         if self._closed:
             raise RuntimeError("this CheckpointManager is closed")
-        step = check_step(step)
-        if epoch is not None:
-            epoch = check_int("epoch", epoch, low=0, high=MAX_STEP)
+        cid = CheckpointId(step, epoch, run)  # checks each number, naming it
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {type(copy).__name__} {copy!r}")
         views = _parts(data, name)
         self._ensure_index()
-        return self.pipeline.submit(step, epoch, views, copy, self.reader.newest_step())
+        return self.pipeline.submit(cid, views, copy, self.reader.newest_id())
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until every save in flight is done and retention has caught up.
@@ -191,18 +204,18 @@ class CheckpointManager:
         """
         self.pipeline.wait(timeout)
 
-    def abort_pending(self, reason: str) -> builtins.list[int]:
-        """Abort every step this manager has in flight and not committed, for every rank.
+    def abort_pending(self, reason: str) -> builtins.list[CheckpointId]:
+        """Abort every checkpoint this manager has in flight and not committed, for every rank.
 
         For when the ranks this one waits for will never ack (the group broke up): the
         saves fail at once with ``CheckpointAbortedError`` instead of after
-        ``commit_timeout``. A step being committed by its leader is left alone.
+        ``commit_timeout``. One being committed by its leader is left alone.
 
         Args:
             reason: why, recorded with the abort (1 to 1000 characters).
 
         Returns:
-            The steps aborted.
+            The checkpoints aborted.
         """
         if not isinstance(reason, str) or not reason:
             raise ValueError(f"reason must be a non-empty str, got {reason!r}")
@@ -218,76 +231,100 @@ class CheckpointManager:
 
     # -- reading -------------------------------------------------------------------------------
     def list(self) -> list[CheckpointInfo]:
-        """Every committed step of the job, newest first (from the Redis index)."""
+        """Every committed checkpoint of the job, newest first (from the Redis index)."""
         return self.reader.list()
 
     def latest(self) -> CheckpointInfo | None:
-        """The newest committed step whose metadata.json and files are in storage, or None.
+        """The newest committed checkpoint whose metadata.json and files are in storage, or
+        None.
 
-        Steps that are not (a partial or half-deleted step) are skipped with a
+        Those that are not (a partial or half-deleted checkpoint) are skipped with a
         ``CheckpointSkippedWarning``.
         """
         return self.reader.latest()
 
     def load(
-        self, step: int | None = None, name: str = "model.bin", rank: int | None = None
+        self,
+        step: int | None = None,
+        name: str = "model.bin",
+        rank: int | None = None,
+        *,
+        epoch: int | None = None,
+        run: int | None = None,
     ) -> bytes:
-        """The bytes of a part of the newest committed step that verifies (or of ``step``).
+        """The bytes of a part of the newest committed checkpoint that verifies, among those
+        with the given step, epoch and run (None: any).
 
         Each candidate's part is checked against its metadata.json (size and CRC-32); a
-        partial, uncommitted or corrupt step is skipped with a ``CheckpointSkippedWarning``
-        and the next older one is tried.
+        partial, uncommitted or corrupt checkpoint is skipped with a
+        ``CheckpointSkippedWarning`` and the next older one is tried.
 
         Args:
-            step: a step to load; None for the newest that verifies.
+            step: the loop's step to load; None: any.
             name: the part's name.
             rank: whose part; default this manager's rank.
+            epoch: the epoch to load; None: any (``load(step=200)`` loads the newest
+                checkpoint of step 200, whatever its epoch).
+            run: the run to load; None: the newest that has the checkpoint.
 
         Returns:
             The part's bytes.
 
         Raises:
-            CheckpointNotFoundError: no committed step (or not ``step``) holds a valid copy.
-            ValueError: no committed step has a part ``name``; a bad argument.
+            CheckpointNotFoundError: no committed checkpoint (with those numbers) holds a
+                valid copy.
+            ValueError: no committed checkpoint has a part ``name``; a bad argument.
         """
-        return self.load_checkpoint(step, name, rank).data
+        return self.load_checkpoint(step, name, rank, epoch=epoch, run=run).data
 
     def load_checkpoint(
-        self, step: int | None = None, name: str = "model.bin", rank: int | None = None
+        self,
+        step: int | None = None,
+        name: str = "model.bin",
+        rank: int | None = None,
+        *,
+        epoch: int | None = None,
+        run: int | None = None,
     ) -> LoadedCheckpoint:
-        """Like ``load``, with the step it came from (``.info.step``, ``.info.epoch``).
+        """Like ``load``, with the checkpoint it came from (``.info.step``, ``.info.epoch``).
 
         Raises:
             CheckpointNotFoundError, ValueError: as ``load``.
         """
-        if step is not None:
-            step = check_step(step)
+        step, epoch, run = _numbers(step, epoch, run)
         name = check_part_name(name)
         rank = self.rank if rank is None else check_int("rank", rank, low=0, high=100_000)
-        return self.reader.load(step, name, rank)
+        return self.reader.load(step, name, rank, epoch, run)
 
-    def verify(self, step: int) -> CheckpointInfo:
-        """Read every file of committed ``step`` and check sizes and checksums.
+    def verify(
+        self, step: int, *, epoch: int | None = None, run: int | None = None
+    ) -> CheckpointInfo:
+        """Read every file of the newest committed checkpoint of ``step`` (and ``epoch``,
+        ``run`` when given) and check sizes and checksums.
 
         Raises:
-            CheckpointError: the step does not verify (the message says which file and why).
+            CheckpointError: there is none, or it does not verify (the message says which
+                file and why).
         """
-        return self.reader.verify(check_step(step))
+        step = check_step(step)
+        _, epoch, run = _numbers(None, epoch, run)
+        return self.reader.verify(step, epoch, run)
 
-    def rebuild_index(self) -> builtins.list[int]:
+    def rebuild_index(self) -> builtins.list[CheckpointId]:
         """Rebuild the Redis index from the metadata.json files in storage.
 
         Done automatically when Redis holds no index (a new or flushed server).
 
         Returns:
-            The committed steps in storage, newest first.
+            The committed checkpoints in storage, newest first.
         """
-        steps = self.reader.rebuild_index()
+        ids = self.reader.rebuild_index()
         self._indexed = True
-        return steps
+        return ids
 
     def records(self, count: int = 100) -> builtins.list[SaveRecord]:
-        """The job's newest save records (bytes, seconds, MB/s per rank and step), oldest first."""
+        """The job's newest save records (bytes, seconds, MB/s per rank and checkpoint),
+        oldest first."""
         return save_records(self.context, count)
 
     def _ensure_index(self) -> None:
@@ -321,6 +358,17 @@ class CheckpointManager:
 def check_step(step: object, *, arg: str = "step") -> int:
     """Return ``step`` if it is an int (not a bool) in ``[0, MAX_STEP]``, else raise naming it."""
     return check_int(arg, step, low=0, high=MAX_STEP)
+
+
+def _numbers(
+    step: int | None, epoch: int | None, run: int | None
+) -> tuple[int | None, int | None, int | None]:
+    """A lookup's numbers, each checked (None: any)."""
+    return (
+        None if step is None else check_step(step),
+        None if epoch is None else check_step(epoch, arg="epoch"),
+        None if run is None else check_step(run, arg="run"),
+    )
 
 
 def _parts(data: object, name: str) -> dict[str, tuple[memoryview, bool]]:

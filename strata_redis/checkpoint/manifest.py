@@ -1,13 +1,15 @@
 """A checkpoint's layout in storage and its metadata.json: what was committed, sizes, checksums.
 
-Layout, under the storage root::
+Layout, under the storage root (``{label}`` is the checkpoint's label, ``ids.py``:
+``step_{S}``, ``epoch_{E}_step_{S}``, ``run_{R}_epoch_{E}_step_{S}``: the loop's numbers)::
 
-    {job_id}/checkpoints/step_{N}/metadata.json        written last, by one leader
-    {job_id}/checkpoints/step_{N}/model.bin            world_size 1: parts by name
-    {job_id}/checkpoints/step_{N}/rank_{r}/model.bin   world_size > 1: parts per rank
+    {job_id}/checkpoints/{label}/metadata.json        written last, by one leader
+    {job_id}/checkpoints/{label}/model.bin            world_size 1: parts by name
+    {job_id}/checkpoints/{label}/rank_{r}/model.bin   world_size > 1: parts per rank
 
-A step is committed exactly when its ``metadata.json`` exists; it lists every file of the
-step with its size and CRC-32, so a reader can verify what it reads without Redis.
+A checkpoint is committed exactly when its ``metadata.json`` exists; it records the step,
+epoch and run apart, and lists every file with its size and CRC-32, so a reader can verify
+what it reads without Redis.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..storage.base import check_path
+from .ids import CheckpointId
 
 if TYPE_CHECKING:
     from ..storage import Storage
@@ -29,17 +32,16 @@ __all__ = [
     "CheckpointInfo",
     "FileEntry",
     "check_part_name",
+    "checkpoint_dir",
     "checkpoints_prefix",
     "decode_metadata",
     "encode_metadata",
+    "id_of",
     "part_path",
-    "step_dir",
-    "step_of",
 ]
 
 FORMAT = "strata-checkpoint/1"
 METADATA = "metadata.json"
-_STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
 _RANK_DIR = re.compile(r"rank_[0-9]+")
 
 
@@ -64,17 +66,18 @@ class FileEntry:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """A committed checkpoint step, as its metadata.json describes it.
+    """A committed checkpoint, as its metadata.json describes it.
 
     Attributes:
         job_id: the job that saved it.
-        step: the training step.
+        step: the loop's step passed to ``save``.
         epoch: the epoch passed to ``save`` (None if none was).
         world_size: how many ranks saved parts of it.
         workers: rank -> the worker id that saved it.
-        files: path inside the step directory -> the file's entry.
+        files: path inside the checkpoint directory -> the file's entry.
         acked_ms: when the last rank acked, ms on Redis' clock.
-        location: where the step lives (``s3://bucket/prefix/job/checkpoints/step_N``).
+        run: the job's launch that saved it (0: the first; see ``ids.py``).
+        location: where it lives (``s3://bucket/prefix/job/checkpoints/epoch_2_step_5000``).
     """
 
     job_id: str
@@ -84,7 +87,18 @@ class CheckpointInfo:
     workers: dict[int, str]
     files: dict[str, FileEntry]
     acked_ms: int
+    run: int = 0
     location: str = field(default="", compare=False)
+
+    @property
+    def id(self) -> CheckpointId:
+        """Its identity: (run, epoch, step)."""
+        return CheckpointId(self.step, self.epoch, self.run)
+
+    @property
+    def label(self) -> str:
+        """Its label: the name of its directory (``epoch_2_step_5000``)."""
+        return self.id.label
 
     @property
     def nbytes(self) -> int:
@@ -108,14 +122,14 @@ def checkpoints_prefix(job_id: str) -> str:
     return f"{job_id}/checkpoints/"
 
 
-def step_dir(job_id: str, step: int) -> str:
-    """``{job_id}/checkpoints/step_{step}``."""
-    return f"{job_id}/checkpoints/step_{step}"
+def checkpoint_dir(job_id: str, cid: CheckpointId) -> str:
+    """``{job_id}/checkpoints/{label}``: where checkpoint ``cid`` lives."""
+    return f"{job_id}/checkpoints/{cid.label}"
 
 
 def located(info: CheckpointInfo, storage: Storage) -> CheckpointInfo:
-    """``info`` with its ``location`` filled in: where its step lives in ``storage``."""
-    return replace(info, location=f"{storage.describe()}/{step_dir(info.job_id, info.step)}")
+    """``info`` with its ``location`` filled in: where it lives in ``storage``."""
+    return replace(info, location=f"{storage.describe()}/{checkpoint_dir(info.job_id, info.id)}")
 
 
 def part_path(name: str, rank: int, world_size: int) -> str:
@@ -123,13 +137,13 @@ def part_path(name: str, rank: int, world_size: int) -> str:
     return name if world_size == 1 else f"rank_{rank}/{name}"
 
 
-def step_of(relative: str) -> tuple[int, str] | None:
-    """``(step, rest)`` for ``step_{N}/rest`` (a path under the checkpoints prefix), else None."""
+def id_of(relative: str) -> tuple[CheckpointId, str] | None:
+    """``(id, rest)`` for ``{label}/rest`` (a path under the checkpoints prefix), else None."""
     head, sep, rest = relative.partition("/")
-    match = _STEP_DIR.fullmatch(head)
-    if match is None or not sep:
+    cid = CheckpointId.from_label(head)
+    if cid is None or not sep:
         return None
-    return int(match.group(1)), rest
+    return cid, rest
 
 
 def check_part_name(name: object, *, arg: str = "name") -> str:
@@ -155,6 +169,7 @@ def encode_metadata(info: CheckpointInfo) -> bytes:
     doc = {
         "format": FORMAT,
         "job_id": info.job_id,
+        "run": info.run,
         "step": info.step,
         "epoch": info.epoch,
         "world_size": info.world_size,
@@ -168,22 +183,25 @@ def encode_metadata(info: CheckpointInfo) -> bytes:
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
 
 
-def decode_metadata(raw: bytes | str, job_id: str, step: int) -> CheckpointInfo:
-    """Parse and check a metadata.json read for ``job_id``'s ``step``.
+def decode_metadata(raw: bytes | str, job_id: str, cid: CheckpointId) -> CheckpointInfo:
+    """Parse and check a metadata.json read for ``job_id``'s checkpoint ``cid``.
+
+    A metadata.json without ``run`` (written before runs existed) is of run 0.
 
     Raises:
-        ValueError: not valid metadata of that job and step (the message says why).
+        ValueError: not valid metadata of that job and checkpoint (the message says why).
     """
     try:
         doc = orjson.loads(raw)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} document")
-        if doc["job_id"] != job_id or doc["step"] != step:
+        found = (doc["job_id"], doc["step"], doc["epoch"], doc.get("run", 0))
+        if found != (job_id, cid.step, cid.epoch, cid.run):
+            described = CheckpointId(_int(found[1], 0), found[2], _int(found[3], 0))
             raise ValueError(
-                f"it describes job {doc['job_id']!r} step {doc['step']}, not job {job_id!r} "
-                f"step {step}"
+                f"it describes job {doc['job_id']!r} checkpoint {described}, not job "
+                f"{job_id!r} checkpoint {cid}"
             )
-        epoch = doc["epoch"]
         world_size = _int(doc["world_size"], 1)
         files = {}
         for path, f in doc["files"].items():
@@ -195,12 +213,13 @@ def decode_metadata(raw: bytes | str, job_id: str, step: int) -> CheckpointInfo:
             raise ValueError("it lists no files")
         return CheckpointInfo(
             job_id=job_id,
-            step=step,
-            epoch=None if epoch is None else _int(epoch, 0),
+            step=cid.step,
+            epoch=cid.epoch,
             world_size=world_size,
             workers={int(r): str(w) for r, w in doc["workers"].items()},
             files=files,
             acked_ms=_int(doc["acked_ms"], 0),
+            run=cid.run,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed metadata ({type(exc).__name__}: {exc})") from None

@@ -1,10 +1,10 @@
-"""The save pipeline: snapshots, background uploads in step order, acks, commits, retention.
+"""The save pipeline: snapshots, background uploads in order, acks, commits, retention.
 
 ``CheckpointManager.save`` validates its arguments and hands the parts here: ``submit``
 takes the snapshot (the only work on the caller's thread), and a pool of upload threads
-writes the parts, acks them through the commit protocol (``commit.py``) in step order, and,
-on the leader, commits the step. After a commit one retention pass is queued. A monitor
-thread logs saves that run long.
+writes the parts, acks them through the commit protocol (``commit.py``) in (run, epoch,
+step) order, and, on the leader, commits the checkpoint. After a commit one retention pass
+is queued. A monitor thread logs saves that run long.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from ..errors import CheckpointAbortedError, CheckpointError, StepNotForwardErro
 from ..storage import Storage
 from .checksum import PendingCrc, format_checksum
 from .commit import StepProtocol
-from .manifest import METADATA, CheckpointInfo, FileEntry, part_path, step_dir
+from .ids import CheckpointId
+from .manifest import METADATA, CheckpointInfo, FileEntry, checkpoint_dir, part_path
 from .retention import prune
 from .snapshot import BufferPool, Snapshot
 
@@ -30,13 +31,14 @@ log = logging.getLogger("strata_redis.checkpoint")
 
 
 class SaveFuture(Future[CheckpointInfo]):
-    """The handle ``save`` returns: a ``concurrent.futures.Future`` of the committed step.
+    """The handle ``save`` returns: a ``concurrent.futures.Future`` of the committed checkpoint.
 
-    ``result()`` waits for the commit and returns the step's :class:`CheckpointInfo`, or
-    raises why the save failed (``CheckpointAbortedError`` when the step was aborted).
+    ``result()`` waits for the commit and returns the checkpoint's :class:`CheckpointInfo`,
+    or raises why the save failed (``CheckpointAbortedError`` when it was aborted).
 
     Attributes:
-        step: the step being saved.
+        checkpoint: the checkpoint being saved (``.step``, ``.epoch``, ``.run``, ``.label``).
+        step: its step (the loop's).
         nbytes: the bytes this worker saves.
         phase: ``queued``, ``uploading``, ``waiting`` (for the other ranks' acks),
             ``committing``, ``committed`` or ``failed``.
@@ -44,10 +46,11 @@ class SaveFuture(Future[CheckpointInfo]):
     """
 
     def __init__(
-        self, step: int, nbytes: int, after: threading.Event, acked: threading.Event
+        self, checkpoint: CheckpointId, nbytes: int, after: threading.Event, acked: threading.Event
     ) -> None:
         super().__init__()
-        self.step = step
+        self.checkpoint = checkpoint
+        self.step = checkpoint.step
         self.nbytes = nbytes
         self.phase = "queued"
         self.started = time.monotonic()
@@ -97,8 +100,8 @@ class SavePipeline:
         self._room = threading.BoundedSemaphore(max_in_flight)
         self._lock = threading.Lock()
         self._in_flight: set[SaveFuture] = set()
-        self._last_step: int | None = None
-        # Set once the previous save acked (or failed): acks go out in step order, so a step
+        self._last: CheckpointId | None = None
+        # Set once the previous save acked (or failed): acks go out in order, so a checkpoint
         # can only commit after every rank acked the earlier ones (see _save_step).
         self._previous_acked = threading.Event()
         self._previous_acked.set()
@@ -110,40 +113,40 @@ class SavePipeline:
 
     def submit(
         self,
-        step: int,
-        epoch: int | None,
+        cid: CheckpointId,
         views: dict[str, tuple[memoryview, bool]],
         copy: bool,
-        newest: int | None,
+        newest: CheckpointId | None,
     ) -> SaveFuture:
         """Snapshot the parts and queue their save; returns once the snapshot is taken.
 
         Args:
-            step, epoch: the step (validated) and its epoch.
+            cid: the checkpoint (validated).
             views: part name -> (flat byte view, whether the bytes are immutable).
             copy: False saves mutable buffers without a copy.
-            newest: the job's newest committed step, which ``step`` must be after.
+            newest: the job's newest committed checkpoint, which ``cid`` must be after.
 
         Raises:
-            StepNotForwardError: ``step`` is not after this pipeline's last one or ``newest``.
+            StepNotForwardError: ``cid`` is not after this pipeline's last one or ``newest``
+                in (run, epoch, step) order.
             RuntimeError: the pipeline is closed.
         """
         with self._lock:
             if self._closed:
                 raise RuntimeError("this CheckpointManager is closed")
-            if self._last_step is not None and step <= self._last_step:
+            if self._last is not None and cid <= self._last:
                 raise StepNotForwardError.after(
-                    self.job_id, step, self._last_step, "this manager already saved"
+                    self.job_id, cid, self._last, "this manager already saved"
                 )
-            if newest is not None and step <= newest:
+            if newest is not None and cid <= newest:
                 raise StepNotForwardError.after(
-                    self.job_id, step, newest, f"job {self.job_id!r} already committed"
+                    self.job_id, cid, newest, f"job {self.job_id!r} already committed"
                 )
-            self._last_step = step
+            self._last = cid
             after, acked = self._previous_acked, threading.Event()
             self._previous_acked = acked
         nbytes = sum(len(v) for v, _ in views.values())
-        future = SaveFuture(step, nbytes, after, acked)
+        future = SaveFuture(cid, nbytes, after, acked)
         snapshots: dict[str, Snapshot] = {}
         room = False
         try:
@@ -155,7 +158,7 @@ class SavePipeline:
             with self._lock:
                 self._in_flight.add(future)
             self._start_monitor()
-            self._uploads.submit(self._run_save, future, step, epoch, snapshots, started)
+            self._uploads.submit(self._run_save, future, cid, snapshots, started)
         except BaseException:
             for snap in snapshots.values():
                 snap.release()
@@ -170,19 +173,18 @@ class SavePipeline:
     def _run_save(
         self,
         future: SaveFuture,
-        step: int,
-        epoch: int | None,
+        cid: CheckpointId,
         snapshots: dict[str, Snapshot],
         started: float,
     ) -> None:
         try:
             future.phase = "uploading"
-            info = self._save_step(future, step, epoch, snapshots, started)
+            info = self._save_step(future, cid, snapshots, started)
             future.phase = "committed"
             future.set_result(info)
         except BaseException as exc:
             future.phase = "failed"
-            log.warning("checkpoint step %s of job %r failed: %s", step, self.job_id, exc)
+            log.warning("checkpoint %s of job %r failed: %s", cid, self.job_id, exc)
             future.set_exception(exc)
         finally:
             future._acked.set()
@@ -195,48 +197,47 @@ class SavePipeline:
     def _save_step(
         self,
         future: SaveFuture,
-        step: int,
-        epoch: int | None,
+        cid: CheckpointId,
         snapshots: dict[str, Snapshot],
         started: float,
     ) -> CheckpointInfo:
-        base = step_dir(self.job_id, step)
+        base = checkpoint_dir(self.job_id, cid)
         try:
             if self.storage.exists(f"{base}/{METADATA}"):
                 raise CheckpointError(
-                    f"step {step} of job {self.job_id!r} is already committed in "
+                    f"checkpoint {cid} of job {self.job_id!r} is already committed in "
                     f"{self.storage.describe()} (the Redis index was behind; it is not "
-                    "overwritten)", job_id=self.job_id, step=step,
+                    "overwritten)", job_id=self.job_id, step=cid.step, epoch=cid.epoch,
                 )  # fmt: skip
-            self.protocol.begin(step, epoch)
+            self.protocol.begin(cid)
             files = self._upload(base, snapshots)
         except Exception as exc:
             # Whatever stops this rank stops the step, for every rank at once (the abort
             # does nothing to a step that is committed, or that a leader is committing).
             seconds = time.monotonic() - started
             reason = f"rank {self.rank} could not save its parts: {exc}"
-            self.protocol.abort(step, reason, future.nbytes, seconds)
+            self.protocol.abort(cid, reason, future.nbytes, seconds)
             if isinstance(exc, CheckpointError):
                 raise
-            raise CheckpointAbortedError.by(self.job_id, step, self.worker_id, reason) from exc
+            raise CheckpointAbortedError.by(self.job_id, cid, self.worker_id, reason) from exc
         for snap in snapshots.values():
             snap.release()  # the bytes are stored: free the buffer before waiting on others
         seconds = time.monotonic() - started
-        # Ack after the previous save acked: with saves overlapping, step N+1 could otherwise
-        # commit first, and step N could never commit (steps must go forward).
+        # Ack after the previous save acked: with saves overlapping, the next checkpoint could
+        # otherwise commit first, and this one could never commit (they must go forward).
         future._after.wait()
-        led = self.protocol.ack(step, files, future.nbytes, seconds)
+        led = self.protocol.ack(cid, files, future.nbytes, seconds)
         future._acked.set()
         if led is None:
             future.phase = "waiting"
-            return self.protocol.wait(step, epoch, self.commit_timeout)
+            return self.protocol.wait(cid, self.commit_timeout)
         future.phase = "committing"
         acked_ms, acks = led
-        info = self.protocol.commit(step, epoch, acked_ms, acks)
+        info = self.protocol.commit(cid, acked_ms, acks)
         total = time.monotonic() - started
         log.info(
-            "checkpoint step %s of job %r committed: %d files, %.1f MB in %.2f s (%.0f MB/s)",
-            step, self.job_id, len(info.files), info.nbytes / 1e6, total,
+            "checkpoint %s of job %r committed: %d files, %.1f MB in %.2f s (%.0f MB/s)",
+            cid, self.job_id, len(info.files), info.nbytes / 1e6, total,
             info.nbytes / 1e6 / total if total > 0 else 0.0,
         )  # fmt: skip
         self._schedule_retention()
@@ -295,20 +296,21 @@ class SavePipeline:
                 if age >= reported.get(future, 0.0) + self.progress_interval:
                     reported[future] = age
                     log.info(
-                        "checkpoint step %s of job %r still %s after %.0f s (%.1f MB)",
-                        future.step, self.job_id, future.phase, age, future.nbytes / 1e6,
+                        "checkpoint %s of job %r still %s after %.0f s (%.1f MB)",
+                        future.checkpoint, self.job_id, future.phase, age, future.nbytes / 1e6,
                     )  # fmt: skip
             reported = {f: t for f, t in reported.items() if f in running}
 
-    def abort_pending(self, reason: str) -> list[int]:
-        """Abort every step this rank has in flight and not committed; returns those aborted.
+    def abort_pending(self, reason: str) -> list[CheckpointId]:
+        """Abort every checkpoint this rank has in flight and not committed; returns those
+        aborted.
 
         For a rank that knows the others will never ack (its group of ranks broke up): the
         waiters wake at once instead of after ``commit_timeout``, and room frees for new saves.
         """
         with self._lock:
-            steps = sorted(f.step for f in self._in_flight if not f.done())
-        return [step for step in steps if self.protocol.abort(step, reason)]
+            ids = sorted(f.checkpoint for f in self._in_flight if not f.done())
+        return [cid for cid in ids if self.protocol.abort(cid, reason)]
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until every save in flight is done and retention has caught up.

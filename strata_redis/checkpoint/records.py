@@ -1,21 +1,29 @@
-"""Save records: one entry per checkpoint save (bytes, seconds, MB/s), in a capped stream."""
+"""Save records: one entry per checkpoint save (bytes, seconds, MB/s), in a capped stream.
+
+An entry's fields (``keys.checkpoint_records``; written by ``ack_checkpoint.lua`` and
+``abort_checkpoint.lua``): ``step``, ``epoch`` (empty when none), ``run`` — the checkpoint's
+numbers as the loop gave them — and ``rank``, ``worker``, ``bytes``, ``seconds``, ``mb_s``,
+``outcome`` (``uploaded`` or ``aborted``), ``at_ms``. ``decode_record`` is the one parser.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..context import JobContext
 from ..validate import check_int
+from .ids import CheckpointId
 
-__all__ = ["SaveRecord", "save_records"]
+__all__ = ["SaveRecord", "decode_record", "save_records"]
 
 
 @dataclass(frozen=True)
 class SaveRecord:
-    """One rank's save of one step, as recorded in Redis for dashboards.
+    """One rank's save of one checkpoint, as recorded in Redis for dashboards.
 
     Attributes:
-        step: the step.
+        step: the loop's step of the checkpoint.
         rank: the rank that saved.
         worker_id: its worker id.
         nbytes: bytes it uploaded.
@@ -23,6 +31,8 @@ class SaveRecord:
         mb_s: ``nbytes`` / ``seconds``, in MB (10^6 bytes) per second.
         outcome: ``"uploaded"`` (acked) or ``"aborted"`` (its upload failed).
         at_ms: when it was recorded, ms on Redis' clock.
+        epoch: the checkpoint's epoch (None if it has none).
+        run: the checkpoint's run (``ids.py``).
     """
 
     step: int
@@ -33,6 +43,34 @@ class SaveRecord:
     mb_s: float
     outcome: str
     at_ms: int
+    epoch: int | None = None
+    run: int = 0
+
+    @property
+    def checkpoint(self) -> CheckpointId:
+        """The checkpoint it saved."""
+        return CheckpointId(self.step, self.epoch, self.run)
+
+
+def decode_record(f: Mapping[str, str]) -> SaveRecord:
+    """A save record from its stream entry's fields.
+
+    Raises:
+        KeyError, ValueError: not a save record.
+    """
+    epoch = f.get("epoch", "")
+    return SaveRecord(
+        step=int(f["step"]),
+        rank=int(f["rank"]),
+        worker_id=f["worker"],
+        nbytes=int(f["bytes"]),
+        seconds=float(f["seconds"]),
+        mb_s=float(f["mb_s"]),
+        outcome=f["outcome"],
+        at_ms=int(f["at_ms"]),
+        epoch=int(epoch) if epoch else None,
+        run=int(f.get("run", 0)),
+    )
 
 
 def save_records(ctx: JobContext, count: int = 100) -> list[SaveRecord]:
@@ -43,16 +81,4 @@ def save_records(ctx: JobContext, count: int = 100) -> list[SaveRecord]:
     """
     count = check_int("count", count, low=1, high=100_000)
     entries = ctx.client.xrevrange(ctx.keys.checkpoint_records, count=count)
-    return [
-        SaveRecord(
-            step=int(f["step"]),
-            rank=int(f["rank"]),
-            worker_id=f["worker"],
-            nbytes=int(f["bytes"]),
-            seconds=float(f["seconds"]),
-            mb_s=float(f["mb_s"]),
-            outcome=f["outcome"],
-            at_ms=int(f["at_ms"]),
-        )
-        for _id, f in reversed(entries)
-    ]
+    return [decode_record(f) for _id, f in reversed(entries)]

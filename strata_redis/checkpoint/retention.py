@@ -1,20 +1,24 @@
-"""Retention: keep a job's newest committed steps, delete older ones and crash leftovers.
+"""Retention: keep a job's newest committed checkpoints, delete older ones and crash leftovers.
 
-Storage is the truth: a step is committed when its metadata.json exists. A pass lists the
-job's ``{job_id}/checkpoints/`` prefix once and then
+"Newest" is (run, epoch, step) order (``ids.py``): after a relaunch, run 1's (epoch 1,
+step 0) is newer than run 0's (epoch 1, step 200). Storage is the truth: a checkpoint is
+committed when its metadata.json exists. A pass lists the job's ``{job_id}/checkpoints/``
+prefix once and then
 
-- deletes committed steps beyond the ``keep_count`` newest (never the newest): first from
-  the Redis index, then ``metadata.json``, then the other files, so a half-deleted step can
-  never look committed;
-- deletes leftovers: steps without metadata.json older than the newest committed step
-  (they can never commit: acks of steps behind the newest committed one are refused),
-  unless Redis says a leader is committing one right now;
+- deletes committed checkpoints beyond the ``keep_count`` newest (never the newest): first
+  from the Redis index, then ``metadata.json``, then the other files, so a half-deleted one
+  can never look committed (one whose leader is still marking it committed in Redis waits
+  for the next pass);
+- deletes leftovers: checkpoints without metadata.json older than the newest committed one
+  (they can never commit: acks behind the newest committed checkpoint are refused), unless
+  Redis says a leader is committing one right now;
 - asks the storage to remove what killed writers left (``Storage.remove_abandoned``: a local
-  writer's hidden temporary files) in the steps it deleted, and anywhere under the prefix
-  once it is older than ``tmp_age``.
+  writer's hidden temporary files) in the checkpoints it deleted, and anywhere under the
+  prefix once it is older than ``tmp_age``.
 
-Only paths of the form ``{job_id}/checkpoints/step_{N}/...`` are ever touched: another job's
-files, or anything else under the prefix, are left alone.
+Only paths of the form ``{job_id}/checkpoints/{label}/...`` (a checkpoint label:
+``step_{S}``, ``epoch_{E}_step_{S}``, ``run_{R}_...``) are ever touched: another job's files,
+or anything else under the prefix, are left alone.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from dataclasses import dataclass, field
 
 from ..context import JobContext
 from ..storage import Storage
+from .ids import CheckpointId
 from .index import CheckpointIndex
-from .manifest import METADATA, checkpoints_prefix, step_dir, step_of
+from .manifest import METADATA, checkpoint_dir, checkpoints_prefix, id_of
 
 __all__ = ["PruneReport", "prune", "scan"]
 
@@ -37,27 +42,27 @@ class PruneReport:
     """What one retention pass did.
 
     Attributes:
-        kept: the committed steps kept, newest first.
-        deleted: committed steps deleted (beyond ``keep_count``).
-        leftovers: uncommitted steps deleted (crash leftovers).
+        kept: the committed checkpoints kept, newest first.
+        deleted: committed checkpoints deleted (beyond ``keep_count``).
+        leftovers: uncommitted checkpoints deleted (crash leftovers).
         tmp_files: debris of killed writers deleted (``Storage.remove_abandoned``).
     """
 
-    kept: list[int] = field(default_factory=list)
-    deleted: list[int] = field(default_factory=list)
-    leftovers: list[int] = field(default_factory=list)
+    kept: list[CheckpointId] = field(default_factory=list)
+    deleted: list[CheckpointId] = field(default_factory=list)
+    leftovers: list[CheckpointId] = field(default_factory=list)
     tmp_files: int = 0
 
 
-def scan(storage: Storage, job_id: str) -> dict[int, list[str]]:
-    """Every step directory of ``job_id`` in storage: step -> its files (paths inside it)."""
+def scan(storage: Storage, job_id: str) -> dict[CheckpointId, list[str]]:
+    """Every checkpoint directory of ``job_id`` in storage: id -> its files (paths inside it)."""
     prefix = checkpoints_prefix(job_id)
-    steps: dict[int, list[str]] = {}
+    found: dict[CheckpointId, list[str]] = {}
     for path in storage.list(prefix):
-        parsed = step_of(path[len(prefix) :])
+        parsed = id_of(path[len(prefix) :])
         if parsed is not None:
-            steps.setdefault(parsed[0], []).append(parsed[1])
-    return steps
+            found.setdefault(parsed[0], []).append(parsed[1])
+    return found
 
 
 def prune(
@@ -68,7 +73,7 @@ def prune(
     Args:
         storage: the checkpoints' storage.
         ctx: the job (its id names the prefix; its Redis holds the index).
-        keep_count: how many of the newest committed steps to keep (at least 1).
+        keep_count: how many of the newest committed checkpoints to keep (at least 1).
         tmp_age: seconds after which a killed writer's debris counts as abandoned anywhere.
 
     Returns:
@@ -84,7 +89,11 @@ def prune(
     report.kept = committed[:keep_count]
     newest = committed[0] if committed else None
     index = CheckpointIndex(ctx)
-    for step in sorted(committed[keep_count:]):
+    # One whose leader wrote metadata.json but has not yet marked it committed in Redis (a
+    # newer one committed first) waits for the next pass: deleting it now, its commit would
+    # put it back in the index after its files were gone.
+    beyond = committed[keep_count:]
+    for step in sorted(set(beyond) - _committing(ctx, beyond)):
         index.drop(step)
         _delete_step(storage, job_id, step, steps[step])
         report.deleted.append(step)
@@ -95,30 +104,34 @@ def prune(
             report.leftovers.append(step)
     # Nothing writes to a deleted step any more: its debris goes at once; elsewhere, once old.
     for step in report.deleted + report.leftovers:
-        report.tmp_files += storage.remove_abandoned(step_dir(job_id, step) + "/")
+        report.tmp_files += storage.remove_abandoned(checkpoint_dir(job_id, step) + "/")
     report.tmp_files += storage.remove_abandoned(checkpoints_prefix(job_id), older_than=tmp_age)
     if report.deleted or report.leftovers or report.tmp_files:
         log.info(
-            "checkpoint retention of job %r: kept steps %s, deleted %s, leftovers %s, "
-            "%d temporary files", job_id, report.kept, report.deleted, report.leftovers,
-            report.tmp_files,
+            "checkpoint retention of job %r: kept %s, deleted %s, leftovers %s, "
+            "%d temporary files", job_id, _labels(report.kept), _labels(report.deleted),
+            _labels(report.leftovers), report.tmp_files,
         )  # fmt: skip
     return report
 
 
-def _committing(ctx: JobContext, steps: list[int]) -> set[int]:
-    """The steps among ``steps`` whose leader may be writing metadata.json right now."""
+def _labels(ids: list[CheckpointId]) -> list[str]:
+    return [c.label for c in ids]
+
+
+def _committing(ctx: JobContext, steps: list[CheckpointId]) -> set[CheckpointId]:
+    """The checkpoints among ``steps`` whose leader may be writing metadata.json right now."""
     if not steps:
         return set()
     with ctx.client.pipeline(transaction=False) as pipe:
         for step in steps:
-            pipe.hget(ctx.keys.checkpoint_step(step), "state")
+            pipe.hget(ctx.keys.checkpoint_step(step.label), "state")
         states = pipe.execute()
     return {s for s, state in zip(steps, states, strict=True) if state == "committing"}
 
 
-def _delete_step(storage: Storage, job_id: str, step: int, files: list[str]) -> None:
-    base = step_dir(job_id, step)
+def _delete_step(storage: Storage, job_id: str, step: CheckpointId, files: list[str]) -> None:
+    base = checkpoint_dir(job_id, step)
     if METADATA in files:
         storage.delete(f"{base}/{METADATA}")  # first: the step stops being valid at once
     for rest in files:
