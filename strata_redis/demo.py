@@ -41,12 +41,13 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint.ids import CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
 from .data.sharding import DatasetParams
 from .errors import StrataError
 from .job import Job, connect
-from .orchestrator import TrainingOrchestrator, checkpoint_step, split_step
+from .orchestrator import TrainingOrchestrator
 from .server import RedisServer
 from .shard_manager import ShardManager
 
@@ -97,7 +98,7 @@ def _worker_main(
     def saved(epoch: int, step: int, future: Future[CheckpointInfo]) -> None:
         try:
             info = future.result()
-            tell("saved", worker_id, epoch, step, info.step, info.world_size)
+            tell("saved", worker_id, epoch, step, info.label, info.world_size, info.run)
         except StrataError as err:
             tell("save-failed", worker_id, epoch, step, f"{type(err).__name__}: {err}")
 
@@ -113,7 +114,7 @@ def _worker_main(
     model_epoch = -1
     with orchestrator, open(Path(cfg["logdir"], f"{run}-{worker_id}.log"), "a") as log:
         resumed = orchestrator.resumed
-        tell("resumed", worker_id, resumed and resumed.step, orchestrator.epoch)
+        tell("resumed", worker_id, resumed and resumed.label, orchestrator.epoch)
         # -- the seeds' loop --
         shard_info = orchestrator.get_shards(DATASET)
         for epoch in range(orchestrator.epoch, EPOCHS):
@@ -465,12 +466,12 @@ def _kill_mid_save(job: Job, cluster: _Cluster) -> list[tuple[str, bool]]:
 
     inbox.wait(f"{victim}'s upload", lambda: bool(saving()), 120)
     round_ = saving()[0][4]
-    internal = checkpoint_step(2, round_, 0)  # a new job: its rounds are numbered from 1
+    label = CheckpointId(0, 2).label  # epoch 2, step 0 of the job's first run
     pid = cluster.pid(victim)
     inbox.wait(f"{victim}'s upload", lambda: victim in job.client.hvals(
-        job.keys.checkpoint_step(internal)), 60)  # fmt: skip
+        job.keys.checkpoint_step(label)), 60)  # fmt: skip
     os.kill(pid, signal.SIGSTOP)  # frozen mid-upload: check it has not acked yet
-    if any(victim in v for v in job.client.hvals(job.keys.checkpoint_acks(internal))):
+    if any(victim in v for v in job.client.hvals(job.keys.checkpoint_acks(label))):
         os.kill(pid, signal.SIGCONT)
         say(f"  {victim} finished its upload before it could be stopped: nothing to show")
         return [(f"{victim} killed mid-save", False)]
@@ -495,7 +496,7 @@ def _kill_mid_save(job: Job, cluster: _Cluster) -> list[tuple[str, bool]]:
     told = all(m[4].startswith("CheckpointAbortedError") for m in aborted)
     path = cluster.cfg["checkpoint_path"]
     with CheckpointManager(path, job_id=job.job_id, redis=job, worker_id="demo-reader") as ckpt:
-        visible = internal in {info.step for info in ckpt.list()}
+        visible = label in {info.label for info in ckpt.list()}
     say(
         f"  that checkpoint is {'VISIBLE' if visible else 'not visible'}: "
         f"{'a partial step was published' if visible else 'never published'}"
@@ -509,7 +510,7 @@ def _kill_mid_save(job: Job, cluster: _Cluster) -> list[tuple[str, bool]]:
 
 def _restart(
     job: Job, cluster: _Cluster, ids: list[str], num_shards: int
-) -> tuple[int, list[tuple[str, bool]]]:
+) -> tuple[CheckpointId, list[tuple[str, bool]]]:
     inbox = cluster.inbox
     say(f"\n== 5. epoch 3: right after a checkpoint, the whole job is killed; relaunched "
         f"with {len(ids) - 1} workers")  # fmt: skip
@@ -521,10 +522,11 @@ def _restart(
     running = cluster.alive()
     for wid in running:
         cluster.kill(wid)
-    newest = max(m[4] for m in inbox.of("saved"))
-    epoch, round_, step = split_step(newest)
+    top = max(inbox.of("saved"), key=lambda m: (m[6], m[2], m[3]))  # (run, epoch, step)
+    newest = CheckpointId(top[3], top[2], top[6])
+    epoch, step = newest.epoch, newest.step
     done = job.leases(DATASET, 3, ids[0]).progress().done
-    say(f"  checkpoint (epoch {epoch}, step {step}) of round {round_} committed by "
+    say(f"  checkpoint {newest.label} (epoch {epoch}, step {step}) committed by "
         f"{committed()[0][5]} ranks; kill -9 {', '.join(running)} at "
         f"{done}/{num_shards} shards of epoch 3")  # fmt: skip
     mark = len(inbox.seen)
@@ -535,7 +537,8 @@ def _restart(
     resumed = {m[2] for m in inbox.of("resumed", mark)}
     say(
         f"  {', '.join(relaunched)} started again: a fresh round of {len(relaunched)}; they "
-        f"resumed from checkpoint steps {sorted(resumed)} (epoch {epoch}, step {step})"
+        f"resumed from checkpoint {sorted(resumed)} (epoch {epoch}, step {step}); their "
+        "checkpoints from now on are run 1's"
     )
     inbox.wait("the end of the job", lambda: len(inbox.of("finished", mark)) == len(relaunched),
                180)  # fmt: skip
@@ -546,7 +549,7 @@ def _restart(
     return newest, [
         ("the whole-job kill came in the middle of epoch 3", 0 < done < num_shards),
         ("relaunched with one worker fewer, resumed from the newest checkpoint",
-         resumed == {newest} and codes == [0] * len(relaunched)),
+         resumed == {newest.label} and codes == [0] * len(relaunched)),
     ]  # fmt: skip
 
 
@@ -563,7 +566,7 @@ def _trained(logdir: str) -> dict[tuple[str, str], dict[int, list[int]]]:
 
 
 def _exactly_once(
-    job: Job, cfg: dict[str, Any], params: DatasetParams, resumed: int
+    job: Job, cfg: dict[str, Any], params: DatasetParams, resumed: CheckpointId
 ) -> list[tuple[str, bool]]:
     """Each sample of each epoch trained exactly once relative to the model that was kept.
 
@@ -599,10 +602,13 @@ def _exactly_once(
         )
     with CheckpointManager(cfg["checkpoint_path"], job_id=job.job_id, redis=job,
                            worker_id="demo-reader") as ckpt:  # fmt: skip
-        info = ckpt.verify(resumed)
+        info = ckpt.verify(resumed.step, epoch=resumed.epoch, run=resumed.run)
         model = Counter(
             int(s) for r in range(info.world_size)
-            for s in np.frombuffer(ckpt.load(resumed, rank=r), dtype=np.int64)
+            for s in np.frombuffer(
+                ckpt.load(resumed.step, rank=r, epoch=resumed.epoch, run=resumed.run),
+                dtype=np.int64,
+            )
         )  # fmt: skip
     after: Counter[int] = Counter()
     for (run, _), epochs in trained.items():
@@ -621,8 +627,8 @@ def _checkpoints(job: Job, path: str) -> list[tuple[str, bool]]:
     with CheckpointManager(path, job_id=job.job_id, redis=job, worker_id="demo-reader") as ckpt:
         kept = ckpt.list()
         for info in kept:
-            epoch, round_, step = split_step(info.step)
-            say(f"    epoch {epoch}, step {step:>3} (round {round_}): {info.world_size} ranks, "
+            say(f"    epoch {info.epoch}, step {info.step:>3} (run {info.run}, {info.label}): "
+                f"{info.world_size} ranks, "
                 f"{info.nbytes / 1024:.0f} KiB, verified")  # fmt: skip
         latest = ckpt.latest()
         loaded = ckpt.load_checkpoint(rank=0) if latest else None

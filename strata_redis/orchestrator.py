@@ -31,13 +31,15 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import redis as redis_py
 
+from .checkpoint.ids import MAX_NUMBER, CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
+from .checkpoint.rounds import RoundCheckpoints
 from .connection import hash_items
 from .context import HasContext, JobContext
 from .coordination.barrier import RESERVED_PREFIX, Barrier
@@ -66,16 +68,11 @@ from .errors import (
 from .storage import Storage, open_storage
 from .validate import check_id, check_int, check_seconds
 
-__all__ = ["ShardStream", "TrainingOrchestrator", "checkpoint_step"]
+__all__ = ["ShardStream", "TrainingOrchestrator"]
 
 log = logging.getLogger("strata_redis.orchestrator")
 T = TypeVar("T")
 
-#: a checkpoint's internal step packs (epoch, round, step): ordered by epoch, then by round
-#: (a restarted round's steps come after the broken one's), then by the loop's step
-EPOCH_BITS: Final = 13
-ROUND_BITS: Final = 16
-STEP_BITS: Final = 24
 #: what ``state`` may be: a buffer, or a mapping of part name -> buffer
 State = Any
 
@@ -93,23 +90,15 @@ def _nothing() -> None:
     """A shard end with nothing to record in Redis (static assignment)."""
 
 
-def checkpoint_step(epoch: int, round_: int, step: int) -> int:
-    """The checkpoint step number of the loop's (epoch, step) in rendezvous round ``round_``.
-
-    Raises:
-        ValueError: a part is out of its range (epoch < 2**13, round < 2**16, step < 2**24).
-    """
-    check_int("epoch", epoch, low=0, high=2**EPOCH_BITS - 1)
-    check_int("round", round_, low=0, high=2**ROUND_BITS - 1)
-    check_int("step", step, low=0, high=2**STEP_BITS - 1)
-    return (epoch << (ROUND_BITS + STEP_BITS)) | (round_ << STEP_BITS) | step
-
-
-def split_step(internal: int) -> tuple[int, int, int]:
-    """(epoch, round, step) of a ``checkpoint_step`` number."""
-    step = internal & (2**STEP_BITS - 1)
-    round_ = (internal >> STEP_BITS) & (2**ROUND_BITS - 1)
-    return internal >> (ROUND_BITS + STEP_BITS), round_, step
+def _age(seconds: float) -> str:
+    """A duration as a person reads it: ``42 seconds``, ``17 minutes``, ``3.2 hours``."""
+    if seconds < 120:
+        return f"{seconds:.0f} seconds"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.1f} days"
 
 
 @dataclass
@@ -357,14 +346,12 @@ class TrainingOrchestrator:
         self._seen_generation = -1
         self._ckpt: CheckpointManager | None = None
         self._old_ckpts: list[CheckpointManager] = []
-        self._last_step = -1  # the newest internal checkpoint step this worker saved
+        # the job's run, the round's checkpoints, the fill-ins (checkpoint/rounds.py)
+        self._rounds = RoundCheckpoints(self.context, self.storage, self._retry)
         self._last_parts: dict[str, Any] | None = None  # the last save's parts, for fills
         self._status = ""
         self._job_epoch = 0  # the job's epoch as this worker last saw it
         self._epoch_warned = False
-        # added to round numbers in checkpoint steps: a job restarted on an empty Redis
-        # numbers its rounds from 1 again, but its checkpoints must come after the old ones
-        self._round_offset = 0
         self._closed = False
         self.resumed: CheckpointInfo | None = None
         self.resumed_meta: dict[str, Any] = {}
@@ -429,8 +416,7 @@ class TrainingOrchestrator:
             round_.failure_restarts, round_.growth_restarts,
         )  # fmt: skip
         self.round = round_
-        offset = self._retry(self.context.client.hget, self.context.keys.rendezvous, "round_offset")
-        self._round_offset = int(offset or 0)
+        self._rounds.join(round_.number, round_.fresh)
         self._seen_generation = round_.generation
         self._broken = None
         if self.on_round is not None:
@@ -570,7 +556,9 @@ class TrainingOrchestrator:
         if not isinstance(track_consumption, bool):
             raise TypeError(f"track_consumption must be a bool, got {track_consumption!r}")
         for arg, flag in (
-            ("wait_for_others", wait_for_others), ("lockstep", lockstep), ("drop_last", drop_last)
+            ("wait_for_others", wait_for_others),
+            ("lockstep", lockstep),
+            ("drop_last", drop_last),
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"{arg} must be a bool, got {flag!r}")
@@ -802,22 +790,28 @@ class TrainingOrchestrator:
         round saved it; a rank whose epoch ended before ``step`` fills its part in at the
         epoch barrier (with its last saved state and position, or the provider's now).
 
+        The checkpoint is named by the loop's numbers (``epoch_{E}_step_{S}``, with
+        ``run_{R}_`` in front after a whole-job relaunch: ``checkpoint/ids.py``) and
+        ordered by (run, epoch, step): the job's run goes up by one when the whole job is
+        relaunched and resumes, so a loop that counts from step 0 again saves after the
+        checkpoints of the launch before.
+
         Args:
-            step: the loop's step (it may restart every epoch), ``0 <= step < 2**24``.
-            epoch: the loop's epoch, ``0 <= epoch < 2**13``; checkpoints are ordered by the job's
-                epoch (``orchestrator.epoch``), with a warning once if the two differ.
+            step: the loop's step (it may restart every epoch), ``0 <= step <= 2**53``.
+            epoch: the loop's epoch, ``0 <= epoch <= 2**53`` (a warning once if it is not the
+                job's epoch, ``orchestrator.epoch``).
             state: bytes, a buffer, or a mapping of part name -> buffer.
             metadata: JSON-able values recorded with the position.
 
         Returns:
             The save's future (``result()`` waits for the commit), or None when (epoch, step)
-            is not after this worker's previous checkpoint in this round (a warning says so).
+            is not after this worker's previous checkpoint in this run (a warning says so).
 
         Raises:
             TypeError, ValueError: a bad argument.
         """
-        check_int("step", step, low=0, high=2**STEP_BITS - 1)
-        check_int("epoch", epoch, low=0, high=2**EPOCH_BITS - 1)
+        check_int("step", step, low=0, high=MAX_NUMBER)
+        check_int("epoch", epoch, low=0, high=MAX_NUMBER)
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
         self._guard()
@@ -827,27 +821,26 @@ class TrainingOrchestrator:
             self._epoch_warned = True
             log.warning(
                 "worker %r: the loop's epoch %d is not the job's epoch %d (start the loop at "
-                "orchestrator.epoch after a resume); checkpoints are ordered by the job's epoch",
+                "orchestrator.epoch after a resume); checkpoints record the loop's epoch",
                 self.worker_id, epoch, job_epoch,
             )  # fmt: skip
-        internal = checkpoint_step(job_epoch, self.round.number + self._round_offset, step)
-        if internal <= self._last_step:
-            _, _, last = split_step(self._last_step)
+        cid = self._rounds.checkpoint(step, epoch)
+        if cid is None:
             log.warning(
-                "worker %r: checkpoint (epoch=%d, step=%d) is not after its previous one "
-                "(step %d of this round); not saved", self.worker_id, epoch, step, last,
+                "worker %r: checkpoint (epoch=%d, step=%d) is not after its previous one %s; "
+                "not saved", self.worker_id, epoch, step, self._rounds.last,
             )  # fmt: skip
             return None
         if state is None and self.state_provider is not None:
             state = self.state_provider()
-        meta = {"epoch": epoch, "step": step, "round": self.round.number, "rank": self.rank,
-                "worker": self.worker_id, "job_epoch": self._job_epoch,
+        meta = {"epoch": epoch, "step": step, "run": cid.run, "round": self.round.number,
+                "rank": self.rank, "worker": self.worker_id, "job_epoch": self._job_epoch,
                 "metadata": dict(metadata or {})}  # fmt: skip
         parts = self._parts(state, meta)
         self._set_status("checkpointing")
         try:
-            self._retry(self._announce, internal)
-            future = self._submit(parts, internal, job_epoch)
+            self._retry(self._rounds.announce, self.round.number, cid, job_epoch)
+            future = self._submit(parts, cid)
             self._last_parts = parts
         finally:
             self._set_status("training")
@@ -857,14 +850,6 @@ class TrainingOrchestrator:
         # (in HSCAN steps: an epoch of 10^7 shards has a record of 10^7 fields)
         client = self.context.client
         return list(hash_items(client, done_key)), hash_items(client, offsets_key)
-
-    def _announce(self, internal: int) -> None:
-        # The round's members that end the epoch before this step fill it in (see _fill).
-        key = self.context.keys.round_checkpoints(self.round.number)
-        with self.context.client.pipeline(transaction=False) as pipe:
-            pipe.zadd(key, {str(internal): internal})
-            pipe.pexpire(key, 86_400_000)
-            pipe.execute()
 
     def _parts(self, state: State, meta: dict[str, Any]) -> dict[str, Any]:
         positions = [s.cursor.position for s in self._streams.values() if s.cursor is not None]
@@ -883,38 +868,33 @@ class TrainingOrchestrator:
         parts[POSITION_PART] = encode_positions(positions, meta)
         return parts
 
-    def _submit(self, parts: dict[str, Any], internal: int, epoch: int) -> Future[CheckpointInfo]:
+    def _submit(self, parts: dict[str, Any], cid: CheckpointId) -> Future[CheckpointInfo]:
         assert self._ckpt is not None
-        # (save() reads the job's newest step before it queues anything: safe to retry)
-        future = self._retry(self._ckpt.save, parts, step=internal, epoch=epoch)
-        self._last_step = internal
+        # (save() reads the job's newest checkpoint before it queues anything: safe to retry)
+        future = self._retry(self._ckpt.save, parts, step=cid.step, epoch=cid.epoch, run=cid.run)
+        self._rounds.saved(cid)
         return future
 
     def _fill_checkpoints(self, new_epoch: int) -> None:
         """After the epoch barrier: save this rank's part of every checkpoint of the round
         that others opened in the finished epoch after this worker's last one (its epoch
-        ended before their step). The loop's epoch is taken to be the job's."""
-        key = self.context.keys.round_checkpoints(self.round.number)
-        below = checkpoint_step(new_epoch, 0, 0)
-        steps = self._retry(
-            self.context.client.zrangebyscore, key, f"({self._last_step}", f"({below}"
-        )
-        for raw in steps:
-            internal = int(raw)
-            epoch, _, step = split_step(internal)
+        ended before their step)."""
+        missed = self._retry(self._rounds.missed, self.round.number, new_epoch - 1)
+        for cid in missed:
             if self.state_provider is not None or self._last_parts is None:
                 state = None if self.state_provider is None else self.state_provider()
-                meta = {"epoch": epoch, "step": step, "round": self.round.number,
-                        "rank": self.rank, "worker": self.worker_id, "filled": True,
+                meta = {"epoch": cid.epoch, "step": cid.step, "run": cid.run,
+                        "round": self.round.number, "rank": self.rank,
+                        "worker": self.worker_id, "filled": True,
                         "job_epoch": self._job_epoch - 1}  # fmt: skip
                 parts = self._parts(state, meta)
             else:
                 parts = self._last_parts
             try:
-                self._submit(parts, internal, epoch)
+                self._submit(parts, cid)
             except (CheckpointError, ValueError) as exc:
-                log.warning("worker %r: could not fill checkpoint %d: %s",
-                            self.worker_id, internal, exc)  # fmt: skip
+                log.warning("worker %r: could not fill checkpoint %s: %s",
+                            self.worker_id, cid, exc)  # fmt: skip
 
     def wait_for_checkpoints(self, timeout: float | None = None) -> None:
         """Wait until this worker's saves in flight are committed or failed."""
@@ -939,7 +919,9 @@ class TrainingOrchestrator:
             return None
         if rank is None:
             rank = self.rank if self.rank < info.world_size else 0
-        return self.checkpoints.load(info.step, name=name, rank=rank)
+        return self.checkpoints.load(
+            info.step, name=name, rank=rank, epoch=info.epoch, run=info.run
+        )
 
     # -- resume ---------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -947,33 +929,30 @@ class TrainingOrchestrator:
         to the start of epoch 0 without one). Every member calls it; the first one does it."""
         ckpt = self.checkpoints
         positions: list[Position] = []
-        # Storage is the truth: a commit whose Redis mark was lost (AOF's last second, a
-        # flushed server) is found again from its metadata.json.
-        ckpt.rebuild_index()
+        # (storage is the truth: joining this fresh round rebuilt the index from it, so a
+        # commit whose Redis mark was lost — AOF's last second, a flushed server — counts)
         for info in ckpt.list():
             try:
                 parts = [
-                    ckpt.load(info.step, name=POSITION_PART, rank=r) for r in range(info.world_size)
-                ]
+                    ckpt.load(info.step, name=POSITION_PART, rank=r, epoch=info.epoch,
+                              run=info.run)
+                    for r in range(info.world_size)
+                ]  # fmt: skip
             except (CheckpointError, ValueError) as exc:
-                log.warning("checkpoint step %d cannot be resumed from: %s", info.step, exc)
+                log.warning("checkpoint %s cannot be resumed from: %s", info.label, exc)
                 continue
             decoded = [decode_positions(raw) for raw in parts]
             positions = [p for ps, _ in decoded for p in ps]
             self.resumed, self.resumed_meta = info, decoded[0][1]
             break
-        resumed_round = split_step(self.resumed.step)[1] if self.resumed else 0
-        if resumed_round >= self.round.number + self._round_offset:
-            self._round_offset = resumed_round + 1 - self.round.number
-            self.context.client.hset(
-                self.context.keys.rendezvous, "round_offset", self._round_offset
-            )
+        if self.resumed is not None and self.resumed.id not in self._rounds.held:
+            self._warn_resumed_from_storage(self.resumed)
         epoch = int(self.resumed_meta.get("job_epoch", 0))
         epoch = positions[0].epoch if positions else epoch
         if positions and any(p.epoch != epoch for p in positions):
             raise CheckpointError(
-                f"checkpoint step {self.resumed and self.resumed.step} of job {self.job_id!r} "
-                "records positions of different epochs",
+                f"checkpoint {self.resumed.label if self.resumed else None} of job "
+                f"{self.job_id!r} records positions of different epochs",
                 job_id=self.job_id,
                 step=self.resumed.step if self.resumed else None,
             )
@@ -991,8 +970,20 @@ class TrainingOrchestrator:
             self.context.client.set(self.context.keys.epoch, epoch)
         self._job_epoch = epoch
         log.info(
-            "worker %r: resumed at epoch %d from %s", self.worker_id, epoch,
-            f"checkpoint step {self.resumed.step}" if self.resumed else "the start (no checkpoint)",
+            "worker %r: resumed at epoch %d (run %d) from %s", self.worker_id, epoch,
+            self._rounds.run,
+            f"checkpoint {self.resumed.id}" if self.resumed else "the start (no checkpoint)",
+        )  # fmt: skip
+
+    def _warn_resumed_from_storage(self, info: CheckpointInfo) -> None:
+        """Resuming from storage alone is never silent: Redis held no committed checkpoint
+        state for it (a new or flushed Redis, or another job's storage reused)."""
+        age_s = max(0.0, time.time() - info.acked_ms / 1000)
+        log.warning(
+            "worker %r: job %r resumes from checkpoint (epoch %s, step %d) found in storage "
+            "only (Redis held no checkpoint state for the job): saved %s ago, at %s; use "
+            "another job_id or checkpoint_path to start over", self.worker_id, self.job_id,
+            info.epoch, info.step, _age(age_s), info.location,
         )  # fmt: skip
 
     # -- epochs ---------------------------------------------------------------------------

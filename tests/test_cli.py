@@ -6,10 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import redis
 
 import strata_redis
-from strata_redis.orchestrator import split_step
+from strata_redis.checkpoint.ids import CheckpointId
 
 
 def strata(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -70,9 +71,14 @@ def test_demo_on_a_given_redis(redis_url: str, tmp_path: Path) -> None:
     assert "[FAILED]" not in out.stdout
     assert "private redis-server" not in out.stdout
     # the checkpoints stay where they were asked to go: the newest is of epoch 3, 4 ranks
-    kept = sorted((tmp_path / "demo" / "checkpoints").glob("step_*/metadata.json"))
-    steps = [split_step(int(p.parent.name.removeprefix("step_"))) for p in kept]
-    assert len(kept) == 3 and max(steps)[0] == 3, steps
+    kept = sorted((tmp_path / "demo" / "checkpoints").glob("*/metadata.json"))
+    ids = [CheckpointId.from_label(p.parent.name) for p in kept]
+    newest = max(c for c in ids if c is not None)
+    assert len(kept) == 3 and None not in ids and newest.epoch == 3, ids
+    assert newest.run == 1, "the relaunched job saves in run 1"
+    meta = tmp_path / "demo" / "checkpoints" / newest.label / "metadata.json"
+    doc = orjson.loads(meta.read_bytes())
+    assert (doc["epoch"], doc["step"], doc["run"]) == (3, newest.step, 1), doc
     # the same job again: refused, nothing run (the job has state in Redis and in storage)
     again = strata("demo", "--redis-url", redis_url, "--checkpoint-path", str(tmp_path))
     assert again.returncode == 2 and "job 'demo' already has state in this Redis" in again.stdout

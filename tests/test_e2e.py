@@ -18,9 +18,9 @@ import pytest
 import redis
 
 import strata_redis
+from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.data.sharding import assignment
-from strata_redis.orchestrator import split_step
 from strata_redis.server import RedisServer
 
 from .procs import join_all, kill9, spawn, wait_for
@@ -67,7 +67,7 @@ def _seeds_loop(url: str, worker_id: str, ckpt: str, logdir: str, cfg: dict[str,
         commit_timeout=60.0, keep_count=cfg.get("keep_count", 5),
     )  # fmt: skip
     if orchestrator.resumed is not None:
-        Path(logdir, f"resumed-{worker_id}").write_text(str(orchestrator.resumed.step))
+        Path(logdir, f"resumed-{worker_id}").write_text(orchestrator.resumed.label)
     with orchestrator:
         shard_info = orchestrator.get_shards("imagenet_total")
         for epoch in range(orchestrator.epoch, 2):
@@ -140,10 +140,11 @@ def test_full_workflow(redis_url: str, raw: redis.Redis, dirs: Path) -> None:
     ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=redis_url)
     infos = ckpt.list()
     assert infos and all(i.world_size == 4 for i in infos)
-    assert infos[0].epoch == 1 and split_step(infos[0].step)[0] == 1
-    assert [(i.epoch, split_step(i.step)[2]) for i in infos] == sorted(
-        [(i.epoch, split_step(i.step)[2]) for i in infos], reverse=True
+    assert infos[0].epoch == 1 and all(i.run == 0 for i in infos)
+    assert [(i.epoch, i.step) for i in infos] == sorted(
+        [(i.epoch, i.step) for i in infos], reverse=True
     )  # ordered by (epoch, step): step 0 of epoch 1 after step 200 of epoch 0
+    assert all(i.label == f"epoch_{i.epoch}_step_{i.step}" for i in infos)
     ckpt.close()
     # every worker left cleanly
     assert set(raw.hvals(f"strata:{{{JOB}}}:status")) == {"left"}
@@ -265,9 +266,9 @@ def test_restart_from_checkpoint_with_fewer_workers(
     ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=redis_url)
 
     def committed_mid_epoch() -> bool:
-        return any(split_step(i.step)[::2] == (0, 100) for i in ckpt.list())
+        return any((i.epoch, i.step) == (0, 100) for i in ckpt.list())
 
-    wait_for(committed_mid_epoch, 90, why=lambda: [split_step(i.step) for i in ckpt.list()])
+    wait_for(committed_mid_epoch, 90, why=lambda: [i.label for i in ckpt.list()])
     for proc in procs:
         kill9(proc)
     assert len(_done(raw, 0)) < params.num_shards, "the kill came after the epoch"
@@ -283,7 +284,7 @@ def test_restart_from_checkpoint_with_fewer_workers(
                    {**cfg, "min_workers": 3, "run": "b"})  # fmt: skip
     assert join_all(procs, timeout=120) == [0, 0, 0]
     after = _samples(dirs / "logs", run="b")
-    assert {p.read_text() for p in (dirs / "logs").glob("resumed-*")} == {str(info.step)}
+    assert {p.read_text() for p in (dirs / "logs").glob("resumed-*")} == {info.label}
     relative = Counter(model.tolist()) + after[0]
     assert relative == Counter(range(params.total_samples))  # none skipped, none twice
     assert after[1] == Counter(range(params.total_samples))
@@ -336,14 +337,14 @@ def test_redis_killed_with_aof_mid_commit(
             return bool(committed) and bool(begun - committed)
 
         wait_for(open_step, 90, step=0.002, why=lambda: raw.zrange(index, 0, -1))
-        committed = [int(s) for s in raw.zrange(index, 0, -1)]
+        committed = [CheckpointId.from_member(s) for s in raw.zrange(index, 0, -1)]
     server.restart(kill=True)
     assert join_all(procs, timeout=180) == [0, 0]
     ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=server.url)
-    listed = {i.step for i in ckpt.list()}  # every listed step verifies (list() checks)
+    listed = {i.id for i in ckpt.list()}  # every listed checkpoint verifies (list() checks)
     assert set(committed) <= listed, (committed, sorted(listed))
-    for step in committed:
-        ckpt.verify(step)
+    for cid in committed:
+        ckpt.verify(cid.step, epoch=cid.epoch, run=cid.run)
     ckpt.close()
     _both_epochs_complete(server.url, dirs, params)
 
@@ -360,8 +361,8 @@ def test_redis_restarted_empty_resumes_from_checkpoint(
     procs = _start(server.url, dirs, ["worker-01", "worker-02", "worker-03"], cfg)
     ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=server.url)
     wait_for(
-        lambda: any(split_step(i.step)[::2] == (0, 100) for i in ckpt.list()), 90,
-        why=lambda: [split_step(i.step) for i in ckpt.list()],
+        lambda: any((i.epoch, i.step) == (0, 100) for i in ckpt.list()), 90,
+        why=lambda: [i.label for i in ckpt.list()],
     )  # fmt: skip
     ckpt.close()
     server.restart(kill=True)  # no AOF, no RDB: everything in Redis is gone
@@ -374,17 +375,20 @@ def test_redis_restarted_empty_resumes_from_checkpoint(
     procs = _start(server.url, dirs, ["worker-01", "worker-02"],
                    {**cfg, "min_workers": 2, "run": "b"})  # fmt: skip
     assert join_all(procs, timeout=120) == [0, 0]
-    (step,) = {int(p.read_text()) for p in (dirs / "logs").glob("resumed-*")}
-    assert split_step(step)[0] == 0 and split_step(step)[2] >= 100
+    (label,) = {p.read_text() for p in (dirs / "logs").glob("resumed-*")}
+    resumed = CheckpointId.from_label(label)
+    assert resumed is not None and resumed.epoch == 0 and resumed.step >= 100, label
     ckpt = strata_redis.CheckpointManager(dirs / "ckpt", job_id=JOB, redis=server.url)
-    info = ckpt.verify(step)
+    info = ckpt.verify(resumed.step, epoch=resumed.epoch, run=resumed.run)
     model = np.concatenate([
-        np.frombuffer(ckpt.load(step, rank=r), dtype=np.int64) for r in range(info.world_size)
+        np.frombuffer(ckpt.load(resumed.step, rank=r, epoch=0, run=resumed.run), dtype=np.int64)
+        for r in range(info.world_size)
     ])  # fmt: skip
     after = _samples(dirs / "logs", run="b")
     assert Counter(model.tolist()) + after[0] == Counter(range(params.total_samples))
     assert after[1] == Counter(range(params.total_samples))
-    assert ckpt.list()[0].step > step  # the relaunched job's checkpoints come after it
+    # the relaunched job's checkpoints come after it: its run is the resumed one's + 1
+    assert ckpt.list()[0].id > resumed and ckpt.list()[0].run == resumed.run + 1
     ckpt.close()
 
 
@@ -533,7 +537,7 @@ def test_the_seeds_loop_relaunched_after_a_resume_keeps_checkpoints_in_order(
         before = saved.result(30)
         batches.close()  # type: ignore[attr-defined]
     with make() as orch:
-        assert orch.resumed is not None and orch.resumed.step == before.step
+        assert orch.resumed is not None and orch.resumed.id == before.id
         assert orch.epoch == 1
         shard_info = orch.get_shards(DATASET, batch_size=50)
         for epoch in range(2):  # as written in the seeds
@@ -541,6 +545,9 @@ def test_the_seeds_loop_relaunched_after_a_resume_keeps_checkpoints_in_order(
                 if step % 100 == 0:
                     future = orch.save_checkpoint(step=step, epoch=epoch, state=b"model")
                     assert future is not None
-                    assert future.result(30).step > before.step
+                    info = future.result(30)
+                    # the loop's own numbers, in the relaunch's run: after (run 0, 1, 1)
+                    assert (info.run, info.epoch, info.step) == (1, epoch, step)
+                    assert info.id > before.id
             orch.advance_epoch()
     assert "the loop's epoch 0 is not the job's epoch 1" in caplog.text

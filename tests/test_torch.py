@@ -23,7 +23,6 @@ import strata_redis.torch as strata_torch
 from strata_redis.data.position import POSITION_PART, Position, decode_positions
 from strata_redis.data.sharding import DatasetParams
 from strata_redis.errors import CheckpointError
-from strata_redis.orchestrator import split_step
 
 from .procs import wait_for
 
@@ -167,7 +166,7 @@ def test_state_round_trip_through_a_resume(redis_url: str, tmp_path: Path) -> No
                 sampler_state = sampler.state_dict()
                 break
     with _orchestrator(redis_url, tmp_path) as orch:
-        assert orch.resumed is not None and split_step(orch.resumed.step)[2] == 9
+        assert orch.resumed is not None and (orch.resumed.epoch, orch.resumed.step) == (0, 9)
         fresh = torch.nn.Linear(4, 2)
         fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.1)
         fresh_sched = torch.optim.lr_scheduler.StepLR(fresh_opt, step_size=1, gamma=0.5)
@@ -267,10 +266,10 @@ def test_ddp_example_killed_mid_epoch_resumes_exactly_once(
     def mid_epoch_1() -> bool:
         if all(p.poll() is not None for p in procs):
             raise AssertionError(f"the workers ended: {(tmp_path / 'a-worker-0.out').read_text()}")
-        return any(split_step(i.step)[0] == 1 and split_step(i.step)[2] >= 10 for i in ckpt.list())
+        return any(i.epoch == 1 and i.step >= 10 for i in ckpt.list())
 
     def why() -> Any:
-        return [split_step(i.step) for i in ckpt.list()], [p.poll() for p in procs]
+        return [i.label for i in ckpt.list()], [p.poll() for p in procs]
 
     wait_for(mid_epoch_1, 120, step=0.05, why=why)
     procs[1].send_signal(signal.SIGKILL)
@@ -281,7 +280,7 @@ def test_ddp_example_killed_mid_epoch_resumes_exactly_once(
         out = (tmp_path / f"a-{w}.out").read_text()
         assert re.search(r"RoundBrokenError|Connection (reset|closed) by peer", out), out[-2000:]
     info = ckpt.list()[0]
-    kept_epoch, _, kept_step = split_step(info.step)
+    kept_epoch, kept_step = info.epoch, info.step
     assert kept_epoch == 1
 
     params = DatasetParams("synthetic-regression", 2390, 40, True, 42)  # last shard: 30

@@ -165,14 +165,25 @@ class _DocumentCollector(Collector):
                 last_seconds.add_metric([job_id], c["last_seconds"])
         yield from (saves, saved, seconds, aborted, last_bytes, last_seconds)
 
+        # The newest committed checkpoint is the loop's (epoch, step), in (run, epoch, step)
+        # order: a relaunched job's run 1 step 0 is newer than run 0's step 200.
         latest = GaugeMetricFamily(
-            "strata_checkpoint_latest_step", "The newest committed checkpoint step",
+            "strata_checkpoint_latest_step",
+            "The loop's step of the newest committed checkpoint", labels=["job"],
+        )  # fmt: skip
+        latest_epoch = GaugeMetricFamily(
+            "strata_checkpoint_latest_epoch",
+            "The loop's epoch of the newest committed checkpoint (absent: saved without one)",
             labels=["job"],
         )  # fmt: skip
         for j in jobs:
-            if j["latest_checkpoint"] is not None:
-                latest.add_metric([j["job_id"]], j["latest_checkpoint"])
+            newest = j["latest_checkpoint"]
+            if newest is not None:
+                latest.add_metric([j["job_id"]], newest["step"])
+                if newest["epoch"] is not None:
+                    latest_epoch.add_metric([j["job_id"]], newest["epoch"])
         yield latest
+        yield latest_epoch
 
         rate = doc["metrics"]["redis"]["commands_per_s"]
         if rate is not None:

@@ -78,7 +78,7 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
     lines.append("")
     if checkpoints:
         lines.append(
-            f"{'CHECKPOINT':>10} {'EPOCH':>5} {'STATE':<10} {'SIZE':>9} {'RANKS':>7} "
+            f"{'EPOCH':>6} {'STEP':>10} {'RUN':>3} {'STATE':<10} {'SIZE':>9} {'RANKS':>7} "
             f"{'MB/S':>8}  NOTE"
         )
         for c in checkpoints:
@@ -89,8 +89,8 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
             note = f"aborted by {c['culprit']}: {c['reason']}" if c["state"] == "aborted" else ""
             epoch = "-" if c["epoch"] is None else str(c["epoch"])
             lines.append(
-                f"{c['step']:>10} {epoch:>5} {c['state']:<10} {_bytes(c['bytes']):>9} "
-                f"{ranks:>7} {_num(c['mb_s']):>8}  {note}".rstrip()
+                f"{epoch:>6} {c['step']:>10} {c.get('run', 0):>3} {c['state']:<10} "
+                f"{_bytes(c['bytes']):>9} {ranks:>7} {_num(c['mb_s']):>8}  {note}".rstrip()
             )
     else:
         lines.append("no checkpoints recorded")

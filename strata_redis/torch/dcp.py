@@ -58,9 +58,10 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from ..checkpoint.ids import MAX_NUMBER
 from ..checkpoint.manifest import CheckpointInfo
 from ..errors import CheckpointError, StrataError
-from ..orchestrator import TrainingOrchestrator, split_step
+from ..orchestrator import TrainingOrchestrator
 from ..validate import check_int, check_seconds
 
 __all__ = [
@@ -112,7 +113,7 @@ def _no_checkpoint_id(checkpoint_id: str | os.PathLike[str] | None) -> None:
     if checkpoint_id is not None:
         raise ValueError(
             f"checkpoint_id must be None with strata storage (got {checkpoint_id!r}): the "
-            "checkpoint is named by the writer's step= and epoch= (the reader's step=)"
+            "checkpoint is named by the writer's step= and epoch= (the reader's step=, epoch=)"
         )
 
 
@@ -133,7 +134,7 @@ class StrataStorageWriter(StorageWriter):  # type: ignore[misc]
 
         writer = StrataStorageWriter(orchestrator, step=step, epoch=epoch)
         dcp.save({"model": model.state_dict()}, storage_writer=writer)
-        writer.future.result().step                 # the strata step (for StrataStorageReader)
+        writer.future.result().label       # epoch_{E}_step_{S}: StrataStorageReader(step=, epoch=)
 
     Args:
         orchestrator: this worker's orchestrator (its round is DCP's process group).
@@ -161,8 +162,8 @@ class StrataStorageWriter(StorageWriter):  # type: ignore[misc]
     ) -> None:
         super().__init__()
         self.orchestrator = _check_orchestrator(orchestrator)
-        self.step = check_int("step", step, low=0, high=2**24 - 1)
-        self.epoch = check_int("epoch", epoch, low=0, high=2**13 - 1)
+        self.step = check_int("step", step, low=0, high=MAX_NUMBER)
+        self.epoch = check_int("epoch", epoch, low=0, high=MAX_NUMBER)
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
         self.metadata = dict(metadata or {})
@@ -309,7 +310,7 @@ class StrataStorageWriter(StorageWriter):  # type: ignore[misc]
         except Exception as exc:
             log.error("%r: not committed: %s", self, _describe(exc))
             raise self._error(f"not committed: {_describe(exc)}") from exc
-        log.info("%r: committed as strata step %d at %s", self, info.step, info.location)
+        log.info("%r: committed as strata checkpoint %s at %s", self, info.label, info.location)
 
     # -- plumbing -------------------------------------------------------------------------
     def _error(self, why: str) -> DistributedCheckpointError:
@@ -330,7 +331,7 @@ class StrataStorageWriter(StorageWriter):  # type: ignore[misc]
         if future is None:
             raise self._error(
                 "strata did not save it: (epoch, step) is not after this worker's previous "
-                "checkpoint in this round (steps must go forward)"
+                "checkpoint in this run (checkpoints must go forward)"
             )
         self.future = future
         if orch.round.number != self._round:
@@ -352,10 +353,11 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
 
     Args:
         orchestrator: this worker's orchestrator.
-        step: the strata checkpoint step to load (``CheckpointInfo.step``, e.g. from
-            ``orchestrator.checkpoints.list()`` or a writer's ``future.result().step``; not the
-            loop's step); None loads the checkpoint the job resumed from
+        step: the loop's step of the checkpoint to load (as the writer's ``step=``); None
+            (and no ``epoch``) loads the checkpoint the job resumed from
             (``orchestrator.resumed``), which holds the data position the job restarted at.
+        epoch: its epoch (as the writer's ``epoch=``); None: any.
+        run: its run (``CheckpointInfo.run``); None: the newest run that has it.
 
     Attributes:
         info: the checkpoint being loaded, once ``read_metadata`` ran.
@@ -364,23 +366,45 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
         TypeError, ValueError: a bad argument, named in the message.
     """
 
-    def __init__(self, orchestrator: TrainingOrchestrator, *, step: int | None = None) -> None:
+    def __init__(
+        self,
+        orchestrator: TrainingOrchestrator,
+        *,
+        step: int | None = None,
+        epoch: int | None = None,
+        run: int | None = None,
+    ) -> None:
         super().__init__()
         self.orchestrator = _check_orchestrator(orchestrator)
-        self.step = None if step is None else check_int("step", step, low=0, high=2**53)
+        self.step = None if step is None else check_int("step", step, low=0, high=MAX_NUMBER)
+        self.epoch = None if epoch is None else check_int("epoch", epoch, low=0, high=MAX_NUMBER)
+        self.run = None if run is None else check_int("run", run, low=0, high=MAX_NUMBER)
         self.info: CheckpointInfo | None = None
         self.load_id = uuid.uuid4().hex
         self.storage_data: dict[Any, _Location] = {}
 
+    def _resumed(self) -> bool:
+        return (self.step, self.epoch, self.run) == (None, None, None)
+
     def __repr__(self) -> str:
-        which = "resumed" if self.step is None else str(self.step)
-        return f"StrataStorageReader(job={self.orchestrator.job_id!r}, step={which})"
+        if self._resumed():
+            return f"StrataStorageReader(job={self.orchestrator.job_id!r}, resumed)"
+        return (
+            f"StrataStorageReader(job={self.orchestrator.job_id!r}, step={self.step}, "
+            f"epoch={self.epoch}, run={self.run})"
+        )
 
     @property
     def checkpoint_id(self) -> str:
-        """A name for DCP's logs: ``strata:<job>/step_<N>`` (or ``.../resumed``)."""
-        step = self.info.step if self.info is not None else self.step
-        return f"strata:{self.orchestrator.job_id}/step_{'resumed' if step is None else step}"
+        """A name for DCP's logs: ``strata:<job>/<label>`` (or ``.../resumed``)."""
+        which = self.info.label if self.info is not None else "resumed"
+        if self.info is None and not self._resumed():
+            which = (
+                f"step_{self.step}"
+                if self.epoch is None
+                else f"epoch_{self.epoch}_step_{self.step}"
+            )
+        return f"strata:{self.orchestrator.job_id}/{which}"
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -388,7 +412,7 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
         return False
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        """DCP's hook for a checkpoint_id; strata names the checkpoint by ``step``.
+        """DCP's hook for a checkpoint_id; strata names the checkpoint by ``step``/``epoch``.
 
         Raises:
             ValueError: a checkpoint_id was given.
@@ -412,17 +436,17 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
         if not holders:
             raise self._error(
                 f"not saved by StrataStorageWriter: it has no part {METADATA_PART!r} "
-                f"(parts: {info.part_names()})", info.step,
+                f"(parts: {info.part_names()})", info,
             )  # fmt: skip
         raw = self._read(info, METADATA_PART, holders[0])
         try:
             metadata = pickle.loads(raw)
         except Exception as exc:
             raise self._error(f"{METADATA_PART}: not a DCP metadata ({_describe(exc)})",
-                              info.step) from exc  # fmt: skip
+                              info) from exc  # fmt: skip
         if not isinstance(metadata, Metadata):
             raise self._error(f"{METADATA_PART}: a {type(metadata).__name__}, not a DCP "
-                              "Metadata", info.step)  # fmt: skip
+                              "Metadata", info)  # fmt: skip
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -472,7 +496,7 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
                 if offset + length > len(part):
                     raise self._error(
                         f"item {req.storage_index.fqn!r} at {offset}+{length} is past the end "
-                        f"of rank {rank}'s {DATA_PART!r} ({len(part)} bytes)", info.step,
+                        f"of rank {rank}'s {DATA_PART!r} ({len(part)} bytes)", info,
                     )  # fmt: skip
                 raw = io.BytesIO(part[offset : offset + length])
                 if req.type == LoadItemType.BYTE_IO:
@@ -484,7 +508,7 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
                 if target.size() != tensor.size():
                     raise self._error(
                         f"item {req.storage_index.fqn!r}: saved size {tuple(tensor.size())}, "
-                        f"loading into {tuple(target.size())}", info.step,
+                        f"loading into {tuple(target.size())}", info,
                     )  # fmt: skip
                 target.copy_(tensor)
                 planner.commit_tensor(req, target)
@@ -493,45 +517,52 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
         return done
 
     # -- plumbing -------------------------------------------------------------------------
-    def _error(self, why: str, step: int | None = None) -> DistributedCheckpointError:
+    def _error(self, why: str, info: CheckpointInfo | None = None) -> DistributedCheckpointError:
         job = self.orchestrator.job_id
-        step = self.step if step is None else step
-        where = "the checkpoint the job resumed from" if step is None else f"step {step}"
-        if step is not None:
-            epoch, round_, loop_step = split_step(step)
-            where += f" (epoch {epoch}, round {round_}, step {loop_step})"
+        if info is not None:
+            where, step = f"checkpoint {info.id} ({info.label})", info.step
+        elif self._resumed():
+            where, step = "the checkpoint the job resumed from", None
+        else:
+            parts = [f"{what} {n}" for what, n in
+                     (("run", self.run), ("epoch", self.epoch), ("step", self.step))
+                     if n is not None]  # fmt: skip
+            where, step = f"checkpoint ({', '.join(parts)})", self.step
         return DistributedCheckpointError(f"dcp.load of {where} of job {job!r}: {why}", job, step)
 
     def _checkpoint(self) -> CheckpointInfo:
         orch = self.orchestrator
-        if self.step is None:
+        if self._resumed():
             if orch.resumed is None:
                 raise self._error(
-                    "the job did not resume from a checkpoint (pass step= to load one)"
+                    "the job did not resume from a checkpoint (pass step= and epoch= to load one)"
                 )
             return orch.resumed
+        reader = orch.checkpoints.reader
         try:
-            return orch.checkpoints.reader.metadata(self.step)
+            found = reader.find(self.step, self.epoch, self.run)
+            if found:
+                return reader.metadata(found[0])
+            why = "no such committed checkpoint"
         except (StrataError, ValueError) as exc:
-            committed = [i.step for i in orch.checkpoints.list()]
-            raise self._error(
-                f"not a committed checkpoint ({_describe(exc)}); committed steps: {committed}"
-            ) from exc
+            why = _describe(exc)
+        committed = [i.label for i in orch.checkpoints.list()]
+        raise self._error(f"not a committed checkpoint ({why}); committed: {committed}")
 
     def _read(self, info: CheckpointInfo, name: str, rank: int) -> bytes:
         ckpt = self.orchestrator.checkpoints
         try:
-            return ckpt.load(info.step, name=name, rank=rank)
+            return ckpt.load(info.step, name=name, rank=rank, epoch=info.epoch, run=info.run)
         except (StrataError, ValueError) as exc:
             why = _describe(exc)
             try:  # the reason a part was skipped (a checksum, a size) is only in a warning
-                ckpt.verify(info.step)
+                ckpt.verify(info.step, epoch=info.epoch, run=info.run)
             except CheckpointError as bad:
                 why = str(bad)
             except Exception:  # (the load's own error is the one to report)
                 pass
             raise self._error(f"part {name!r} of rank {rank} cannot be read: {why}",
-                              info.step) from exc  # fmt: skip
+                              info) from exc  # fmt: skip
 
     def _location(self, index: Any, info: CheckpointInfo) -> _Location:
         try:
@@ -539,5 +570,5 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
             return int(rank), int(offset), int(length)
         except (KeyError, TypeError, ValueError) as exc:
             raise self._error(
-                f"its DCP metadata has no strata location for item {index}", info.step
+                f"its DCP metadata has no strata location for item {index}", info
             ) from exc

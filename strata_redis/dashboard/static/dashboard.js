@@ -162,8 +162,8 @@
         `p50 ${fmt(Math.max(0, ...m.map((j) => j.barrier.p50_ms ?? 0)), 1)} ms · ${sum((j) => j.barrier.releases)} releases`),
       card("checkpoint", mbs.length ? fmt(mbs[mbs.length - 1], 0) : "–", "MB/s", false,
         `last save · ${sum((j) => j.checkpoint.aborted_steps)} steps aborted`),
-      card("latest checkpoint", one ? (one.latest_checkpoint ?? "–") : doc.checkpoints.filter((c) => c.state === "committed").length,
-        one ? "step" : "committed"),
+      one ? latestCard(one.latest_checkpoint)
+        : card("checkpoints", doc.checkpoints.filter((c) => c.state === "committed").length, "committed"),
       card("requests", fmt(doc.metrics.redis.commands_per_s, 0), "/s", false, "Redis commands, whole server"),
     ];
     $("overview").replaceChildren(...cards);
@@ -327,12 +327,19 @@
     ], [[ts, ...[0, 1, 2].map((k) => ts.map((t) => buckets.get(t)[k]))]], "events");
   }
 
+  // The newest committed checkpoint: the loop's step, with its epoch (and run after a relaunch).
+  function latestCard(c) {
+    if (!c) return card("latest checkpoint", "–", "step");
+    const where = [c.epoch === null ? null : `epoch ${c.epoch}`, c.run ? `run ${c.run}` : null];
+    return card("latest checkpoint", c.step, "step", false, where.filter((w) => w).join(" · ") || c.label);
+  }
+
   function renderCheckpoints(doc) {
     const rows = doc.checkpoints.map((c) => {
       const note = c.state === "aborted" ? `by ${c.culprit ?? "?"}: ${c.reason ?? ""}` : (c.state === "committed" ? "every rank acked; metadata.json written" : "");
       return el("tr", {},
-        el("td", { class: "jobcol", text: c.job_id }), el("td", { class: "num", text: c.step }),
-        el("td", { class: "num", text: c.epoch ?? "–" }),
+        el("td", { class: "jobcol", text: c.job_id }), el("td", { class: "num", text: c.epoch ?? "–" }),
+        el("td", { class: "num", text: c.step, title: c.label ?? "" }),
         el("td", {}, el("span", { class: `pill ${c.state}`, text: c.state })),
         el("td", { class: "num", text: bytes(c.bytes) }),
         el("td", { class: "num", text: c.world_size === null ? c.ranks_saved : `${c.ranks_saved}/${c.world_size}` }),

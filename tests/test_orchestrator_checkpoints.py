@@ -1,0 +1,86 @@
+"""The orchestrator's checkpoints are the loop's (epoch, step): big numbers, runs, resume warning."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import strata_redis
+
+JOB = "ckpt-ids-job"
+LOGGER = "strata_redis.orchestrator"
+
+
+def _orch(url: str, root: Path, **kwargs: Any) -> strata_redis.TrainingOrchestrator:
+    kwargs.setdefault("keep_count", 3)
+    return strata_redis.TrainingOrchestrator(
+        url, "w0", job_id=JOB, checkpoint_path=str(root), last_call=0.1, **kwargs
+    )
+
+
+def _dirs(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / JOB / "checkpoints").iterdir())
+
+
+def test_a_big_step_and_epoch_commit_as_given(redis_url: str, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    with _orch(redis_url, root) as orch:
+        future = orch.save_checkpoint(step=2**25, epoch=10_000, state=b"model")
+        assert future is not None
+        info = future.result(30)
+        assert (info.epoch, info.step, info.run) == (10_000, 2**25, 0)
+        assert orch.checkpoints.load(step=2**25, epoch=10_000) == b"model"
+        with pytest.raises(ValueError, match="step must be between 0 and 9007199254740992"):
+            orch.save_checkpoint(step=2**53 + 1, epoch=0)
+    assert _dirs(root) == ["epoch_10000_step_33554432"]
+    doc = orjson.loads((root / JOB / "checkpoints" / _dirs(root)[0] / "metadata.json").read_bytes())
+    assert (doc["epoch"], doc["step"], doc["run"]) == (10_000, 2**25, 0)
+
+
+def test_a_relaunch_saves_after_the_old_run(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "ckpt"
+    with _orch(redis_url, root) as first:
+        for step in (100, 200):
+            saved = first.save_checkpoint(step=step, epoch=1, state=f"a{step}".encode())
+            assert saved is not None
+            saved.result(30)
+    # the whole job relaunched: its loop counts from step 0 of the epoch again
+    with caplog.at_level(logging.WARNING, logger=LOGGER), _orch(redis_url, root) as second:
+        assert second.resumed is not None and second.resumed.label == "epoch_1_step_200"
+        for step in (0, 100):
+            saved = second.save_checkpoint(step=step, epoch=1, state=f"b{step}".encode())
+            assert saved is not None
+            assert saved.result(30).run == 1
+        second.wait_for_checkpoints(30)
+        second.checkpoints.wait(30)
+        listed = [i.label for i in second.checkpoints.list()]
+        assert second.checkpoints.load(step=100, epoch=1) == b"b100"  # the newest run's
+    assert listed == ["run_1_epoch_1_step_100", "run_1_epoch_1_step_0", "epoch_1_step_200"]
+    assert _dirs(root) == ["epoch_1_step_200", "run_1_epoch_1_step_0", "run_1_epoch_1_step_100"]
+    assert "found in storage only" not in caplog.text  # Redis held the checkpoints
+
+
+def test_resuming_from_storage_alone_warns_once(
+    redis_url: str, raw: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "ckpt"
+    with _orch(redis_url, root) as first:
+        saved = first.save_checkpoint(step=5, epoch=0, state=b"m")
+        assert saved is not None
+        info = saved.result(30)
+    raw.flushall()  # a new Redis: nothing of the job but what storage holds
+    with caplog.at_level(logging.WARNING, logger=LOGGER), _orch(redis_url, root) as second:
+        assert second.resumed is not None and second.resumed.id == info.id
+        assert second.load_state() == b"m"
+    warned = [r for r in caplog.records if "found in storage only" in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+    message = warned[0].getMessage()
+    assert "checkpoint (epoch 0, step 5)" in message
+    assert " seconds ago" in message
+    assert f"{root}/{JOB}/checkpoints/epoch_0_step_5" in message
