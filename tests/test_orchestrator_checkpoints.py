@@ -1,4 +1,4 @@
-"""The orchestrator's checkpoints are the loop's (epoch, step): big numbers, runs, resume warning."""
+"""The orchestrator's checkpoints are the loop's (epoch, step): big numbers, runs, a warning."""
 
 from __future__ import annotations
 
