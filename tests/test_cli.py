@@ -38,6 +38,34 @@ def test_status_prints_workers_and_lists_jobs(job: strata_redis.Job, redis_url: 
     assert listed.stdout.split() == [job.job_id]
 
 
+def test_status_shows_the_loops_epoch_and_step(
+    job: strata_redis.Job, redis_url: str, tmp_path: Path
+) -> None:
+    with strata_redis.CheckpointManager(tmp_path, redis=job, worker_id="w") as ckpt:
+        ckpt.save(b"a", step=200, epoch=1).result(timeout=30)
+        ckpt.save(b"b", step=2**25, epoch=10_000).result(timeout=30)
+        ckpt.save(b"c", step=0, epoch=1, run=1).result(timeout=30)  # a relaunch's first
+    out = strata("status", "--redis-url", redis_url, "--job", job.job_id, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = orjson.loads(out.stdout)
+    rows = [(c["run"], c["epoch"], c["step"], c["label"], c["state"]) for c in doc["checkpoints"]]
+    assert rows == [
+        (1, 1, 0, "run_1_epoch_1_step_0", "committed"),
+        (0, 10_000, 2**25, "epoch_10000_step_33554432", "committed"),
+        (0, 1, 200, "epoch_1_step_200", "committed"),
+    ]
+    (overview,) = doc["jobs"]
+    assert overview["latest_checkpoint"] == {
+        "run": 1,
+        "epoch": 1,
+        "step": 0,
+        "label": "run_1_epoch_1_step_0",
+    }
+    text = strata("status", "--redis-url", redis_url, "--job", job.job_id)
+    row = next(line for line in text.stdout.splitlines() if " 33554432 " in line)
+    assert row.split()[:4] == ["10000", "33554432", "0", "committed"], row
+
+
 def test_status_unreachable_redis_is_a_clear_error() -> None:
     out = strata("status", "--redis-url", "redis://127.0.0.1:1/0", "--job", "x")
     assert out.returncode == 2

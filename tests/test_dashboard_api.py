@@ -124,7 +124,13 @@ def test_document_matches_the_library_and_the_schema(scenario: Scenario, redis_u
     assert overview["membership_generation"] == job.membership_generation()
     assert overview["live_workers"] == len(job.live_workers()) == 2
     assert overview["registered_workers"] == len(job.workers()) == 4
-    assert overview["latest_checkpoint"] == 200
+    # the newest committed checkpoint: the loop's numbers, apart
+    assert overview["latest_checkpoint"] == {
+        "run": 0,
+        "epoch": 0,
+        "step": 200,
+        "label": "epoch_0_step_200",
+    }
 
     # workers: every field as Job.workers() reports it
     info = {w.worker_id: w for w in job.workers()}
@@ -180,6 +186,9 @@ def test_document_matches_the_library_and_the_schema(scenario: Scenario, redis_u
     # checkpoints: committed ones as the index says, the aborted one with its culprit
     steps = {c["step"]: c for c in doc["checkpoints"]}
     assert sorted(steps, reverse=True) == [c["step"] for c in doc["checkpoints"]] == [300, 200, 100]
+    assert [(c["run"], c["epoch"], c["label"]) for c in doc["checkpoints"]] == [
+        (0, 0, "epoch_0_step_300"), (0, 0, "epoch_0_step_200"), (0, 0, "epoch_0_step_100"),
+    ]  # fmt: skip
     for info_ in scenario.ckpt.list():
         row = steps[info_.step]
         assert (row["state"], row["epoch"], row["world_size"], row["bytes"], row["files"],
@@ -352,6 +361,7 @@ def test_metrics_match_the_api(scenario: Scenario, redis_url: str) -> None:
     assert value("strata_checkpoint_saved_bytes", job=JOB) == c["bytes"]
     assert value("strata_checkpoint_aborted_steps", job=JOB) == c["aborted_steps"] == 1
     assert value("strata_checkpoint_latest_step", job=JOB) == 200
+    assert value("strata_checkpoint_latest_epoch", job=JOB) == 0
     workers = {s.labels["worker"]: s.labels["status"]
                for s in families["strata_worker_status"].samples}  # fmt: skip
     assert workers == {w["worker_id"]: w["status"] for w in doc["workers"]}

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import strata_redis
+from strata_redis.checkpoint.ids import CheckpointId
 
 from .browser import chromium, full_page_screenshot
 from .procs import kill9, spawn, wait_for
@@ -63,7 +64,7 @@ def cluster(redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     }
     try:
         wait_for(lambda: len(job.live_workers()) == WORKERS, 60, why=job.workers)
-        wait_for(lambda: job.client.zscore(job.keys.checkpoints, "200") is not None, 60,
+        wait_for(lambda: job.client.zscore(job.keys.checkpoints, CheckpointId(200, 0).member) is not None, 60,
                  why=lambda: job.events(20))  # fmt: skip
         yield {"job": job, "procs": procs}
     finally:

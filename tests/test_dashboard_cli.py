@@ -102,7 +102,7 @@ def test_status_shows_the_pages_views(busy_job: strata_redis.Job, redis_url: str
     assert re.search(r"barrier release latency: p50 [\d.]+ ms, p99 [\d.]+ ms", text), text
     dataset = next(line for line in lines if line.startswith("images"))
     assert dataset.split()[1:6] == ["0", "25", "0", "75", "100"] and "25.0%" in dataset
-    checkpoint = next(line for line in lines if line.strip().startswith("700"))
+    checkpoint = next(line for line in lines if line.split()[:2] == ["0", "700"])  # epoch, step
     assert "committed" in checkpoint and "1.5 MB" in checkpoint and "1/1" in checkpoint
     row = next(line for line in lines if line.startswith("worker-01"))
     assert row.split()[:2] == ["worker-01", "training"] and "10.0.0.5:29500" in row
@@ -114,7 +114,10 @@ def test_status_json_is_the_api_document(busy_job: strata_redis.Job, redis_url: 
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     jsonschema.validate(doc, json.loads(schema_text()))
-    assert doc["job"] == busy_job.job_id and doc["checkpoints"][0]["step"] == 700
+    assert doc["job"] == busy_job.job_id and (
+        doc["checkpoints"][0]["epoch"],
+        doc["checkpoints"][0]["step"],
+    ) == (0, 700)
     every = json.loads(strata("status", "--redis-url", redis_url, "--json").stdout)
     assert [j["job_id"] for j in every["jobs"]] == [busy_job.job_id]
 

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 import strata_redis
+from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.server import RedisServer
 
 from .procs import wait_for
@@ -82,8 +83,8 @@ def test_a_committed_checkpoint_is_on_the_replica_when_the_commit_returns(
     ckpt = strata_redis.CheckpointManager(tmp_path, redis=job, worker_id="w")
     info = ckpt.save(b"model-1", step=1, epoch=0).result(timeout=60)
     # read the replica right after: the commit record is there
-    assert copy.zscore(job.keys.checkpoints, "1") == 1
-    assert copy.hget(job.keys.checkpoint_info, "1") is not None
+    assert copy.zscore(job.keys.checkpoints, info.id.member) == 0  # every member scores 0
+    assert copy.hget(job.keys.checkpoint_info, info.id.member) is not None
     assert info.step == 1 and job.context.scripts.shortfalls == 0
 
     # a replica that is late (stopped for a second) holds the commit up until it has it
@@ -97,7 +98,7 @@ def test_a_committed_checkpoint_is_on_the_replica_when_the_commit_returns(
         waited = time.monotonic() - start
     finally:
         resume.join()
-    assert copy.zscore(job.keys.checkpoints, "2") == 2
+    assert copy.zscore(job.keys.checkpoints, CheckpointId(2, 0).member) == 0
     assert waited >= 0.8, waited  # without the WAIT it returns long before the replica runs
     assert job.context.scripts.shortfalls == 0
     ckpt.close()

@@ -138,7 +138,7 @@ def _phase(
                     result["future_error"] = type(cause).__name__ if cause else None
                 raise
             info = writer.future.result(timeout=30)  # type: ignore[union-attr]
-            result.update(step=info.step, files=sorted(info.files))
+            result.update(step=info.step, label=info.label, files=sorted(info.files))
             torch.save(state, out / f"saved_{rank}.pt")
         else:
             model, opt = _trained(seed=1)  # other values, the same structure
@@ -228,9 +228,10 @@ def test_two_ranks_save_and_load_back_local(saved_local: Saved) -> None:
     rank's own item)."""
     root, saved = saved_local
     _check_loaded(root / "out")
-    doc = json.loads((root / "ckpt" / JOB / "checkpoints" / f"step_{saved['step']}" /
+    doc = json.loads((root / "ckpt" / JOB / "checkpoints" / saved["label"] /
                       "metadata.json").read_bytes())  # fmt: skip
     assert doc["world_size"] == 2 and set(doc["files"]) == set(saved["files"])
+    assert (doc["epoch"], doc["step"], doc["run"]) == (0, STEP, 0)  # the loop's numbers
 
 
 def test_two_ranks_save_and_load_back_s3(
@@ -246,7 +247,7 @@ def test_two_ranks_save_and_load_back_s3(
     saved = _save_and_load(redis_url, "s3://dcp-bucket/runs", tmp_path / "out")
     _check_loaded(tmp_path / "out")
     keys = {o["Key"] for o in admin.list_objects_v2(Bucket="dcp-bucket")["Contents"]}
-    step_dir = f"runs/{JOB}/checkpoints/step_{saved['step']}"
+    step_dir = f"runs/{JOB}/checkpoints/{saved['label']}"
     assert {f"{step_dir}/metadata.json", f"{step_dir}/rank_0/{METADATA_PART}",
             f"{step_dir}/rank_1/{DATA_PART}"} <= keys  # fmt: skip
     admin.close()
@@ -261,7 +262,7 @@ def test_a_corrupt_part_fails_the_load_clearly(
     job resumed from). Loaded here by one process: DCP reshards the 2 ranks' items."""
     root, saved = saved_local
     shutil.copytree(root / "ckpt", tmp_path / "ckpt")
-    step_dir = tmp_path / "ckpt" / JOB / "checkpoints" / f"step_{saved['step']}"
+    step_dir = tmp_path / "ckpt" / JOB / "checkpoints" / saved["label"]
     with strata_redis.TrainingOrchestrator(
         redis_url, "solo", job_id=JOB, checkpoint_path=tmp_path / "ckpt", last_call=0.1
     ) as orch:
@@ -277,8 +278,9 @@ def test_a_corrupt_part_fails_the_load_clearly(
             pytest.warns(CheckpointSkippedWarning),
             pytest.raises(
                 CheckpointException,
-                match=rf"part '{DATA_PART}' of rank 1 cannot be read: step {saved['step']} "
-                rf"of job '{JOB}' does not verify: rank_1/{DATA_PART}: checksum crc32:",
+                match=rf"part '{DATA_PART}' of rank 1 cannot be read: checkpoint \(epoch 0, "
+                rf"step {saved['step']}\) of job '{JOB}' does not verify: rank_1/{DATA_PART}: "
+                "checksum crc32:",
             ),
         ):
             dcp.load(state, storage_reader=strata_torch.StrataStorageReader(orch))
