@@ -64,7 +64,8 @@ def cluster(redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     }
     try:
         wait_for(lambda: len(job.live_workers()) == WORKERS, 60, why=job.workers)
-        wait_for(lambda: job.client.zscore(job.keys.checkpoints, CheckpointId(200, 0).member) is not None, 60,
+        step_200 = CheckpointId(200, 0).member  # (epoch 0, step 200) in the index
+        wait_for(lambda: job.client.zscore(job.keys.checkpoints, step_200) is not None, 60,
                  why=lambda: job.events(20))  # fmt: skip
         yield {"job": job, "procs": procs}
     finally:
