@@ -1,5 +1,6 @@
 """strata_redis: coordination for distributed ML training through Redis."""
 
+from .checkpoint.ids import CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo, FileEntry
 from .checkpoint.pipeline import SaveFuture
@@ -68,6 +69,7 @@ __all__ = [
     "BarrierTimeoutError",
     "CheckpointAbortedError",
     "CheckpointError",
+    "CheckpointId",
     "CheckpointInfo",
     "CheckpointManager",
     "CheckpointNotFoundError",

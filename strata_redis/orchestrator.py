@@ -473,7 +473,8 @@ class TrainingOrchestrator:
         if ckpt is not None:
             aborted = ckpt.abort_pending(f"rendezvous round {exc.round} is over ({exc.reason})")
             if aborted:
-                log.info("worker %r: aborted checkpoint steps %s", self.worker_id, aborted)
+                log.info("worker %r: aborted checkpoints %s", self.worker_id,
+                         [c.label for c in aborted])  # fmt: skip
 
     def _guard(self) -> None:
         """The per-step check: a flag read, no round trip. A broken round is left here."""

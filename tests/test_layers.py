@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: what ``import strata_redis`` offers; a change here is a change of the public API
 PUBLIC = {
     "LIVE", "Barrier", "BarrierBrokenError", "BarrierError", "BarrierLatency", "BarrierState",
-    "BarrierTimeoutError", "CheckpointAbortedError", "CheckpointError", "CheckpointInfo",
-    "CheckpointManager", "CheckpointNotFoundError", "CheckpointSkippedWarning",
+    "BarrierTimeoutError", "CheckpointAbortedError", "CheckpointError", "CheckpointId",
+    "CheckpointInfo", "CheckpointManager", "CheckpointNotFoundError", "CheckpointSkippedWarning",
     "DatasetConflictError", "DatasetError", "DatasetNotFoundError", "DatasetParams",
     "EpochProgress", "EpochUnfinishedError", "FileEntry", "Job", "JobContext", "Keys", "Lease",
     "LeaseError",
@@ -41,7 +41,8 @@ PUBLIC = {
 
 #: the submodules users may import from (the README's layout table lists them)
 SUPPORTED = [
-    "checkpoint.manager", "checkpoint.manifest", "checkpoint.reader", "cli", "connection",
+    "checkpoint.ids", "checkpoint.manager", "checkpoint.manifest", "checkpoint.reader", "cli",
+    "connection",
     "context", "coordination.barrier", "coordination.epochs", "coordination.registry",
     "coordination.rendezvous", "coordination.workers", "data.leases", "data.position",
     "data.sharding", "era", "errors", "job", "keys", "orchestrator",

@@ -7,6 +7,11 @@
     ...
     reader = strata_redis.torch.StrataStorageReader(orchestrator)  # the resumed checkpoint
     dcp.load(state_dict, storage_reader=reader)
+    reader = strata_redis.torch.StrataStorageReader(orchestrator, step=step, epoch=epoch)
+
+The checkpoint is the loop's (epoch, step) as the writer was given them (its directory
+``epoch_{E}_step_{S}``; after a whole-job relaunch ``run_{R}_...``): a reader finds it by
+the same numbers, the newest run's when several runs saved it.
 
 A DCP save is one strata checkpoint (``orchestrator.save_checkpoint``): every rank saves the
 items DCP's plan gives it as one part, ``dcp/data.distcp`` (each item ``torch.save``-d, or its
@@ -91,7 +96,7 @@ class DistributedCheckpointError(CheckpointError):
 
     Attributes:
         job_id: the job.
-        step: the strata checkpoint step, when known.
+        step: the loop's step of the checkpoint, when known.
     """
 
     def __init__(self, message: str, job_id: str, step: int | None = None) -> None:
@@ -186,8 +191,8 @@ class StrataStorageWriter(StorageWriter):  # type: ignore[misc]
 
     @property
     def checkpoint_id(self) -> str:
-        """A name for DCP's logs: ``strata:<job>/epoch_<e>/step_<s>``."""
-        return f"strata:{self.orchestrator.job_id}/epoch_{self.epoch}/step_{self.step}"
+        """A name for DCP's logs: ``strata:<job>/epoch_<e>_step_<s>``."""
+        return f"strata:{self.orchestrator.job_id}/epoch_{self.epoch}_step_{self.step}"
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -397,13 +402,14 @@ class StrataStorageReader(StorageReader):  # type: ignore[misc]
     @property
     def checkpoint_id(self) -> str:
         """A name for DCP's logs: ``strata:<job>/<label>`` (or ``.../resumed``)."""
-        which = self.info.label if self.info is not None else "resumed"
-        if self.info is None and not self._resumed():
-            which = (
-                f"step_{self.step}"
-                if self.epoch is None
-                else f"epoch_{self.epoch}_step_{self.step}"
-            )
+        if self.info is not None:
+            which = self.info.label
+        elif self._resumed():
+            which = "resumed"
+        else:  # not yet found: the numbers asked for
+            which = "_".join(f"{what}_{n}" for what, n in
+                             (("run", self.run), ("epoch", self.epoch), ("step", self.step))
+                             if n is not None)  # fmt: skip
         return f"strata:{self.orchestrator.job_id}/{which}"
 
     @classmethod

@@ -136,9 +136,9 @@ def load(
             raw = orchestrator.load_state(name + PART_SUFFIX, rank=rank)
         except ValueError as exc:
             raise CheckpointError(
-                f"checkpoint step {info.step} of job {orchestrator.job_id!r} has no part "
+                f"checkpoint {info.id} of job {orchestrator.job_id!r} has no part "
                 f"{name + PART_SUFFIX!r} (saved without {name}?)",
-                job_id=orchestrator.job_id, step=info.step,
+                job_id=orchestrator.job_id, step=info.step, epoch=info.epoch,
             ) from exc  # fmt: skip
         assert raw is not None
         state = torch.load(io.BytesIO(raw), map_location=map_location, weights_only=True)
