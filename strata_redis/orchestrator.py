@@ -557,9 +557,7 @@ class TrainingOrchestrator:
         if not isinstance(track_consumption, bool):
             raise TypeError(f"track_consumption must be a bool, got {track_consumption!r}")
         for arg, flag in (
-            ("wait_for_others", wait_for_others),
-            ("lockstep", lockstep),
-            ("drop_last", drop_last),
+            ("wait_for_others", wait_for_others), ("lockstep", lockstep), ("drop_last", drop_last)
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"{arg} must be a bool, got {flag!r}")
