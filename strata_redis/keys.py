@@ -116,6 +116,13 @@ class Keys:
         restart counters, the round's fate (broken culprit), epoch decisions, restore marks."""
         return f"{self.base}:rendezvous"
 
+    @property
+    def restores(self) -> str:
+        """HASH "restored:<dataset>" -> the round that put the dataset's data position back
+        from a checkpoint (``data/position.py``); "restored:<dataset>:next" -> the next chunk
+        while that restore is under way."""
+        return f"{self.base}:restores"
+
     def round_members(self, round_: int) -> str:
         """ZSET a round's members -> order score (previous rank, else arrival): rank order."""
         return f"{self.base}:round_members:{round_}"
@@ -243,3 +250,9 @@ class LeaseKeys:
         """HASH shard id -> samples already trained, for shards restored part-way from a
         checkpoint (the next lease of the shard starts there)."""
         return self._key("shard_offsets")
+
+    @property
+    def lockstep(self) -> str:
+        """HASH "<round>" (or "<round>:pad", padding instead of dropping) -> the batches each
+        member of that round gets in this epoch's lockstep walk (``data/walks/lockstep.py``)."""
+        return self._key("lockstep_quota")

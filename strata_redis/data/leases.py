@@ -114,6 +114,27 @@ class Lease:
         self.owner.release(self, offset)
 
 
+def epoch_record(
+    ctx: JobContext, params: DatasetParams, epoch: int
+) -> tuple[set[int], dict[int, int]]:
+    """A (dataset, epoch)'s record as a walk begins: the shards done, and shard -> samples
+    already trained of the shards restored part-way (read in ``HSCAN`` steps: an epoch of
+    10^7 shards has a record of 10^7 fields)."""
+    k = ctx.keys.lease_keys(params.name, epoch)
+    done = done_shards(ctx, params, epoch)
+    return done, {int(s): int(o) for s, o in hash_items(ctx.client, k.offsets).items()}
+
+
+def done_shards(ctx: JobContext, params: DatasetParams, epoch: int) -> set[int]:
+    """The shards completed in a (dataset, epoch), read in ``HSCAN`` steps."""
+    return {int(s) for s in hash_items(ctx.client, ctx.keys.lease_keys(params.name, epoch).done)}
+
+
+def done_count(ctx: JobContext, params: DatasetParams, epoch: int) -> int:
+    """How many shards of a (dataset, epoch) are completed (one ``HLEN``)."""
+    return int(ctx.client.hlen(ctx.keys.lease_keys(params.name, epoch).done))
+
+
 @dataclass(frozen=True)
 class EpochProgress:
     """Where a (dataset, epoch) stands: shards done, leased now, and not yet leased.
