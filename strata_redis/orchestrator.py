@@ -36,8 +36,8 @@ import redis as redis_py
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
 from .context import HasContext, JobContext
-from .coordination.barrier import RESERVED_PREFIX, Barrier
-from .coordination.epochs import current_epoch
+from .coordination.barrier import Barrier
+from .coordination.epochs import current_epoch, round_epoch_barrier
 from .coordination.rendezvous import Rendezvous, Round
 from .coordination.workers import Worker, register_worker
 from .data.datasets import get_dataset, list_datasets
@@ -128,8 +128,9 @@ class _Host:
     def set_status(self, status: str) -> None:
         self._o._set_status(status)
 
-    def epoch_began(self, epoch: int) -> None:
-        self._o._job_epoch = epoch
+    def begin_epoch(self) -> int:
+        epoch = self._o._job_epoch = self._o._retry(current_epoch, self._o.context)
+        return epoch
 
 
 class TrainingOrchestrator:
@@ -354,9 +355,8 @@ class TrainingOrchestrator:
                           round_.number)  # fmt: skip
 
     def _epoch_barrier(self, round_: Round) -> Barrier:
-        name = f"{RESERVED_PREFIX}epoch:round:{round_.number}"
-        return Barrier.reserved(
-            self.context, name, round_.world_size, self.epoch_timeout, self.context.keys.epoch
+        return round_epoch_barrier(
+            self.context, round_.number, round_.world_size, self.epoch_timeout
         )
 
     def _abort_epoch_barrier(self, round_: Round, exc: RoundBrokenError) -> None:

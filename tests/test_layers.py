@@ -66,7 +66,8 @@ def _modules() -> set[str]:
 
 def _layers() -> list[list[str]]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    (contract,) = config["tool"]["importlinter"]["contracts"]
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c["type"] == "layers"]
     return [[m.strip() for m in layer.split("|")] for layer in contract["layers"]]
 
 
@@ -75,7 +76,7 @@ def test_the_layer_contract_holds() -> None:
     assert exe, "import-linter is not installed (pip install -e '.[dev]')"
     run = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "1 kept, 0 broken" in run.stdout
+    assert "kept, 0 broken" in run.stdout
 
 
 def test_every_module_has_exactly_one_layer() -> None:

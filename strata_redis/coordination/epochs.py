@@ -16,6 +16,13 @@ def epoch_barrier(ctx: JobContext, timeout: float = 60.0) -> Barrier:
     return Barrier.reserved(ctx, EPOCH_BARRIER, LIVE, timeout, ctx.keys.epoch)
 
 
+def round_epoch_barrier(ctx: JobContext, round_: int, world_size: int, timeout: float) -> Barrier:
+    """The epoch barrier of rendezvous round ``round_``: its ``world_size`` members, never a
+    lone early worker; its release moves the job's epoch like ``advance_epoch``'s."""
+    name = f"{RESERVED_PREFIX}epoch:round:{round_}"
+    return Barrier.reserved(ctx, name, world_size, timeout, ctx.keys.epoch)
+
+
 def advance_epoch(ctx: JobContext, worker_id: str, timeout: float = 60.0) -> int:
     """Meet every live worker, then move to the next epoch: the same number for all.
 
@@ -43,3 +50,9 @@ def advance_epoch(ctx: JobContext, worker_id: str, timeout: float = 60.0) -> int
 def current_epoch(ctx: JobContext) -> int:
     """The job's epoch: 0 until the first ``advance_epoch``."""
     return int(ctx.client.get(ctx.keys.epoch) or 0)
+
+
+def set_epoch(ctx: JobContext, epoch: int) -> None:
+    """Put the job's epoch back to ``epoch`` (a restore from a checkpoint with no dataset
+    to restore: ``restore_position`` sets it otherwise)."""
+    ctx.client.set(ctx.keys.epoch, epoch)

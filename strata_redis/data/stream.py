@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..context import JobContext
-from ..coordination.epochs import current_epoch
-from ..coordination.rendezvous import Round
 from ..validate import check_int
 from .leases import done_count, done_shards, epoch_record
 from .position import Position
 from .sharding import DatasetParams
 from .walks import WALKS, Batch
+
+if TYPE_CHECKING:
+    from ..coordination.rendezvous import Round
 
 __all__ = ["MODES", "ShardStream", "StreamHost"]
 
@@ -64,8 +65,8 @@ class StreamHost(Protocol):
     def set_status(self, status: str) -> None:
         """Record the worker's status (``training``, ``idle``), best effort."""
 
-    def epoch_began(self, epoch: int) -> None:
-        """A walk of the job's ``epoch`` begins."""
+    def begin_epoch(self) -> int:
+        """A walk begins: the job's current epoch (read from Redis, retried)."""
 
 
 class ShardStream:
@@ -148,8 +149,7 @@ class ShardStream:
         host = self.host
         host.guard()
         ctx, params = host.context, self.params
-        epoch = host.retry(current_epoch, ctx)
-        host.epoch_began(epoch)
+        epoch = host.begin_epoch()
         done, self.starts = host.retry(epoch_record, ctx, params, epoch)
         position = Position(params.name, epoch, params.num_shards, done)
         self._position, self._round = position, host.round.number
