@@ -112,8 +112,14 @@ class Keys:
     # -- elastic rendezvous -----------------------------------------------------------------
     @property
     def rendezvous(self) -> str:
-        """HASH the rendezvous: round, state (joining/closed), deadline_ms, world_size,
-        restart counters, the round's fate (broken culprit), epoch decisions, restore marks."""
+        """HASH the rendezvous, read and written only by ``coordination/rendezvous.py`` and its
+        scripts: ``round``, ``state`` (joining/closed: the round took its members),
+        ``opened_ms``, ``deadline_ms``, ``closed_ms``, ``world_size``, ``fresh``,
+        ``generation``, ``restarts_failure``/``restarts_growth``, the round's fate
+        (``broken_round``, ``broken``, ``reason``), the epoch review (``decided_epoch``,
+        ``decision``), the membership-event cursor (``mev``, ``mgen``, ``mscan``), the
+        expected-set fill (``escan``), and ``ended`` (the rendezvous is over for good:
+        torchrun's ``set_closed``)."""
         return f"{self.base}:rendezvous"
 
     @property
