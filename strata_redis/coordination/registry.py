@@ -154,6 +154,9 @@ def _registration(raw: str) -> _Registration:
     )  # fmt: skip
 
 
+_UNREGISTERED = _Registration(None, None, 0, {})
+
+
 def _worker_info(
     worker_id: str,
     status: str | None,
@@ -162,16 +165,16 @@ def _worker_info(
     seen_ms: float | None,
     now_ms: float,
 ) -> WorkerInfo:
-    reg = _registration(raw_info) if raw_info else _Registration(None, None, 0, {})
+    reg = _registration(raw_info) if raw_info else _UNREGISTERED
     return WorkerInfo(
-        worker_id=worker_id,
-        status=status or "unknown",
-        last_seen_s=None if seen_ms is None else max(0.0, (now_ms - seen_ms) / 1000),
-        host=reg.host,
-        address=reg.address,
-        gpu_count=reg.gpu_count,
-        labels=dict(reg.labels),
-        incarnation=int(incarnation or 0),
+        worker_id,
+        status or "unknown",
+        None if seen_ms is None else max(0.0, (now_ms - seen_ms) / 1000),
+        reg.host,
+        reg.address,
+        reg.gpu_count,
+        dict(reg.labels) if reg.labels else {},
+        int(incarnation or 0),
     )
 
 

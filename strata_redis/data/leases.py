@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import redis
@@ -487,9 +487,9 @@ class ShardLeases:
 
 
 # -- batched reads of a (dataset, epoch)'s record (connection.py: the queue/take convention) --
-@dataclass(frozen=True)
-class LeaseHolder:
-    """A lease held now, as the epoch's lease hash records it.
+class LeaseHolder(NamedTuple):
+    """A lease held now, as the epoch's lease hash records it (a tuple: a document of the
+    dashboard makes one per live worker).
 
     Attributes:
         shard_id: the leased shard.
