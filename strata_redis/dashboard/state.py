@@ -69,7 +69,6 @@ from strata_redis.data.sharding import DatasetParams
 from strata_redis.validate import check_id
 
 SCHEMA: Final = "strata-dashboard/1"
-__all__ = ["STATUSES", "DashboardState", "JobNotFoundError", "check_job_id"]
 LIVE_STATUSES: Final = SETTABLE_STATUSES
 #: newest membership events read per job (the timeline, and who failed or left lately)
 EVENTS_READ: Final = 500
