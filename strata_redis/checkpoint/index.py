@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from typing import Any
 
+from ..connection import Replies, take_reply
 from ..context import JobContext
+from ..keys import Keys
 from ..validate import check_int
 from .ids import CheckpointId
 from .manifest import CheckpointInfo, decode_metadata
@@ -96,6 +100,44 @@ class CheckpointIndex:
             pipe.zrem(self._ids, cid.member)
             pipe.hdel(self._info, cid.member)
             pipe.execute()
+
+
+# -- batched reads of the index (connection.py: the queue/take convention) -------------------
+def queue_newest_steps(pipe: Any, job_id: str, count: int) -> None:
+    """Queue a read of the newest ``count`` committed checkpoints of the index."""
+    pipe.zrange(Keys(job_id).checkpoints, 0, count - 1, desc=True)
+
+
+def take_newest_steps(replies: Replies) -> list[CheckpointId]:
+    """The committed checkpoints ``queue_newest_steps`` read, newest first in (run, epoch,
+    step) order."""
+    return _parse(take_reply(replies))
+
+
+def queue_infos(pipe: Any, job_id: str, ids: Sequence[CheckpointId]) -> None:
+    """Queue a read of the indexed metadata of committed checkpoints ``ids`` (nothing if
+    none)."""
+    if ids:
+        pipe.hmget(Keys(job_id).checkpoint_info, [c.member for c in ids])
+
+
+def take_infos(
+    replies: Replies, job_id: str, ids: Sequence[CheckpointId]
+) -> dict[CheckpointId, CheckpointInfo | None]:
+    """Id -> its ``CheckpointInfo`` (``location`` empty), as ``queue_infos`` read them;
+    None for a checkpoint no longer indexed or whose entry is bad (logged)."""
+    if not ids:
+        return {}
+    out: dict[CheckpointId, CheckpointInfo | None] = {}
+    for cid, raw in zip(ids, take_reply(replies), strict=True):
+        out[cid] = None
+        if raw is not None:
+            try:
+                out[cid] = decode_metadata(raw, job_id, cid)
+            except ValueError as exc:
+                log.warning("checkpoint %s: bad index entry (%s); rebuild_index() fixes it",
+                            cid.label, exc)  # fmt: skip
+    return out
 
 
 def _parse(members: list[str]) -> list[CheckpointId]:
