@@ -52,6 +52,7 @@ import redis
 
 import strata_redis
 from strata_redis.checkpoint.commit import StepProtocol
+from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.coordination import registry
 from strata_redis.data.leases import ShardLeases
 from strata_redis.data.sharding import DatasetParams
@@ -120,10 +121,11 @@ class Simulated:
             proto = self.protocols[self.acked]
             if self.acked == 0:
                 self.step += 1
-            proto.begin(self.step, None)
-            led = proto.ack(self.step, {}, 0, 0.0)
+            cid = CheckpointId(self.step)
+            proto.begin(cid)
+            led = proto.ack(cid, {}, 0, 0.0)
             if led is not None:
-                proto.commit(self.step, None, *led)
+                proto.commit(cid, *led)
             self.acked = (self.acked + 1) % len(self.protocols)
         else:
             registry.workers(self.job.context)
