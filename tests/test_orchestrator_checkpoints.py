@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,27 @@ def test_resuming_from_storage_alone_warns_once(
     assert "checkpoint (epoch 0, step 5)" in message
     assert " seconds ago" in message
     assert f"{root}/{JOB}/checkpoints/epoch_0_step_5" in message
+
+
+def test_the_resume_warning_reaches_stderr_of_a_plain_script(
+    redis_url: str, raw: Any, tmp_path: Path
+) -> None:
+    """A loop with no logging set up: the one WARNING is on stderr (Python's last resort)."""
+    root = tmp_path / "ckpt"
+    with _orch(redis_url, root) as first:
+        saved = first.save_checkpoint(step=300, epoch=2, state=b"m")
+        assert saved is not None
+        saved.result(30)
+    raw.flushall()
+    script = (
+        "import strata_redis, sys\n"
+        f"o = strata_redis.TrainingOrchestrator({redis_url!r}, 'w0', job_id={JOB!r}, "
+        f"checkpoint_path={str(root)!r}, last_call=0.1)\n"
+        "print(o.resumed.label)\n"
+        "o.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "epoch_2_step_300"
+    assert out.stderr.count("found in storage only") == 1, out.stderr
+    assert "checkpoint (epoch 2, step 300)" in out.stderr and " seconds ago" in out.stderr
