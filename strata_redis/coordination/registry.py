@@ -57,6 +57,8 @@ class WorkerInfo:
         last_seen_s: seconds since its last heartbeat, on Redis' clock (None once failed/left).
         host, address, gpu_count, labels: what it registered with.
         incarnation: the membership generation of its latest registration.
+        pid: the process id of its latest registration (None if made before pids were
+            recorded).
     """
 
     worker_id: str
@@ -67,6 +69,7 @@ class WorkerInfo:
     gpu_count: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     incarnation: int = 0
+    pid: int | None = None
 
 
 #: live workers read per command: one ZRANGE of 10^5 members held Redis for 16 ms, a page of
@@ -111,6 +114,7 @@ def workers(ctx: JobContext) -> list[WorkerInfo]:
                 gpu_count=int(meta.get("gpu_count", 0)),
                 labels=dict(meta.get("labels", {})),
                 incarnation=int(incarnation.get(worker_id, 0)),
+                pid=meta.get("pid"),
             )
         )
     return out
