@@ -6,6 +6,7 @@ Redis: two copies of the README loop side by side, a duplicate live id, torchrun
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
@@ -96,6 +97,22 @@ def test_job_id_given_then_torchrun_then_derived_from_the_launch(tmp_path: Path)
         identity.job_id({"STRATA_JOB_ID": "a{b}"})
     with pytest.raises(ValueError, match="TORCHELASTIC_RUN_ID"):
         identity.job_id({"TORCHELASTIC_RUN_ID": "a}b"})
+
+
+def test_derived_ids_are_logged_once_at_info(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    launch: dict[str, Any] = {"argv0": "once.py", "cwd": str(tmp_path), "user": "ada"}
+    with caplog.at_level(logging.INFO, logger="strata_redis.identity"):
+        wids = {identity.worker_id({}, host="log-once", pid=4242) for _ in range(3)}
+        jobs = {identity.job_id({}, **launch) for _ in range(3)}
+        given = identity.job_id({"STRATA_JOB_ID": "chosen"})
+    ((wid,), (job,)) = wids, jobs
+    assert given == "chosen"
+    for value in (wid, job):
+        told = [r for r in caplog.records if repr(value) in r.getMessage()]
+        assert len(told) == 1 and told[0].levelno == logging.INFO, caplog.text
+    assert "chosen" not in caplog.text  # the user's own choice needs no word
 
 
 def test_checkpoint_dir_is_per_user_and_persistent(tmp_path: Path) -> None:
@@ -238,7 +255,7 @@ def test_two_readme_loops_side_by_side_both_train(redis_url: str, tmp_path: Path
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
 
-    job = identity.job_id({}, argv0=str(script), cwd=str(tmp_path), user=_user())
+    job = identity.job_id({}, argv0=str(script), cwd=str(tmp_path), user=getpass.getuser())
     assert re.fullmatch(r"train-[0-9a-f]{8}", job)
     client = strata_redis.connect(redis_url, job_id=job)
     try:
@@ -246,10 +263,10 @@ def test_two_readme_loops_side_by_side_both_train(redis_url: str, tmp_path: Path
         workers = client.workers()
     finally:
         client.close()
-    ids = [w.worker_id for w in workers]
-    assert len(ids) == 2 and all(re.fullmatch(rf"{re.escape(HOST)}-pid-\d+", w) for w in ids), ids
-    assert {w.status for w in workers} == {"left"}  # both closed cleanly: none was replaced
-    assert len({w.pid for w in workers}) == 2 and None not in {w.pid for w in workers}
+    # one id per process, from its pid; both closed cleanly (none was replaced)
+    assert [(w.worker_id, w.pid, w.status) for w in workers] == sorted(
+        (f"{HOST}-pid-{p.pid}", p.pid, "left") for p in procs
+    )
 
     logs = [_batches(tmp_path / f"{name}.log") for name in ("first", "second")]
     for epoch in (0, 1):
@@ -263,12 +280,6 @@ def test_two_readme_loops_side_by_side_both_train(redis_url: str, tmp_path: Path
     for _, err in outs:
         assert err.count("strata_redis/checkpoints") == 1, err
         assert "per-user default" in err
-
-
-def _user() -> str:
-    import getpass
-
-    return getpass.getuser()
 
 
 def test_a_duplicate_live_id_is_refused_and_the_holder_keeps_training(
