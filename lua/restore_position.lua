@@ -9,7 +9,7 @@
 -- `swept`, which acquire_shard waits for) and the mark is set with the last chunk. Nobody
 -- leases meanwhile: the restoring round's members restore before they lease, and workers
 -- that arrive later wait for the next round.
--- KEYS[1] = rendezvous HASH (the mark, and the progress field `<mark field>:next`)
+-- KEYS[1] = restores HASH (the mark, and the progress field `<mark field>:next`)
 -- KEYS[2] = the job's epoch STRING
 -- KEYS[3..8] = the epoch's meta HASH, todo ZSET, holders HASH, expiry ZSET, done HASH,
 --              offsets HASH

@@ -13,6 +13,7 @@ from .coordination.rendezvous import Rendezvous, Round
 from .coordination.workers import Worker
 from .data.leases import EpochProgress, Lease, ShardLeases
 from .data.sharding import DatasetParams, Shard
+from .data.stream import ShardStream
 from .errors import (
     BarrierBrokenError,
     BarrierError,
@@ -45,7 +46,7 @@ from .errors import (
 )
 from .job import Job, connect
 from .keys import Keys
-from .orchestrator import ShardStream, TrainingOrchestrator
+from .orchestrator import TrainingOrchestrator
 from .shard_manager import ShardManager
 from .storage import (
     LocalStorage,

@@ -23,7 +23,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
@@ -419,6 +421,72 @@ def zrange_pages(
         last = client.zrange(key, len(out), len(out) + page - 1, withscores=withscores)
         out += last
     return out
+
+
+# -- batched reads: an owner's queue/take pair ------------------------------------------------
+# A reader that batches (the dashboard) passes its pipeline to the owners: ``queue_x(pipe,
+# ...)`` queues the commands of one read, and after ``execute`` ``take_x(replies, ...)``
+# consumes exactly those replies from an iterator over them (in the order they were queued)
+# and returns the owner's typed value. The owner's single-call method is the same pair around
+# a pipeline of its own, so each stored format has one parser.
+
+#: what a ``take_`` function reads from: an iterator over a pipeline's replies
+Replies = Iterator[Any]
+T = TypeVar("T")
+
+
+def take_reply(replies: Replies) -> Any:
+    """The next reply; a command's error (``execute(raise_on_error=False)``) is raised."""
+    reply = next(replies)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def run_read(client: Any, queue: Callable[[Any], None], take: Callable[[Replies], T]) -> T:
+    """One queue/take pair on a pipeline of its own: one round trip (a single-call read)."""
+    with client.pipeline(transaction=False) as pipe:
+        queue(pipe)
+        replies = iter(pipe.execute())
+    return take(replies)
+
+
+def score_pairs(reply: Any) -> list[tuple[Any, Any]]:
+    """A ``WITHSCORES`` reply as (member, score) pairs (RESP2 gives it flat)."""
+    if reply and not isinstance(reply[0], (list, tuple)):
+        return list(zip(reply[::2], reply[1::2], strict=True))
+    return [tuple(p) for p in reply]
+
+
+@dataclass(frozen=True)
+class StreamPage(Generic[T]):
+    """The newest entries of a capped stream, as one bounded read returned them.
+
+    Attributes:
+        entries: ``(entry id, decoded entry)``, newest first.
+        length: the stream's length when it was read (``XLEN``).
+    """
+
+    entries: list[tuple[str, T]]
+    length: int
+
+
+def queue_stream_page(pipe: Any, key: str, count: int, after: str | None = None) -> None:
+    """Queue a read of the newest ``count`` entries of stream ``key`` (only those after entry
+    id ``after``, if given: a reader that keeps what it read asks only for what is new), and
+    its length."""
+    if after is None:
+        pipe.xrevrange(key, count=count)
+    else:
+        pipe.xrevrange(key, max="+", min=f"({after}", count=count)
+    pipe.xlen(key)
+
+
+def take_stream_page(replies: Replies, decode: Callable[[str, dict[str, str]], T]) -> StreamPage[T]:
+    """The page ``queue_stream_page`` queued, each entry decoded by ``decode(id, fields)``."""
+    entries = take_reply(replies)
+    length = int(take_reply(replies))
+    return StreamPage([(str(i), decode(str(i), f)) for i, f in entries], length)
 
 
 def max_block(client: Any) -> float:

@@ -113,9 +113,22 @@ class Keys:
     # -- elastic rendezvous -----------------------------------------------------------------
     @property
     def rendezvous(self) -> str:
-        """HASH the rendezvous: round, state (joining/closed), deadline_ms, world_size,
-        restart counters, the round's fate (broken culprit), epoch decisions, restore marks."""
+        """HASH the rendezvous, read and written only by ``coordination/rendezvous.py`` and its
+        scripts: ``round``, ``state`` (joining/closed: the round took its members),
+        ``opened_ms``, ``deadline_ms``, ``closed_ms``, ``world_size``, ``fresh``,
+        ``generation``, ``restarts_failure``/``restarts_growth``, the round's fate
+        (``broken_round``, ``broken``, ``reason``), the epoch review (``decided_epoch``,
+        ``decision``), the membership-event cursor (``mev``, ``mgen``, ``mscan``), the
+        expected-set fill (``escan``), and ``ended`` (the rendezvous is over for good:
+        torchrun's ``set_closed``)."""
         return f"{self.base}:rendezvous"
+
+    @property
+    def restores(self) -> str:
+        """HASH "restored:<dataset>" -> the round that put the dataset's data position back
+        from a checkpoint (``data/position.py``); "restored:<dataset>:next" -> the next chunk
+        while that restore is under way."""
+        return f"{self.base}:restores"
 
     def round_members(self, round_: int) -> str:
         """ZSET a round's members -> order score (previous rank, else arrival): rank order."""
@@ -244,3 +257,9 @@ class LeaseKeys:
         """HASH shard id -> samples already trained, for shards restored part-way from a
         checkpoint (the next lease of the shard starts there)."""
         return self._key("shard_offsets")
+
+    @property
+    def lockstep(self) -> str:
+        """HASH "<round>" (or "<round>:pad", padding instead of dropping) -> the batches each
+        member of that round gets in this epoch's lockstep walk (``data/walks/lockstep.py``)."""
+        return self._key("lockstep_quota")

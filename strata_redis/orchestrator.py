@@ -26,27 +26,22 @@ import logging
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-import numpy as np
 import redis as redis_py
 
 from . import identity
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
-from .connection import hash_items
 from .context import HasContext, JobContext
-from .coordination.barrier import RESERVED_PREFIX, Barrier
-from .coordination.epochs import current_epoch
+from .coordination.barrier import Barrier
+from .coordination.epochs import current_epoch, round_epoch_barrier
 from .coordination.rendezvous import Rendezvous, Round
 from .coordination.workers import Worker, register_worker
 from .data.datasets import get_dataset, list_datasets
-from .data.leases import Lease, ShardLeases
 from .data.position import (
     POSITION_PART,
     Position,
@@ -55,19 +50,18 @@ from .data.position import (
     merge_positions,
     restore_position,
 )
-from .data.sharding import DatasetParams, assignment
+from .data.stream import ShardStream
 from .errors import (
     BarrierBrokenError,
     CheckpointError,
     EpochUnfinishedError,
-    LeaseLostError,
     RoundBrokenError,
     StrataError,
 )
 from .storage import Storage, open_storage
 from .validate import check_id, check_int, check_seconds
 
-__all__ = ["ShardStream", "TrainingOrchestrator", "checkpoint_step"]
+__all__ = ["TrainingOrchestrator", "checkpoint_step"]
 
 log = logging.getLogger("strata_redis.orchestrator")
 T = TypeVar("T")
@@ -79,19 +73,6 @@ ROUND_BITS: Final = 16
 STEP_BITS: Final = 24
 #: what ``state`` may be: a buffer, or a mapping of part name -> buffer
 State = Any
-
-
-def _trained_before(position: Position, shard: int, starts: dict[int, int]) -> None:
-    """A shard's offset as the epoch's record had it when the walk began (a restored position,
-    a finished walk's hand-back) is in the model already: the position holds it from the
-    start. (An offset set during the walk — another rank's hand-back — is not, until the
-    hander's own batches are consumed: the position then moves only with this rank's.)"""
-    if starts.get(shard, 0) > position.partial.get(shard, 0):
-        position.partial[shard] = starts[shard]
-
-
-def _nothing() -> None:
-    """A shard end with nothing to record in Redis (static assignment)."""
 
 
 def checkpoint_step(epoch: int, round_: int, step: int) -> int:
@@ -113,140 +94,44 @@ def split_step(internal: int) -> tuple[int, int, int]:
     return internal >> (ROUND_BITS + STEP_BITS), round_, step
 
 
-@dataclass
-class _Cursor:
-    """Where one ``ShardStream`` iteration stands (read by ``save_checkpoint``)."""
+class _Host:
+    """A ``TrainingOrchestrator`` as the host of its streams' walks (``data.stream.StreamHost``):
+    the narrow view a walk gets of it."""
 
-    position: Position
-    round: int
-
-
-class ShardStream:
-    """What ``get_shards`` returns: each iteration walks the job's current epoch.
-
-    Iterating yields numpy arrays of sample indices (``batch_size`` at most; a batch never
-    spans two shards) from this worker's leases: its own shards first, then others'
-    unstarted ones. ``len()`` is not defined: how many batches a worker gets depends on
-    the others.
-
-    Attributes:
-        params: the dataset.
-        batch_size: samples per batch.
-        mode: ``"leases"`` (fenced leases, own shards first, then stealing; every shard once
-            per epoch whoever fails) or ``"static"`` (this worker's shards of the round's
-            assignment, no leases: the plan of the epoch's start is kept, and a failed
-            worker's shards are not redone).
-        track_consumption, wait_for_others, lockstep, drop_last: as ``get_shards`` sets them.
-        quota: with ``lockstep``, the batches each member gets in the current epoch.
-    """
-
-    def __init__(
-        self,
-        orchestrator: TrainingOrchestrator,
-        params: DatasetParams,
-        batch_size: int,
-        mode: str = "leases",
-        *,
-        track_consumption: bool = False,
-        wait_for_others: bool = True,
-        lockstep: bool = False,
-        drop_last: bool = True,
-    ) -> None:
-        self._orchestrator = orchestrator
-        self.wait_for_others = wait_for_others
-        self.lockstep = lockstep
-        self.drop_last = drop_last
-        self.quota: int | None = None  # lockstep: this epoch's batches per rank
-        self._quota_met = False
-        self._taken: dict[tuple[int, int], int] = {}  # lockstep: (epoch, round) -> samples
-        self.params = params
-        self.batch_size = batch_size
-        self.mode = mode
-        self.track_consumption = track_consumption
-        self.cursor: _Cursor | None = None
-        # handed-out batches not yet consumed (``track_consumption``), oldest first: a batch
-        # as its pieces [(shard, samples of it after the piece)], or a shard id: its end
-        self._pending: deque[list[tuple[int, int]] | int] = deque()
-        self._finishers: dict[int, Callable[[], None] | None] = {}
-
-    def consumed(self, batches: int = 1) -> None:
-        """Record that the training step took the next ``batches`` handed-out batches.
-
-        Only with ``track_consumption``: the data position saved in checkpoints then counts
-        what the training step consumed, not what a prefetching loader asked for, and a
-        shard's lease is completed once its last batch is consumed. Without it, a no-op.
-
-        Raises:
-            ValueError: more batches reported consumed than were handed out.
-        """
-        if not self.track_consumption:
-            return
-        check_int("batches", batches, low=0, high=2**31)
-        cursor = self.cursor
-        for _ in range(batches):
-            if not self._pending or cursor is None:
-                raise ValueError(
-                    f"{self!r}: {batches} batches reported consumed, but fewer were handed out"
-                )
-            pieces = self._pending.popleft()
-            assert isinstance(pieces, list)
-            for shard, after in pieces:
-                cursor.position.partial[shard] = after
-            while self._pending and isinstance(self._pending[0], int):
-                self._end_shard(cursor.position, self._pending.popleft())  # type: ignore[arg-type]
+    def __init__(self, orchestrator: TrainingOrchestrator) -> None:
+        self._o = orchestrator
 
     @property
-    def in_flight(self) -> int:
-        """Batches handed out and not yet reported consumed."""
-        return sum(1 for entry in self._pending if isinstance(entry, list))
+    def context(self) -> JobContext:
+        return self._o.context
 
-    def _in_flight_shards(self) -> set[int]:
-        return {s for e in self._pending if isinstance(e, list) for s, _ in e}
+    @property
+    def worker_id(self) -> str:
+        return self._o.worker_id
 
-    def _handed(self, position: Position, pieces: list[tuple[int, int]]) -> None:
-        if self.track_consumption:
-            self._pending.append(pieces)
-        else:
-            for shard, after in pieces:
-                position.partial[shard] = after
+    @property
+    def round(self) -> Round:
+        return self._o.round
 
-    def _shard_end(self, position: Position, shard: int, finish: Callable[[], None]) -> None:
-        if self.track_consumption and self._pending:
-            self._finishers[shard] = finish
-            self._pending.append(shard)
-        else:
-            finish()
-            self._finishers[shard] = None
-            self._end_shard(position, shard)
+    @property
+    def lease_ttl(self) -> float:
+        return self._o.lease_ttl
 
-    def _end_shard(self, position: Position, shard: int) -> None:
-        finish = self._finishers.pop(shard, None)
-        if finish is not None:
-            finish()
-        position.partial.pop(shard, None)
-        position.own.add(shard)
+    def interrupted(self) -> bool:
+        return self._o._broken is not None or self._o.worker.lost is not None
 
-    def _finish_now(self) -> bool:
-        """Complete every handed-out shard's lease now (the epoch's tail: nothing else can
-        be leased, and the loader cannot consume while its sampler waits); the position
-        still moves only as batches are consumed. Returns whether there was any."""
-        ran = False
-        for shard, finish in list(self._finishers.items()):
-            if finish is not None:
-                self._finishers[shard] = None
-                finish()
-                ran = True
-        return ran
+    def guard(self) -> None:
+        self._o._guard()
 
-    def _reset(self) -> None:
-        self._pending.clear()
-        self._finishers.clear()
+    def retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self._o._retry(fn, *args, **kwargs)
 
-    def __repr__(self) -> str:
-        return f"ShardStream({self.params.name!r}, batch_size={self.batch_size})"
+    def set_status(self, status: str) -> None:
+        self._o._set_status(status)
 
-    def __iter__(self) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
-        return self._orchestrator._batches(self)
+    def begin_epoch(self) -> int:
+        epoch = self._o._job_epoch = self._o._retry(current_epoch, self._o.context)
+        return epoch
 
 
 class TrainingOrchestrator:
@@ -370,6 +255,7 @@ class TrainingOrchestrator:
         self._owns_storage = not isinstance(checkpoint_path, Storage)
         self.storage = open_storage(checkpoint_path)
 
+        self._host = _Host(self)
         self._streams: dict[str, ShardStream] = {}
         self._broken: RoundBrokenError | None = None
         self._seen_generation = -1
@@ -487,9 +373,8 @@ class TrainingOrchestrator:
                           round_.number)  # fmt: skip
 
     def _epoch_barrier(self, round_: Round) -> Barrier:
-        name = f"{RESERVED_PREFIX}epoch:round:{round_.number}"
-        return Barrier.reserved(
-            self.context, name, round_.world_size, self.epoch_timeout, self.context.keys.epoch
+        return round_epoch_barrier(
+            self.context, round_.number, round_.world_size, self.epoch_timeout
         )
 
     def _abort_epoch_barrier(self, round_: Round, exc: RoundBrokenError) -> None:
@@ -524,16 +409,8 @@ class TrainingOrchestrator:
         self._rebase()
 
     def _rebase(self) -> None:
-        # A new round: the shards done by now are in every member's model (data parallel).
         for stream in self._streams.values():
-            cursor = stream.cursor
-            if cursor is not None and cursor.round != self.round.number:
-                lk = self.context.keys.lease_keys(stream.params.name, cursor.position.epoch)
-                done = self._retry(hash_items, self.context.client, lk.done)
-                # (less what this worker handed out and its trainer has not yet taken)
-                in_flight = stream._in_flight_shards()
-                cursor.position.base = {int(s) for s in done} - in_flight
-                cursor.round = self.round.number
+            stream.rebase()
 
     # -- data -----------------------------------------------------------------------------
     def get_shards(
@@ -581,228 +458,13 @@ class TrainingOrchestrator:
             DatasetNotFoundError: ``dataset`` is not registered (the message says how).
         """
         params = get_dataset(self.context, dataset)
-        size = self.batch_size if batch_size is None else batch_size
-        size = check_int("batch_size", size, low=1, high=2**31)
-        if mode not in ("leases", "static"):
-            raise ValueError(f"mode must be 'leases' or 'static', got {mode!r}")
-        if not isinstance(track_consumption, bool):
-            raise TypeError(f"track_consumption must be a bool, got {track_consumption!r}")
-        for arg, flag in (
-            ("wait_for_others", wait_for_others), ("lockstep", lockstep), ("drop_last", drop_last)
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{arg} must be a bool, got {flag!r}")
-        if lockstep and mode != "leases":
-            raise ValueError("lockstep=True needs mode='leases'")
         stream = ShardStream(
-            self, params, size, mode, track_consumption=track_consumption,
-            wait_for_others=wait_for_others and not lockstep, lockstep=lockstep,
-            drop_last=drop_last,
+            self._host, params, self.batch_size if batch_size is None else batch_size, mode,
+            track_consumption=track_consumption, wait_for_others=wait_for_others,
+            lockstep=lockstep, drop_last=drop_last,
         )  # fmt: skip
         self._streams[params.name] = stream
         return stream
-
-    def _batches(self, stream: ShardStream) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
-        self._guard()
-        params, size = stream.params, stream.batch_size
-        epoch = self._job_epoch = self._retry(current_epoch, self.context)
-        lk = self.context.keys.lease_keys(params.name, epoch)
-        done, offsets = self._retry(self._read_epoch, lk.done, lk.offsets)
-        position = Position(params.name, epoch, params.num_shards, {int(s) for s in done})
-        stream.cursor = _Cursor(position, self.round.number)
-        stream._reset()
-        starts = {int(s): int(o) for s, o in offsets.items()}
-        self._set_status("training")
-        if stream.mode == "static":
-            yield from self._static_batches(stream, position, starts)
-            self._set_status("idle")
-            return
-        leases = ShardLeases(self.context, params, epoch, self.worker_id, ttl=self.lease_ttl)
-
-        def completer(lease: Lease) -> Callable[[], None]:
-            # (lockstep: completions made as batches are consumed must not lease a shard the
-            # walk has not asked for: another rank may need it while this one is in a step)
-            def complete() -> None:
-                try:
-                    self._retry(leases.complete, lease, prefetch=not stream.lockstep)
-                except LeaseLostError as exc:
-                    log.warning("worker %r: %s", self.worker_id, exc)
-
-            return complete
-
-        if stream.lockstep:
-            with leases.draining():
-                yield from self._lockstep_batches(stream, position, leases, starts, completer)
-            self._set_status("idle")
-            return
-        tracking = stream.track_consumption
-        with leases.draining():
-            last_id = "$"
-            while True:
-                self._guard()
-                lease = self._retry(leases.acquire)
-                if lease is None:
-                    if stream._finish_now():  # the tail: complete what was handed out, again
-                        continue
-                    if leases.drained:
-                        self._retry(leases.keep_record)
-                        break
-                    if not stream.wait_for_others:
-                        break  # the rest is held by others: they finish it before the barrier
-                    last_id = self._retry(leases.wait_for_work, last_id)
-                    continue
-                shard = lease.shard_id
-                indices = lease.indices()
-                start = lease.start
-                _trained_before(position, shard, starts)
-                for offset in range(start, len(indices), size):
-                    if self._broken is not None or lease.lost or self.worker.lost:
-                        self._guard()
-                        if lease.lost is not None:
-                            break  # taken back: whoever has it now trains it
-                    batch = indices[offset : offset + size]
-                    if tracking:  # (inlined: this is the per-batch hot path)
-                        stream._pending.append([(shard, offset + len(batch))])
-                    else:
-                        position.partial[shard] = offset + len(batch)
-                    yield batch
-                if lease.lost is not None:
-                    if not stream.track_consumption:
-                        position.partial.pop(shard, None)
-                    continue
-                stream._shard_end(position, shard, completer(lease))
-        self._set_status("idle")
-
-    def _lockstep_batches(
-        self,
-        stream: ShardStream,
-        position: Position,
-        leases: ShardLeases,
-        starts: dict[int, int],
-        completer: Callable[[Lease], Callable[[], None]],
-    ) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
-        """Exactly ``quota`` full batches: take of each lease what the quota still needs and
-        hand the rest back (its offset moves), so the pool always holds what the others need
-        and nobody waits on a rank that is blocked in a collective."""
-        size, walk_round = stream.batch_size, self.round.number
-        stream.quota = quota = self._retry(self._lockstep_quota, stream, position, starts)
-        stream._quota_met = False
-        walk = (position.epoch, walk_round)
-        need = quota * size - stream._taken.get(walk, 0)  # (a walk again: what is left of it)
-        carry: list[np.ndarray[Any, np.dtype[np.int64]]] = []
-        pieces: list[tuple[int, int]] = []
-        ends: list[tuple[int, Callable[[], None]]] = []  # shards ending in the carry
-        seen: list[np.ndarray[Any, np.dtype[np.int64]]] = []  # padding's source
-
-        def cut(
-            indices: np.ndarray[Any, np.dtype[np.int64]], at: int, stop: int, lease: Lease | None
-        ) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
-            """Full batches of ``indices[at:stop]`` after what the carry holds (``lease``:
-            the shard they come from; None for padding, which moves no position)."""
-            nonlocal carry, pieces, ends
-            while at < stop:
-                n = min(size - sum(map(len, carry)), stop - at)
-                carry.append(indices[at : at + n])
-                at += n
-                if lease is not None:
-                    pieces.append((lease.shard_id, at))
-                    if at == len(indices):
-                        ends.append((lease.shard_id, completer(lease)))
-                if sum(map(len, carry)) < size:
-                    continue
-                if self._broken is not None or self.worker.lost:
-                    self._guard()
-                batch = carry[0] if len(carry) == 1 else np.concatenate(carry)
-                stream._handed(position, pieces)
-                for ended, finish in ends:
-                    stream._shard_end(position, ended, finish)
-                carry, pieces, ends = [], [], []
-                yield batch
-
-        last_id, empty = "$", 0
-        while need > 0:
-            self._guard()
-            if self.round.number != walk_round:
-                log.warning("worker %r: the round changed mid-epoch: the lockstep walk of "
-                            "round %d ends", self.worker_id, walk_round)  # fmt: skip
-                return
-            lease = self._retry(leases.acquire)
-            if lease is None:
-                if stream._finish_now():
-                    continue
-                if not stream.drop_last and (leases.drained or empty):
-                    # the pool stayed empty (a hand-back takes one script call): pad with
-                    # samples this walk had (or the first shard's, if it had none)
-                    source = np.concatenate(seen) if seen else stream.params.shard(
-                        0, position.epoch).indices()  # fmt: skip
-                    fill, need = np.resize(source, need), 0
-                    yield from cut(fill, 0, len(fill), None)
-                    break
-                if leases.drained:
-                    raise EpochUnfinishedError(
-                        f"lockstep epoch {position.epoch} of {stream.params.name!r}: the pool "
-                        f"is done with {need} samples of this rank's quota unmet (the epoch "
-                        "was changed by another walk)", job_id=self.job_id,
-                        dataset=stream.params.name, epoch=position.epoch, remaining=0,
-                    )  # fmt: skip
-                last_id = self._retry(leases.wait_for_work, last_id)  # a hand-back in flight
-                empty += 1
-                continue
-            empty = 0
-            shard, indices = lease.shard_id, lease.indices()
-            _trained_before(position, shard, starts)
-            stop = min(len(indices), lease.start + need)
-            if stop < len(indices):
-                self._retry(leases.release, lease, stop)  # the rest is the others'
-            need -= stop - lease.start
-            stream._taken[walk] = stream._taken.get(walk, 0) + stop - lease.start
-            if sum(map(len, seen)) < size:
-                seen.append(indices[lease.start : stop])
-            yield from cut(indices, lease.start, stop, lease)
-        stream._finish_now()  # leases still held: nothing more will be asked of this walk
-        stream._quota_met = True
-        self._retry(leases.keep_record)
-
-    def _lockstep_quota(
-        self, stream: ShardStream, position: Position, starts: dict[int, int]
-    ) -> int:
-        """Batches per rank for this (round, epoch): from the samples left when the first
-        member began its walk (it reads the record before anyone of the round takes any)."""
-        params = stream.params
-        sizes = np.full(params.num_shards, params.samples_per_shard, dtype=np.int64)
-        sizes[-1] = params.total_samples - params.samples_per_shard * (params.num_shards - 1)
-        done = np.fromiter(position.base, dtype=np.int64, count=len(position.base))
-        left = int(sizes.sum() - sizes[done].sum())
-        left -= sum(o for s, o in starts.items() if s not in position.base)
-        per_round = self.round.world_size * stream.batch_size
-        quota = left // per_round if stream.drop_last else -(-left // per_round)
-        pad = "" if stream.drop_last else ":pad"
-        field = f"lockstep:{params.name}:{position.epoch}:{self.round.number}{pad}"
-        key = self.context.keys.rendezvous
-        with self.context.client.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(key, field, quota)
-            pipe.hget(key, field)
-            _, agreed = pipe.execute()
-        return int(agreed)
-
-    def _static_batches(
-        self, stream: ShardStream, position: Position, starts: dict[int, int]
-    ) -> Iterator[np.ndarray[Any, np.dtype[np.int64]]]:
-        plan = assignment(stream.params, list(self.round.members))
-        done = set(position.base)
-        for shard in plan.shards(self.worker_id, position.epoch):
-            if shard.shard_id in done:
-                continue
-            indices = shard.indices()
-            start = starts.get(shard.shard_id, 0)
-            _trained_before(position, shard.shard_id, starts)
-            for offset in range(start, len(indices), stream.batch_size):
-                if self._broken is not None or self.worker.lost:
-                    self._guard()
-                batch = indices[offset : offset + stream.batch_size]
-                stream._handed(position, [(shard.shard_id, offset + len(batch))])
-                yield batch
-            stream._shard_end(position, shard.shard_id, _nothing)
 
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(
@@ -871,11 +533,6 @@ class TrainingOrchestrator:
             self._set_status("training")
         return future
 
-    def _read_epoch(self, done_key: str, offsets_key: str) -> tuple[list[str], dict[str, str]]:
-        # (in HSCAN steps: an epoch of 10^7 shards has a record of 10^7 fields)
-        client = self.context.client
-        return list(hash_items(client, done_key)), hash_items(client, offsets_key)
-
     def _announce(self, internal: int) -> None:
         # The round's members that end the epoch before this step fill it in (see _fill).
         key = self.context.keys.round_checkpoints(self.round.number)
@@ -885,7 +542,7 @@ class TrainingOrchestrator:
             pipe.execute()
 
     def _parts(self, state: State, meta: dict[str, Any]) -> dict[str, Any]:
-        positions = [s.cursor.position for s in self._streams.values() if s.cursor is not None]
+        positions = [s.position for s in self._streams.values() if s.position is not None]
         parts: dict[str, Any] = {}
         if isinstance(state, Mapping):
             parts.update(state)
@@ -1066,16 +723,12 @@ class TrainingOrchestrator:
         """After a round change at the epoch barrier: a walk that ended without waiting for
         others' last shards must not let the epoch advance with a dead member's undone."""
         for stream in self._streams.values():
-            cursor = stream.cursor
-            if stream.wait_for_others or cursor is None or stream._quota_met:
-                continue
-            lk = self.context.keys.lease_keys(stream.params.name, cursor.position.epoch)
-            done = int(self._retry(self.context.client.hlen, lk.done))
-            if done < stream.params.num_shards:
+            undone = stream.undone()
+            if undone:
+                assert stream.position is not None
                 raise EpochUnfinishedError.at_barrier(
-                    self.job_id, stream.params.name, cursor.position.epoch,
-                    stream.params.num_shards - done,
-                )  # fmt: skip
+                    self.job_id, stream.params.name, stream.position.epoch, undone
+                )
 
     # -- plumbing -------------------------------------------------------------------------
     def _set_status(self, status: str) -> None:

@@ -18,6 +18,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 import strata_redis
+from strata_redis.coordination.registry import queue_events, take_events
 from strata_redis.dashboard import DashboardState, create_app
 from strata_redis.dashboard.app import COOKIE, schema_text
 from strata_redis.server import RedisServer
@@ -380,13 +381,12 @@ def test_streams_are_read_incrementally(redis_url: str, raw: redis.Redis) -> Non
     trimmed or flushed shows no more than it holds."""
     state = DashboardState(raw)
     key = "strata:{tail}:events"
-    tail = state.tail(key, 5)
+    tail = state.tail("tail", "events", 5)
 
     def read() -> list[str]:
         pipe = raw.pipeline(transaction=False)
-        tail.queue(pipe, key)
-        new, length = pipe.execute()
-        return [e[0] for e in tail.take(new, length)]
+        queue_events(pipe, "tail", 5, tail.after)
+        return [e[0] for e in tail.take(take_events(iter(pipe.execute())))]
 
     ids = [raw.xadd(key, {"n": str(i)}) for i in range(3)]
     assert read() == ids[::-1]

@@ -19,6 +19,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
 from strata_redis import identity
+from strata_redis.coordination.rendezvous import ENDED
 from strata_redis.keys import Keys
 from strata_redis.torch import rdzv
 
@@ -101,7 +102,7 @@ def test_torchrun_one_node_two_procs(redis_url: str, tmp_path: Path) -> None:
         assert client.hlen(k.round_ranks(1)) == 1
         (member,) = client.hkeys(k.round_ranks(1))
         assert client.hget(k.status, member) == "left"  # the agent left at shutdown
-        assert client.hget(k.rendezvous, rdzv.CLOSED_FIELD) is None
+        assert client.hget(k.rendezvous, ENDED) is None
 
 
 @pytest.mark.timeout(60)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import orjson
 
+from ..connection import Replies, take_reply
 from ..context import JobContext, as_context
 from ..errors import (
     CheckpointAbortedError,
@@ -26,6 +28,7 @@ from ..errors import (
     StorageError,
     StorageExistsError,
 )
+from ..keys import Keys
 from ..storage import Storage
 from .index import CheckpointIndex
 from .manifest import (
@@ -294,3 +297,55 @@ def build_info(
 
 def _acks(flat: list[Any]) -> dict[int, dict[str, Any]]:
     return {int(flat[i]): orjson.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+# -- batched reads of a step's state (connection.py: the queue/take convention) ---------------
+_STEP_FIELDS: Final = (
+    "state", "world_size", "epoch", "opened_ms", "leader", "acked_ms", "committed_ms",
+    "aborted_ms", "culprit", "reason",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepState:
+    """A step's state hash as the commit protocol left it (None: a field not set).
+
+    Attributes:
+        state: ``open``, ``committing``, ``committed`` or ``aborted`` (None: no state: the
+            step was never opened, or its keys expired).
+        world_size, epoch: what it was opened with.
+        opened_ms, acked_ms, committed_ms, aborted_ms: when it moved, ms on Redis' clock.
+        leader: the worker that leads its commit.
+        culprit, reason: who aborted it and why.
+    """
+
+    state: str | None = None
+    world_size: int | None = None
+    epoch: int | None = None
+    opened_ms: int | None = None
+    leader: str | None = None
+    acked_ms: int | None = None
+    committed_ms: int | None = None
+    aborted_ms: int | None = None
+    culprit: str | None = None
+    reason: str | None = None
+
+
+def queue_step_state(pipe: Any, job_id: str, step: int) -> None:
+    """Queue a read of ``step``'s state hash."""
+    pipe.hmget(Keys(job_id).checkpoint_step(step), _STEP_FIELDS)
+
+
+def take_step_state(replies: Replies) -> StepState:
+    """The state ``queue_step_state`` read."""
+    f = dict(zip(_STEP_FIELDS, take_reply(replies), strict=True))
+
+    def number(name: str) -> int | None:
+        return int(f[name]) if f[name] else None
+
+    return StepState(
+        state=f["state"] or None, world_size=number("world_size"), epoch=number("epoch"),
+        opened_ms=number("opened_ms"), leader=f["leader"], acked_ms=number("acked_ms"),
+        committed_ms=number("committed_ms"), aborted_ms=number("aborted_ms"),
+        culprit=f["culprit"], reason=f["reason"],
+    )  # fmt: skip

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from typing import Any
 
+from ..connection import Replies, take_reply
 from ..context import JobContext
+from ..keys import Keys
 from ..validate import check_int
 from .manifest import CheckpointInfo, decode_metadata
 
@@ -91,3 +95,38 @@ class CheckpointIndex:
             pipe.zrem(self._steps, str(step))
             pipe.hdel(self._info, str(step))
             pipe.execute()
+
+
+# -- batched reads of the index (connection.py: the queue/take convention) -------------------
+def queue_newest_steps(pipe: Any, job_id: str, count: int) -> None:
+    """Queue a read of the newest ``count`` committed steps of the index."""
+    pipe.zrange(Keys(job_id).checkpoints, 0, count - 1, desc=True)
+
+
+def take_newest_steps(replies: Replies) -> list[int]:
+    """The committed steps ``queue_newest_steps`` read, newest first."""
+    return [int(s) for s in take_reply(replies)]
+
+
+def queue_infos(pipe: Any, job_id: str, steps: Sequence[int]) -> None:
+    """Queue a read of the indexed metadata of committed ``steps`` (nothing if none)."""
+    if steps:
+        pipe.hmget(Keys(job_id).checkpoint_info, [str(s) for s in steps])
+
+
+def take_infos(
+    replies: Replies, job_id: str, steps: Sequence[int]
+) -> dict[int, CheckpointInfo | None]:
+    """Step -> its ``CheckpointInfo`` (``location`` empty), as ``queue_infos`` read them;
+    None for a step no longer indexed or whose entry is bad (logged)."""
+    if not steps:
+        return {}
+    out: dict[int, CheckpointInfo | None] = {}
+    for step, raw in zip(steps, take_reply(replies), strict=True):
+        out[step] = None
+        if raw is not None:
+            try:
+                out[step] = decode_metadata(raw, job_id, step)
+            except ValueError as exc:
+                log.warning("step %s: bad index entry (%s); rebuild_index() fixes it", step, exc)
+    return out

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from ..connection import Replies, StreamPage, queue_stream_page, take_stream_page
 from ..context import JobContext
+from ..keys import Keys
 from ..validate import check_int
 
 __all__ = ["SaveRecord", "save_records"]
@@ -56,3 +59,28 @@ def save_records(ctx: JobContext, count: int = 100) -> list[SaveRecord]:
         )
         for _id, f in reversed(entries)
     ]
+
+
+# -- batched reads (connection.py: the queue/take convention) ---------------------------------
+def _record(_entry_id: str, f: dict[str, str]) -> SaveRecord:
+    return SaveRecord(
+        step=int(f["step"]),
+        rank=int(f["rank"]),
+        worker_id=f["worker"],
+        nbytes=int(f["bytes"]),
+        seconds=float(f["seconds"]),
+        mb_s=float(f["mb_s"]),
+        outcome=f["outcome"],
+        at_ms=int(f["at_ms"]),
+    )
+
+
+def queue_save_records(pipe: Any, job_id: str, count: int, after: str | None = None) -> None:
+    """Queue a read of the newest ``count`` save records (those after entry ``after``) and
+    the stream's length."""
+    queue_stream_page(pipe, Keys(job_id).checkpoint_records, count, after)
+
+
+def take_save_records(replies: Replies) -> StreamPage[SaveRecord]:
+    """The records ``queue_save_records`` read, newest first, and the stream's length."""
+    return take_stream_page(replies, _record)

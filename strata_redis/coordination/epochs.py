@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
+from ..connection import Replies, run_read, take_reply
 from ..context import JobContext
+from ..keys import Keys
 from .barrier import LIVE, RESERVED_PREFIX, Barrier
 
 #: the barrier behind ``advance_epoch`` (a reserved name: user barriers cannot take it).
@@ -14,6 +16,13 @@ EPOCH_BARRIER: Final = RESERVED_PREFIX + "epoch"
 def epoch_barrier(ctx: JobContext, timeout: float = 60.0) -> Barrier:
     """The barrier behind ``advance_epoch`` (every live worker), e.g. to ``reset`` it."""
     return Barrier.reserved(ctx, EPOCH_BARRIER, LIVE, timeout, ctx.keys.epoch)
+
+
+def round_epoch_barrier(ctx: JobContext, round_: int, world_size: int, timeout: float) -> Barrier:
+    """The epoch barrier of rendezvous round ``round_``: its ``world_size`` members, never a
+    lone early worker; its release moves the job's epoch like ``advance_epoch``'s."""
+    name = f"{RESERVED_PREFIX}epoch:round:{round_}"
+    return Barrier.reserved(ctx, name, world_size, timeout, ctx.keys.epoch)
 
 
 def advance_epoch(ctx: JobContext, worker_id: str, timeout: float = 60.0) -> int:
@@ -42,4 +51,20 @@ def advance_epoch(ctx: JobContext, worker_id: str, timeout: float = 60.0) -> int
 
 def current_epoch(ctx: JobContext) -> int:
     """The job's epoch: 0 until the first ``advance_epoch``."""
-    return int(ctx.client.get(ctx.keys.epoch) or 0)
+    return run_read(ctx.client, lambda pipe: queue_epoch(pipe, ctx.job_id), take_epoch)
+
+
+def queue_epoch(pipe: Any, job_id: str) -> None:
+    """Queue a read of the job's epoch (a batched read; connection.py: queue/take)."""
+    pipe.get(Keys(job_id).epoch)
+
+
+def take_epoch(replies: Replies) -> int:
+    """The epoch ``queue_epoch`` read: 0 until the first ``advance_epoch``."""
+    return int(take_reply(replies) or 0)
+
+
+def set_epoch(ctx: JobContext, epoch: int) -> None:
+    """Put the job's epoch back to ``epoch`` (a restore from a checkpoint with no dataset
+    to restore: ``restore_position`` sets it otherwise)."""
+    ctx.client.set(ctx.keys.epoch, epoch)

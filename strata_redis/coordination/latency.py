@@ -12,7 +12,9 @@ from typing import Any, Final
 
 import redis
 
+from ..connection import Replies, StreamPage, queue_stream_page, run_read, take_stream_page
 from ..context import JobContext
+from ..keys import Keys
 from ..validate import check_int
 
 log = logging.getLogger("strata_redis.barrier")
@@ -107,15 +109,29 @@ def barrier_latencies(ctx: JobContext, count: int = 1000) -> list[BarrierLatency
     """
     count = check_int("count", count, low=1, high=LATENCY_CAP)
     RECORDER.flush()  # this process's own records first
-    entries = ctx.client.xrevrange(ctx.keys.barrier_latency, count=count)
-    return [
-        BarrierLatency(
-            barrier=f["barrier"],
-            generation=int(f["generation"]),
-            participants=int(f["participants"]),
-            release_ms=int(f["release_us"]) / 1000,
-            wait_ms=int(f["wait_us"]) / 1000,
-            at_ms=int(f["at_ms"]),
-        )
-        for _, f in reversed(entries)
-    ]
+    page = run_read(
+        ctx.client, lambda pipe: queue_latencies(pipe, ctx.job_id, count), take_latencies
+    )
+    return [latency for _, latency in reversed(page.entries)]
+
+
+def _latency(_entry_id: str, f: dict[str, str]) -> BarrierLatency:
+    return BarrierLatency(
+        barrier=f["barrier"],
+        generation=int(f["generation"]),
+        participants=int(f["participants"]),
+        release_ms=int(f["release_us"]) / 1000,
+        wait_ms=int(f["wait_us"]) / 1000,
+        at_ms=int(f["at_ms"]),
+    )
+
+
+def queue_latencies(pipe: Any, job_id: str, count: int, after: str | None = None) -> None:
+    """Queue a read of the newest ``count`` barrier releases (those after entry ``after``)
+    and the record's length (a batched read; connection.py: the queue/take convention)."""
+    queue_stream_page(pipe, Keys(job_id).barrier_latency, count, after)
+
+
+def take_latencies(replies: Replies) -> StreamPage[BarrierLatency]:
+    """The releases ``queue_latencies`` read, newest first, and the record's length."""
+    return take_stream_page(replies, _latency)

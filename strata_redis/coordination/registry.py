@@ -10,30 +10,63 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import orjson
 
-from ..connection import SCAN_STEP, hash_items, is_cluster, server_time, zrange_pages
+from ..connection import (
+    SCAN_STEP,
+    Replies,
+    StreamPage,
+    hash_items,
+    is_cluster,
+    queue_stream_page,
+    run_read,
+    score_pairs,
+    server_time,
+    take_reply,
+    take_stream_page,
+    zrange_pages,
+)
 from ..context import JobContext
-from ..keys import PREFIX
+from ..keys import PREFIX, Keys
 from ..scripts import Call, check
 from ..validate import check_int
 
 __all__ = [
+    "JOBS_PATTERN",
+    "LIVE_PAGE",
     "REAP_BATCH",
     "STALL_FRACTION",
     "STATUSES",
+    "MembershipEvent",
     "RedisClock",
     "WorkerInfo",
     "events",
+    "holder",
+    "job_clock",
     "list_jobs",
     "live_workers",
     "membership_generation",
+    "queue_events",
+    "queue_generation",
+    "queue_heartbeats",
+    "queue_registered",
+    "queue_statuses",
+    "queue_worker_infos",
     "reap",
     "reap_call",
     "reaped",
+    "scan_jobs",
+    "take_events",
+    "take_generation",
+    "take_heartbeats",
+    "take_registered",
+    "take_statuses",
+    "take_worker_infos",
     "workers",
 ]
 
@@ -87,37 +120,77 @@ def workers(ctx: JobContext) -> list[WorkerInfo]:
     with ctx.client.pipeline(transaction=False) as pipe:
         for key in (k.status, k.info, k.incarnation):
             pipe.hscan(key, 0, count=SCAN_STEP)
-        pipe.zrange(k.heartbeats, 0, LIVE_PAGE - 1, withscores=True)
+        queue_heartbeats(pipe, ctx.job_id)
         if not cluster:
             pipe.time()
-        replies = pipe.execute()
+        replies = iter(pipe.execute())
     status, info, incarnation = (
-        hash_items(ctx.client, key, first=step)
-        for key, step in zip((k.status, k.info, k.incarnation), replies, strict=False)
+        hash_items(ctx.client, key, first=take_reply(replies))
+        for key in (k.status, k.info, k.incarnation)
     )
-    last = dict(
-        zrange_pages(ctx.client, k.heartbeats, LIVE_PAGE, first=replies[3], withscores=True)
+    last = take_heartbeats(replies, ctx.client, ctx.job_id)
+    sec, usec = server_time(ctx.client, k.heartbeats) if cluster else take_reply(replies)
+    now_ms = int(sec) * 1000 + int(usec) / 1000
+    return [
+        _worker_info(w, status[w], info.get(w), incarnation.get(w), last.get(w), now_ms)
+        for w in sorted(status)
+    ]
+
+
+@dataclass(frozen=True)
+class _Registration:
+    """What a worker registered with: the info hash's JSON value, decoded."""
+
+    host: str | None
+    address: str | None
+    gpu_count: int
+    labels: Mapping[str, str]
+    pid: int | None  # None: registered before pids were recorded
+
+
+@lru_cache(maxsize=20_000)
+def _registration(raw: str) -> _Registration:
+    """Decode a registration (JSON {host, address, gpu_count, labels, pid}); kept decoded,
+    as it changes only when the worker registers again."""
+    meta = orjson.loads(raw)
+    pid = meta.get("pid")
+    return _Registration(
+        meta.get("host"), meta.get("address"), int(meta.get("gpu_count", 0)),
+        dict(meta.get("labels") or {}),
+        pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+    )  # fmt: skip
+
+
+_UNREGISTERED = _Registration(None, None, 0, {}, None)
+
+
+def holder(raw_info: str) -> tuple[str | None, int | None]:
+    """(host, pid) of a registration, from its info value ('' or a value written before
+    pids were recorded: what is unknown is None)."""
+    reg = _registration(raw_info) if raw_info else _UNREGISTERED
+    return reg.host, reg.pid
+
+
+def _worker_info(
+    worker_id: str,
+    status: str | None,
+    raw_info: str | None,
+    incarnation: str | None,
+    seen_ms: float | None,
+    now_ms: float,
+) -> WorkerInfo:
+    reg = _registration(raw_info) if raw_info else _UNREGISTERED
+    return WorkerInfo(
+        worker_id,
+        status or "unknown",
+        None if seen_ms is None else max(0.0, (now_ms - seen_ms) / 1000),
+        reg.host,
+        reg.address,
+        reg.gpu_count,
+        dict(reg.labels) if reg.labels else {},
+        int(incarnation or 0),
+        reg.pid,
     )
-    sec, usec = server_time(ctx.client, k.heartbeats) if cluster else replies[4]
-    now_ms = sec * 1000 + usec / 1000
-    out = []
-    for worker_id in sorted(status):
-        meta = orjson.loads(info[worker_id]) if worker_id in info else {}
-        seen = last.get(worker_id)
-        out.append(
-            WorkerInfo(
-                worker_id=worker_id,
-                status=status[worker_id],
-                last_seen_s=None if seen is None else max(0.0, (now_ms - seen) / 1000),
-                host=meta.get("host"),
-                address=meta.get("address"),
-                gpu_count=int(meta.get("gpu_count", 0)),
-                labels=dict(meta.get("labels", {})),
-                incarnation=int(incarnation.get(worker_id, 0)),
-                pid=meta.get("pid"),
-            )
-        )
-    return out
 
 
 def live_workers(ctx: JobContext) -> list[str]:
@@ -131,7 +204,7 @@ def live_workers(ctx: JobContext) -> list[str]:
 
 def membership_generation(ctx: JobContext) -> int:
     """The membership generation: moves by one on every join, leave and failure."""
-    return int(ctx.client.get(ctx.keys.generation) or 0)
+    return run_read(ctx.client, lambda pipe: queue_generation(pipe, ctx.job_id), take_generation)
 
 
 class RedisClock:
@@ -212,16 +285,187 @@ def reap(ctx: JobContext) -> list[str]:
 
 
 def events(ctx: JobContext, count: int = 100) -> list[dict[str, str]]:
-    """The newest membership events (join, replace, leave, fail), oldest first."""
+    """The newest membership events (join, replace, leave, fail), oldest first, each as its
+    stored fields (``MembershipEvent.fields``) with its stream ``id``."""
     count = check_int("count", count, low=1, high=100_000)
-    entries = ctx.client.xrevrange(ctx.keys.events, count=count)
-    return [{"id": entry_id, **fields} for entry_id, fields in reversed(entries)]
+    page = run_read(ctx.client, lambda pipe: queue_events(pipe, ctx.job_id, count), take_events)
+    return [event.fields() for _, event in reversed(page.entries)]
+
+
+#: the keys a ``SCAN`` for jobs matches: every job with state has a membership generation
+JOBS_PATTERN = f"{PREFIX}:{{*}}:generation"
+
+
+def _job_of(key: str) -> str:
+    return key[key.index("{") + 1 : key.rindex("}")]
 
 
 def list_jobs(client: Any) -> list[str]:
     """The ids of every job with state in this Redis (a ``SCAN``: for operators, not hot paths)."""
-    jobs = set()
-    for key in client.scan_iter(match=f"{PREFIX}:{{*}}:generation", count=1000):
-        start, end = key.index("{") + 1, key.rindex("}")
-        jobs.add(key[start:end])
-    return sorted(jobs)
+    return sorted({_job_of(key) for key in client.scan_iter(match=JOBS_PATTERN, count=1000)})
+
+
+def scan_jobs(client: Any, cursor: int = 0, count: int = 1000) -> tuple[int, list[str]]:
+    """One ``SCAN`` step of the job list (one Redis, not a cluster: see ``list_jobs``).
+
+    Args:
+        client: the Redis.
+        cursor: 0 to start a sweep, else the cursor the previous step returned.
+        count: the ``COUNT`` hint of the step (keys looked at).
+
+    Returns:
+        ``(next cursor, the job ids this step found)``; the sweep is complete when the
+        cursor is 0 (a job may be found by more than one step).
+    """
+    cursor, keys = client.scan(cursor, match=JOBS_PATTERN, count=count)
+    return int(cursor), [_job_of(str(key)) for key in keys]
+
+
+def job_clock(client: Any, job_id: str | None = None) -> tuple[int, int]:
+    """Redis' clock, ``(seconds, microseconds)``, on the node holding ``job_id`` (with Redis
+    Cluster each node has its own clock; None: any node)."""
+    return server_time(client, Keys(job_id or "clock").generation)
+
+
+# -- batched reads (connection.py: the queue/take convention) ----------------------------------
+@dataclass(frozen=True)
+class MembershipEvent:
+    """One entry of the membership event stream.
+
+    Attributes:
+        id: its stream entry id.
+        type: ``join``, ``replace``, ``leave`` or ``fail``.
+        worker_id: the worker it is about.
+        generation: the membership generation it moved to.
+        ms: when it happened, ms on Redis' clock.
+        last_seen_ms: for ``fail``: the worker's last heartbeat, ms on Redis' clock.
+    """
+
+    id: str
+    type: str
+    worker_id: str
+    generation: int
+    ms: int
+    last_seen_ms: int | None = None
+
+    def fields(self) -> dict[str, str]:
+        """The event as stored (``type``, ``worker``, ``generation``, ``ms``, ...), and ``id``."""
+        out = {"id": self.id, "type": self.type, "worker": self.worker_id,
+               "generation": str(self.generation), "ms": str(self.ms)}  # fmt: skip
+        if self.last_seen_ms is not None:
+            out["last_seen_ms"] = str(self.last_seen_ms)
+        return out
+
+
+def _event(entry_id: str, f: dict[str, str]) -> MembershipEvent:
+    last_seen = f.get("last_seen_ms")
+    return MembershipEvent(
+        id=entry_id,
+        type=f.get("type", ""),
+        worker_id=f.get("worker", ""),
+        generation=int(f.get("generation", 0)),
+        ms=int(f["ms"]) if "ms" in f else int(entry_id.split("-", 1)[0]),
+        last_seen_ms=None if last_seen is None else int(float(last_seen)),
+    )
+
+
+def queue_events(pipe: Any, job_id: str, count: int, after: str | None = None) -> None:
+    """Queue a read of the newest ``count`` membership events (those after entry ``after``)."""
+    queue_stream_page(pipe, Keys(job_id).events, count, after)
+
+
+def take_events(replies: Replies) -> StreamPage[MembershipEvent]:
+    """The events ``queue_events`` read, newest first, and the stream's length."""
+    return take_stream_page(replies, _event)
+
+
+def queue_heartbeats(pipe: Any, job_id: str) -> None:
+    """Queue a read of the first ``LIVE_PAGE`` live workers and their last heartbeats."""
+    # without zrange()'s score_cast_func round, which takes twice as long at 1,000 workers
+    pipe.execute_command("ZRANGE", Keys(job_id).heartbeats, 0, LIVE_PAGE - 1, "WITHSCORES")
+
+
+def take_heartbeats(replies: Replies, client: Any, job_id: str) -> dict[str, float]:
+    """Live worker id -> its last heartbeat, ms on Redis' clock.
+
+    The pages after the first are read here, one bounded ``ZRANGE`` each (a worker that
+    moved between pages is listed once).
+    """
+    first = score_pairs(take_reply(replies))
+    beats = zrange_pages(client, Keys(job_id).heartbeats, LIVE_PAGE, first=first, withscores=True)
+    return {str(w): float(s) for w, s in beats}
+
+
+def queue_registered(pipe: Any, job_id: str) -> None:
+    """Queue a count of the workers the job has seen (live, failed and left)."""
+    pipe.hlen(Keys(job_id).status)
+
+
+def take_registered(replies: Replies) -> int:
+    """The count ``queue_registered`` read."""
+    return int(take_reply(replies))
+
+
+def queue_generation(pipe: Any, job_id: str) -> None:
+    """Queue a read of the membership generation."""
+    pipe.get(Keys(job_id).generation)
+
+
+def take_generation(replies: Replies) -> int:
+    """The membership generation ``queue_generation`` read (0: none yet)."""
+    return int(take_reply(replies) or 0)
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def queue_statuses(pipe: Any, job_id: str, worker_ids: Sequence[str]) -> None:
+    """Queue a read of the statuses of ``worker_ids`` (one bounded ``HMGET`` per
+    ``LIVE_PAGE`` of them)."""
+    status = Keys(job_id).status
+    for chunk in _chunks(worker_ids, LIVE_PAGE):
+        pipe.hmget(status, chunk)
+
+
+def take_statuses(replies: Replies, worker_ids: Sequence[str]) -> dict[str, str | None]:
+    """Worker id -> its status (None: not registered), for the ids ``queue_statuses`` got."""
+    out: dict[str, str | None] = {}
+    for chunk in _chunks(worker_ids, LIVE_PAGE):
+        out.update(zip(chunk, take_reply(replies), strict=True))
+    return out
+
+
+def queue_worker_infos(pipe: Any, job_id: str, worker_ids: Sequence[str]) -> None:
+    """Queue a read of what ``worker_ids`` registered with (a page of workers: the caller
+    bounds it) and their incarnations."""
+    if worker_ids:
+        k = Keys(job_id)
+        pipe.hmget(k.info, worker_ids)
+        pipe.hmget(k.incarnation, worker_ids)
+
+
+def take_worker_infos(
+    replies: Replies,
+    worker_ids: Sequence[str],
+    statuses: Mapping[str, str | None],
+    last_seen_ms: Mapping[str, float],
+    now_ms: float,
+) -> dict[str, WorkerInfo]:
+    """Worker id -> ``WorkerInfo`` for the ids ``queue_worker_infos`` got.
+
+    Args:
+        replies: the pipeline's replies.
+        worker_ids: the ids given to ``queue_worker_infos``.
+        statuses: their statuses (``take_statuses``); a missing one is ``unknown``.
+        last_seen_ms: live workers' last heartbeats (``take_heartbeats``).
+        now_ms: Redis' time of the read, ms.
+    """
+    if not worker_ids:
+        return {}
+    infos, incarnations = take_reply(replies), take_reply(replies)
+    return {
+        w: _worker_info(w, statuses.get(w), raw, inc, last_seen_ms.get(w), now_ms)
+        for w, raw, inc in zip(worker_ids, infos, incarnations, strict=True)
+    }

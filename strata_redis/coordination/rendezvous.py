@@ -32,6 +32,8 @@ KEEP_ROUND_MS: Final = 86_400_000
 EVENTS_CAP: Final = 1000
 #: the longest a joiner blocks between two looks at the rendezvous (ms)
 MAX_BLOCK_MS: Final = 1000
+#: the rendezvous hash's field that says the rendezvous was ended for good (``end``)
+ENDED: Final = "ended"
 #: a closed round's members are read in pages of this many (one ZRANGE each)
 MEMBERS_PAGE: Final = 5_000
 
@@ -244,6 +246,30 @@ class Rendezvous:
             {"job_id": ctx.job_id, "round": round_.number},
         )
         return bool(decision == "keep")
+
+    def ended(self) -> bool:
+        """Whether the rendezvous was ended for good (``end``): torchrun's ``is_closed``."""
+        return bool(self.context.client.hget(self.context.keys.rendezvous, ENDED) == "1")
+
+    def end(self) -> None:
+        """End the rendezvous for good, so that late or leftover agents stop (torchrun's
+        ``set_closed``, called when a run is over). Distinct from a round's ``closed``
+        state, which only means the round took its members."""
+        self.context.client.hset(self.context.keys.rendezvous, ENDED, "1")
+
+    def waiting(self, mine: int) -> int:
+        """Workers waiting for a round after round ``mine``: arrived while it ran, or in a
+        newer round that is collecting members (opened by a member that re-joined after a
+        failure). Two reads at most."""
+        ctx, k = self.context, self.context.keys
+        with ctx.client.pipeline(transaction=False) as pipe:
+            pipe.zcard(k.rendezvous_waiting)
+            pipe.hmget(k.rendezvous, "round", "state")
+            waiting, (number, state) = pipe.execute()
+        count = int(waiting)
+        if number is not None and int(number) > mine and state == "joining":
+            count += int(ctx.client.zcard(k.round_members(int(number))))
+        return count
 
     def state(self) -> dict[str, str]:
         """The rendezvous hash as it stands (round, state, world size, restart counts...)."""

@@ -19,7 +19,7 @@ from ..errors import StateLostError, StrataError, WorkerError
 from ..scripts import check
 from ..status import Status
 from ..validate import check_id, check_int, check_seconds
-from .registry import SETTABLE_STATUSES, RedisClock, reap_call, reaped
+from .registry import SETTABLE_STATUSES, RedisClock, holder, reap_call, reaped
 
 __all__ = ["Worker", "register_worker"]
 
@@ -80,27 +80,12 @@ def register_worker(
     )
     ids: dict[str, Any] = {"job_id": ctx.job_id, "worker_id": worker_id}
     if int(reply[0]) == Status.WORKER_EXISTS:
-        ids["holder"] = _holder(reply[1])
+        ids["holder"] = holder(reply[1])
     generation, _now = check(reply, ids)
     worker = Worker(ctx, worker_id, int(generation), on_lost=on_lost)
     if heartbeat_interval is not None:
         worker.start_heartbeat(heartbeat_interval)
     return worker
-
-
-def _holder(raw: str) -> tuple[str | None, int | None]:
-    """(host, pid) of a live registration, from its info JSON (either may be unknown)."""
-    try:
-        meta = orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError:
-        meta = {}
-    if not isinstance(meta, dict):
-        meta = {}
-    host, pid = meta.get("host"), meta.get("pid")
-    return (
-        host if isinstance(host, str) else None,
-        pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
-    )
 
 
 def _optional_text(arg: str, value: object) -> str | None:

@@ -22,7 +22,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from .state import LATENCIES_READ, RECORDS_READ, STATUSES
+from strata_redis.coordination.registry import STATUSES
+
+from .state import LATENCIES_READ, RECORDS_READ
 
 
 class _DocumentCollector(Collector):

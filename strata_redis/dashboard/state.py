@@ -19,15 +19,21 @@ reads is bounded by what the page shows, never by a job's history:
   read at most every ``DISTRIBUTION_EVERY_S`` seconds and only for datasets of at most
   ``DISTRIBUTION_MAX_SHARDS`` shards, so no read holds Redis for more than a few
   milliseconds;
-- the list of jobs (the all-jobs view only): a ``SCAN`` for ``strata:{*}:generation`` keys,
-  advanced by at most ``SCAN_CALLS`` calls per document and repeated every
-  ``JOBS_REFRESH_S`` seconds (``JobDirectory``); with a job given there is no ``SCAN``.
+- the list of jobs (the all-jobs view only): the registry's ``SCAN`` for jobs
+  (``registry.scan_jobs``), advanced by at most ``SCAN_CALLS`` steps per document and
+  repeated every ``JOBS_REFRESH_S`` seconds (``JobDirectory``); with a job given there is
+  no ``SCAN``.
 
 A document costs two pipelined round trips (plus the bounded ``SCAN`` steps of the job list)
 and about 25 commands per job; what they return grows with the workers listed and the
 shards of the datasets (at most ``DISTRIBUTION_MAX_SHARDS``), not with the job's history.
-Reads go through the public key schema (``strata_redis.keys.Keys``) where the core has no
-read API for what the page needs; each such place is marked ``# direct read``.
+
+Every read goes through the owner of what it reads: this module passes its pipelines to the
+owners' queue/take pairs (``queue_x(pipe, ...)`` before a round trip, ``take_x(replies, ...)``
+after it: ``strata_redis.connection`` describes the convention) and gets their typed values
+back (``WorkerInfo``, ``MembershipEvent``, ``LeaseHolder``, ``EpochProgress``,
+``CheckpointInfo``, ``StepState``, ``SaveRecord``, ``BarrierLatency``, ``DatasetParams``).
+It knows no key and no stored value format: a change of either is made in its owner alone.
 """
 
 from __future__ import annotations
@@ -38,19 +44,32 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
-import orjson
 import redis
 
-import strata_redis
-from strata_redis.connection import describe, is_cluster, server_time, zrange_pages
-from strata_redis.coordination.registry import LIVE_PAGE, list_jobs
-from strata_redis.keys import PREFIX, Keys
+from strata_redis.checkpoint import commit, index, records
+from strata_redis.checkpoint.commit import StepState
+from strata_redis.checkpoint.manifest import CheckpointInfo
+from strata_redis.checkpoint.records import SaveRecord
+from strata_redis.connection import Replies, StreamPage, describe, is_cluster, take_reply
+from strata_redis.coordination import epochs, latency, registry
+from strata_redis.coordination.latency import BarrierLatency
+from strata_redis.coordination.registry import (
+    SETTABLE_STATUSES,
+    STATUSES,
+    MembershipEvent,
+    WorkerInfo,
+    list_jobs,
+    scan_jobs,
+)
+from strata_redis.data import datasets, leases
+from strata_redis.data.leases import EpochProgress, LeaseHolder
+from strata_redis.data.sharding import DatasetParams
+from strata_redis.validate import check_id
 
 SCHEMA: Final = "strata-dashboard/1"
-STATUSES: Final = ("idle", "training", "checkpointing", "failed", "left")
-LIVE_STATUSES: Final = ("idle", "training", "checkpointing")
+LIVE_STATUSES: Final = SETTABLE_STATUSES
 #: newest membership events read per job (the timeline, and who failed or left lately)
 EVENTS_READ: Final = 500
 #: newest barrier releases read per job (latency percentiles and their series)
@@ -63,8 +82,6 @@ CHECKPOINTS_READ: Final = 10
 DISTRIBUTION_MAX_SHARDS: Final = 20_000
 #: the completion record is read for the distribution chart at most this often (seconds)
 DISTRIBUTION_EVERY_S: Final = 5.0
-#: registration details kept decoded (raw JSON -> dict; they change only on registration)
-INFO_CACHE: Final = 20_000
 #: jobs shown in detail in the all-jobs view (the rest are counted in ``jobs_listing``)
 MAX_JOBS: Final = 20
 #: the largest page of workers
@@ -80,11 +97,6 @@ COMMITTED_CACHE: Final = 4096
 #: streams whose newest entries are kept between documents (three per job)
 TAILS_KEPT: Final = 3 * 4 * MAX_JOBS
 
-_STEP_FIELDS: Final = (
-    "state", "world_size", "epoch", "opened_ms", "leader", "acked_ms", "committed_ms",
-    "aborted_ms", "culprit", "reason",
-)  # fmt: skip
-
 
 class JobNotFoundError(LookupError):
     """A job id that is malformed or has no state in this Redis (HTTP 404)."""
@@ -94,10 +106,10 @@ class JobNotFoundError(LookupError):
         self.job_id = job_id
 
 
-def check_job_id(job_id: str) -> Keys:
-    """The key schema of ``job_id``, or ``JobNotFoundError`` saying why it cannot be a job."""
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it can be a job's id, else ``JobNotFoundError`` saying why not."""
     try:
-        return Keys(job_id)
+        return check_id("job_id", job_id, job=True)
     except (TypeError, ValueError) as exc:
         raise JobNotFoundError(f"no job {job_id!r}: not a valid job id ({exc})", job_id) from None
 
@@ -132,16 +144,14 @@ class JobDirectory:
                 return 0
             if not self._sweeping:
                 self._sweeping, self._cursor, self._found = True, 0, set()
-            pattern = f"{PREFIX}:{{*}}:generation"
             if is_cluster(client):  # every primary, in one sweep (redis-py walks them)
                 self._found = set(list_jobs(client))
                 self.jobs = sorted(self._found)
                 self.complete, self.as_of, self._sweeping = True, time.monotonic(), False
                 return len(client.get_primaries())  # type: ignore[attr-defined]
             for calls in range(1, SCAN_CALLS + 1):
-                self._cursor, keys = client.scan(self._cursor, match=pattern, count=SCAN_COUNT)
-                for key in map(str, keys):
-                    self._found.add(key[key.index("{") + 1 : key.rindex("}")])
+                self._cursor, found = scan_jobs(client, self._cursor, SCAN_COUNT)
+                self._found.update(found)
                 if self._cursor == 0:
                     self.jobs = sorted(self._found)
                     self.complete, self.as_of, self._sweeping = True, time.monotonic(), False
@@ -151,7 +161,7 @@ class JobDirectory:
             return SCAN_CALLS
 
 
-Entry = tuple[str, dict[str, str]]
+T = TypeVar("T")
 
 
 def _entry_key(entry_id: str) -> tuple[int, int]:
@@ -159,46 +169,44 @@ def _entry_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-class StreamTail:
+class StreamTail(Generic[T]):
     """The newest ``cap`` entries of one capped stream, kept between documents.
 
-    Stream entries never change: each read asks only for the entries after the newest one
-    kept (``XREVRANGE key + (<id> COUNT cap``) and the stream's length. A stream that holds
-    fewer entries than are kept (trimmed, deleted or flushed) keeps only that many of the
-    newest, so nothing gone from Redis is shown for long. (A stream deleted and written
-    again within the same millisecond as the newest entry kept would not be told apart
-    from the old one until a newer entry arrives.)
+    Stream entries never change: each read asks its owner only for the entries after the
+    newest one kept (``after``; ``connection.queue_stream_page``) and the stream's length. A
+    stream that holds fewer entries than are kept (trimmed, deleted or flushed) keeps only
+    that many of the newest, so nothing gone from Redis is shown for long. (A stream deleted
+    and written again within the same millisecond as the newest entry kept would not be told
+    apart from the old one until a newer entry arrives.)
     """
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self.entries: list[Entry] = []  # newest first
+        self.entries: list[tuple[str, T]] = []  # newest first
         self._lock = threading.Lock()
         self._memo: dict[str, Any] = {}  # what was derived from the entries, until they change
 
-    def queue(self, pipe: Any, key: str) -> None:
+    @property
+    def after(self) -> str | None:
+        """The id of the newest entry kept: the next read asks for newer ones only."""
         with self._lock:
-            newest = self.entries[0][0] if self.entries else None
-        if newest is None:
-            pipe.xrevrange(key, count=self.cap)
-        else:
-            pipe.xrevrange(key, max="+", min=f"({newest}", count=self.cap)
-        pipe.xlen(key)
+            return self.entries[0][0] if self.entries else None
 
-    def take(self, new: list[Entry], length: int) -> list[Entry]:
+    def take(self, page: StreamPage[T]) -> list[tuple[str, T]]:
         """Merge a read's new entries (newest first); return the kept ones, newest first."""
+        new = page.entries
         with self._lock:
             if self.entries:  # a concurrent document may have merged some of them already
                 top = _entry_key(self.entries[0][0])
                 new = [e for e in new if _entry_key(e[0]) > top]
             merged = new if len(new) >= self.cap else new + self.entries
-            kept = merged[: min(self.cap, length)]
+            kept = merged[: min(self.cap, page.length)]
             if len(kept) != len(self.entries) or (kept and kept[0][0] != self.entries[0][0]):
                 self._memo = {}
             self.entries = kept
             return self.entries
 
-    def derived(self, name: str, make: Callable[[list[Entry]], Any]) -> Any:
+    def derived(self, name: str, make: Callable[[list[tuple[str, T]]], Any]) -> Any:
         """``make(entries)``, computed once per change of the kept entries."""
         with self._lock:
             memo, entries = self._memo, self.entries
@@ -231,8 +239,7 @@ class DashboardState:
         self.directory = JobDirectory()
         self._lock = threading.Lock()
         self._committed_cache: OrderedDict[tuple[str, int], dict[str, Any] | None] = OrderedDict()
-        self._tails: OrderedDict[str, StreamTail] = OrderedDict()
-        self._infos: dict[str, dict[str, Any]] = {}
+        self._tails: OrderedDict[tuple[str, str], StreamTail[Any]] = OrderedDict()
         # (job, dataset, epoch) -> (time.monotonic() of the read, workers' completed shards)
         self._completed: dict[tuple[str, str, int], tuple[float, Counter[str]]] = {}
         # (redis ms, total commands processed, commands this reader sent so far)
@@ -274,7 +281,7 @@ class DashboardState:
         else:
             check_job_id(job)
             ids = [job]
-        jobs = [_JobRead(j, Keys(j), self) for j in ids]
+        jobs = [_JobRead(j, self) for j in ids]
 
         # Round 1: the clock, the server's counters, and each job's bounded heads.
         # (redis-py refuses TIME and INFO in a cluster pipeline: with Redis Cluster the clock
@@ -291,17 +298,17 @@ class DashboardState:
             j.queue_heads(round1)
         replies = round1.execute(raise_on_error=False)
         commands += len(replies) + cluster
+        rest = iter(replies)
         if cluster:
-            clock_key = jobs[0].k.generation if jobs else "strata:{clock}:x"
-            (sec, usec), rest = server_time(self.client, clock_key), replies
+            sec, usec = registry.job_clock(self.client, jobs[0].job_id if jobs else None)
         else:
-            (sec, usec), rest = _ok(replies[0]), replies[1:]
+            sec, usec = take_reply(rest)
         now_ms = int(sec) * 1000 + int(usec) // 1000
         stats: dict[str, Any] | None = None
         if info:
-            stats, rest = self._stats(rest[0]), rest[1:]
+            stats = self._stats(next(rest))
         for j in jobs:
-            rest = j.take_heads(rest, self.client)
+            j.take_heads(rest, self.client)
         if job is not None and not jobs[0].exists:
             raise JobNotFoundError(
                 f"no job {job!r} in this Redis ({self.redis_description}): it has no "
@@ -318,8 +325,9 @@ class DashboardState:
             j.queue_details(round2, {w for jid, w in page if jid == j.job_id}, self)
         replies = round2.execute()
         commands += len(replies)
+        rest = iter(replies)
         for j in jobs:
-            replies = j.take_details(replies, self)
+            j.take_details(rest, now_ms, self)
 
         workers = [w for j in jobs for w in j.worker_rows(now_ms, self.heartbeat_timeout)]
         doc: dict[str, Any] = {
@@ -379,29 +387,17 @@ class DashboardState:
             "series": _thin(points),
         }
 
-    def tail(self, key: str, cap: int) -> StreamTail:
-        """The kept newest entries of stream ``key``."""
+    def tail(self, job_id: str, stream: str, cap: int) -> StreamTail[Any]:
+        """The kept newest entries of ``job_id``'s stream ``stream`` (a name of this reader's)."""
+        key = (job_id, stream)
         with self._lock:
             tail = self._tails.get(key)
             if tail is None:
-                tail = self._tails[key] = StreamTail(cap)
+                tail = self._tails[key] = StreamTail[Any](cap)
                 while len(self._tails) > TAILS_KEPT:
                     self._tails.popitem(last=False)
             self._tails.move_to_end(key)
             return tail
-
-    def decode_info(self, raw: str | None) -> dict[str, Any]:
-        """A worker's registration details (JSON), decoded once per distinct value."""
-        if not raw:
-            return {}
-        info = self._infos.get(raw)
-        if info is None:
-            info = orjson.loads(raw)
-            with self._lock:
-                if len(self._infos) >= INFO_CACHE:
-                    self._infos.clear()
-                self._infos[raw] = info
-        return info
 
     def completed(self, key: tuple[str, str, int]) -> Counter[str] | None:
         """The kept per-worker completions of a dataset epoch, if read recently enough."""
@@ -436,206 +432,166 @@ class DashboardState:
 class _JobRead:
     """One job's part of a document: what to queue on each round, and what came back."""
 
-    def __init__(self, job_id: str, keys: Keys, state: DashboardState) -> None:
+    def __init__(self, job_id: str, state: DashboardState) -> None:
         self.job_id = job_id
-        self.k = keys
-        self._event_tail = state.tail(keys.events, EVENTS_READ)
-        # direct reads: the latency record and the save records (job.barrier_latencies() and
-        # CheckpointManager.records() read them whole each time, one round trip each)
-        self._latency_tail = state.tail(keys.barrier_latency, LATENCIES_READ)
-        self._record_tail = state.tail(keys.checkpoint_records, RECORDS_READ)
-        self.beats: list[tuple[str, float]] = []
+        self._event_tail: StreamTail[MembershipEvent] = state.tail(job_id, "events", EVENTS_READ)
+        self._latency_tail: StreamTail[BarrierLatency] = state.tail(
+            job_id, "barrier_latency", LATENCIES_READ
+        )
+        self._record_tail: StreamTail[SaveRecord] = state.tail(job_id, "records", RECORDS_READ)
+        self.beats: dict[str, float] = {}
         self.registered = 0
         self.generation = 0
         self.epoch = 0
         self.fence = 0
-        self.dataset_params: list[strata_redis.DatasetParams] = []
-        self.events: list[tuple[str, dict[str, str]]] = []
-        self.latencies: list[tuple[str, dict[str, str]]] = []
+        self.dataset_params: list[DatasetParams] = []
+        self.events: list[tuple[str, MembershipEvent]] = []
         self.committed_steps: list[int] = []
-        self.records: list[tuple[str, dict[str, str]]] = []
+        self.records: list[tuple[str, SaveRecord]] = []
         self.exists = False
         self.status: dict[str, str | None] = {}
-        self.info: dict[str, dict[str, Any]] = {}
-        self.incarnation: dict[str, int] = {}
+        self.info: dict[str, WorkerInfo] = {}
         self.progress: dict[str, dict[str, Any]] = {}
-        self.holders: dict[str, dict[str, str]] = {}
+        self.holders: dict[str, dict[int, LeaseHolder]] = {}
         self.distribution: dict[str, list[dict[str, Any]] | None] = {}
         self.committed: dict[int, dict[str, Any] | None] = {}
-        self.step_state: dict[int, dict[str, str | None]] = {}
+        self.step_state: dict[int, StepState] = {}
         self._candidates: list[str] = []
-        self._details: list[Any] = []
+        self._page: list[str] = []
+        self._details: list[tuple[DatasetParams, bool, tuple[str, str, int], Any]] = []
+        self._uncached: list[int] = []
+        self._open_steps: list[int] = []
 
     # -- round 1 ---------------------------------------------------------------------------
     def queue_heads(self, pipe: Any) -> None:
-        k = self.k
-        # live workers with their last heartbeat (without zrange()'s score_cast_func
-        # round, which takes twice as long at 1,000 workers): the first page here, the
-        # others in take_heads (a page is one bounded command at 10^5 workers)
-        pipe.execute_command("ZRANGE", k.heartbeats, 0, LIVE_PAGE - 1, "WITHSCORES")
-        pipe.hlen(k.status)
-        pipe.get(k.generation)
-        pipe.get(k.epoch)  # direct read: Job.current_epoch() is one round trip of its own
-        pipe.hgetall(k.datasets)
-        self._event_tail.queue(pipe, k.events)
-        self._latency_tail.queue(pipe, k.barrier_latency)
-        pipe.zrange(k.checkpoints, 0, CHECKPOINTS_READ - 1, desc=True)  # direct read
-        self._record_tail.queue(pipe, k.checkpoint_records)
-        pipe.get(k.fence)  # direct read: lease grants so far (no API)
+        job = self.job_id
+        # live workers with their last heartbeat: the first page here, the others (one
+        # bounded command each) when it is taken
+        registry.queue_heartbeats(pipe, job)
+        registry.queue_registered(pipe, job)
+        registry.queue_generation(pipe, job)
+        epochs.queue_epoch(pipe, job)
+        datasets.queue_datasets(pipe, job)
+        registry.queue_events(pipe, job, EVENTS_READ, self._event_tail.after)
+        latency.queue_latencies(pipe, job, LATENCIES_READ, self._latency_tail.after)
+        index.queue_newest_steps(pipe, job, CHECKPOINTS_READ)
+        records.queue_save_records(pipe, job, RECORDS_READ, self._record_tail.after)
+        leases.queue_lease_grants(pipe, job)
 
-    def take_heads(self, replies: Sequence[Any], client: Any) -> list[Any]:
-        (beats, registered, gen, epoch, datasets, events, events_len, lat, lat_len, steps,
-         records, records_len, fence) = (_ok(r) for r in replies[:13])  # fmt: skip
-        # the next pages, one bounded command each (a worker that moved between pages is
-        # listed once)
-        beats = zrange_pages(
-            client, self.k.heartbeats, LIVE_PAGE, first=_pairs(beats), withscores=True
-        )
-        self.beats = list({str(w): float(s) for w, s in beats}.items())
-        self.registered = int(registered)
-        self.generation = int(gen or 0)
-        self.epoch = int(epoch or 0)
-        self.fence = int(fence or 0)
-        self.dataset_params = sorted(
-            (strata_redis.DatasetParams(name=n, **orjson.loads(v)) for n, v in datasets.items()),
-            key=lambda p: p.name,
-        )
-        self.events = self._event_tail.take(events, events_len)
-        self.latencies = self._latency_tail.take(lat, lat_len)
-        self.committed_steps = [int(s) for s in steps]
-        self.records = self._record_tail.take(records, records_len)
+    def take_heads(self, replies: Replies, client: Any) -> None:
+        self.beats = registry.take_heartbeats(replies, client, self.job_id)
+        self.registered = registry.take_registered(replies)
+        self.generation = registry.take_generation(replies)
+        self.epoch = epochs.take_epoch(replies)
+        self.dataset_params = datasets.take_datasets(replies)
+        events = registry.take_events(replies)
+        self.events = self._event_tail.take(events)
+        latencies = latency.take_latencies(replies)
+        self._latency_tail.take(latencies)
+        self.committed_steps = index.take_newest_steps(replies)
+        saves = records.take_save_records(replies)
+        self.records = self._record_tail.take(saves)
+        self.fence = leases.take_lease_grants(replies)
         self.exists = bool(
-            registered or gen or datasets or steps or records_len or events_len or epoch or fence
-        )
-        return list(replies[13:])
+            self.registered or self.generation or self.dataset_params or self.committed_steps
+            or saves.length or events.length or self.epoch or self.fence
+        )  # fmt: skip
 
     def candidates(self, gone_since_ms: int) -> list[str]:
         """The workers to list: live ones, and those whose failure or leave is recent."""
-        ids = {w for w, _ in self.beats}
-        for entry_id, f in self.events:
-            if f.get("type") in ("fail", "leave") and _entry_ms(entry_id) >= gone_since_ms:
-                ids.add(f.get("worker", ""))
+        ids = set(self.beats)
+        for entry_id, event in self.events:
+            if event.type in ("fail", "leave") and _entry_ms(entry_id) >= gone_since_ms:
+                ids.add(event.worker_id)
         ids.discard("")
         self._candidates = sorted(ids)
         return self._candidates
 
     # -- round 2 ---------------------------------------------------------------------------
     def queue_details(self, pipe: Any, page: set[str], state: DashboardState) -> None:
-        k = self.k
+        job = self.job_id
         self._page = sorted(page)
         self._details = []
-        for chunk in _chunks(self._candidates, LIVE_PAGE):
-            pipe.hmget(k.status, chunk)
-        if self._page:
-            pipe.hmget(k.info, self._page)
-            pipe.hmget(k.incarnation, self._page)
+        registry.queue_statuses(pipe, job, self._candidates)
+        registry.queue_worker_infos(pipe, job, self._page)
         for params in self.dataset_params:
-            lk = k.lease_keys(params.name, self.epoch)  # direct reads: the epoch's record
-            pipe.hmget(lk.meta, ["created_ms", "steals"])
-            pipe.hlen(lk.done)
-            pipe.hlen(lk.holders)
-            pipe.zcard(lk.todo)
+            leases.queue_progress(pipe, job, params.name, self.epoch)
             small = params.num_shards <= DISTRIBUTION_MAX_SHARDS
-            key = (self.job_id, params.name, self.epoch)
+            key = (job, params.name, self.epoch)
             kept = state.completed(key) if small else None
-            if small:  # both hashes hold at most num_shards fields
-                pipe.hgetall(lk.holders)
+            if small:  # both reads return at most num_shards values
+                leases.queue_holders(pipe, job, params.name, self.epoch)
                 if kept is None:
-                    pipe.hvals(lk.done)  # "<token> <worker>" per shard done: who did it
+                    leases.queue_completed_by(pipe, job, params.name, self.epoch)
             self._details.append((params, small, key, kept))
-        record_steps = {int(f["step"]) for _, f in self.records if "step" in f}
+        record_steps = {r.step for _, r in self.records}
         self._uncached = []
         for step in self.committed_steps:
-            hit, summary = state.cached_committed(self.job_id, step)
+            hit, summary = state.cached_committed(job, step)
             if hit:
                 self.committed[step] = summary
             else:
                 self._uncached.append(step)
-        if self._uncached:
-            pipe.hmget(k.checkpoint_info, [str(s) for s in self._uncached])  # direct read
+        index.queue_infos(pipe, job, self._uncached)
         # The steps shown: the newest CHECKPOINTS_READ of the committed ones read and those
         # of the save records read. Those not committed: their state hash tells aborted (who
         # and why) or still open.
         shown = sorted(record_steps | set(self.committed_steps), reverse=True)[:CHECKPOINTS_READ]
         self._open_steps = [s for s in shown if s not in self.committed_steps]
         for step in self._open_steps:
-            pipe.hmget(k.checkpoint_step(step), _STEP_FIELDS)  # direct read
+            commit.queue_step_state(pipe, job, step)
 
-    def take_details(self, replies: Sequence[Any], state: DashboardState) -> list[Any]:
-        replies = list(replies)
-        self.status = {}
-        for chunk in _chunks(self._candidates, LIVE_PAGE):
-            self.status.update(zip(chunk, replies.pop(0), strict=True))
-        if self._page:
-            infos, incs = replies.pop(0), replies.pop(0)
-            for w, raw, inc in zip(self._page, infos, incs, strict=True):
-                self.info[w] = state.decode_info(raw)
-                self.incarnation[w] = int(inc or 0)
+    def take_details(self, replies: Replies, now_ms: int, state: DashboardState) -> None:
+        self.status = registry.take_statuses(replies, self._candidates)
+        self.info = registry.take_worker_infos(replies, self._page, self.status, self.beats, now_ms)
         for params, small, key, kept in self._details:
-            (created, steals), done, leased, todo = (replies.pop(0) for _ in range(4))
-            total = params.num_shards
-            started = created is not None
-            self.progress[params.name] = {
-                "initialized": started,
-                "total": total,
-                "done": int(done),
-                "leased": int(leased),
-                "todo": int(todo) if started else total,
-                "steals": int(steals or 0),
-            }
+            self.progress[params.name] = _progress(leases.take_progress(replies, params.num_shards))
             if small:
-                holders = replies.pop(0)
+                holders = leases.take_holders(replies)
                 if kept is None:
-                    kept = Counter([v.partition(" ")[2] for v in replies.pop(0)])
+                    kept = leases.take_completed_by(replies)
                     state.keep_completed(key, kept)
                 self.holders[params.name] = holders
                 self.distribution[params.name] = _distribution(holders, kept)
             else:
                 self.holders[params.name] = {}
                 self.distribution[params.name] = None
-        if self._uncached:
-            for step, raw in zip(self._uncached, replies.pop(0), strict=True):
-                summary = _committed_summary(raw, self.job_id, step)
-                self.committed[step] = summary
-                if summary is not None:
-                    state.cache_committed(self.job_id, step, summary)
+        for step, info in index.take_infos(replies, self.job_id, self._uncached).items():
+            summary = _committed_summary(info)
+            self.committed[step] = summary
+            if summary is not None:
+                state.cache_committed(self.job_id, step, summary)
         for step in self._open_steps:
-            self.step_state[step] = dict(zip(_STEP_FIELDS, replies.pop(0), strict=True))
-        return replies
+            self.step_state[step] = commit.take_step_state(replies)
 
     # -- the document's parts -----------------------------------------------------------------
     def worker_rows(self, now_ms: int, timeout_s: float) -> list[dict[str, Any]]:
         """The rows of this job's workers on the requested page."""
-        last = dict(self.beats)
         held: dict[str, list[dict[str, Any]]] = {}
         for name, holders in self.holders.items():
-            for shard, value in holders.items():
-                token, expires, _prio, worker = value.split(" ", 3)
-                held.setdefault(worker, []).append({
-                    "dataset": name, "epoch": self.epoch, "shard_id": int(shard),
-                    "token": int(token), "expires_in_s": (int(expires) - now_ms) / 1000,
+            for h in holders.values():
+                held.setdefault(h.worker_id, []).append({
+                    "dataset": name, "epoch": self.epoch, "shard_id": h.shard_id,
+                    "token": h.token, "expires_in_s": (h.expires_ms - now_ms) / 1000,
                 })  # fmt: skip
         for shards in held.values():
             if len(shards) > 1:
                 shards.sort(key=lambda s: (s["dataset"], s["shard_id"]))
         rows = []
-        status, info, incarnation, job_id = self.status, self.info, self.incarnation, self.job_id
-        timeout_ms = timeout_s * 1000
         for w in self._page:
-            seen = last.get(w)
-            age_ms = None if seen is None else max(0.0, now_ms - seen)
-            meta = info.get(w) or {}
+            info = self.info[w]
+            seen = info.last_seen_s
             rows.append({
-                "job_id": job_id,
+                "job_id": self.job_id,
                 "worker_id": w,
-                "status": status.get(w) or "unknown",
-                "stale": age_ms is not None and age_ms > timeout_ms,
-                "last_seen_s": None if age_ms is None else age_ms / 1000,
-                "host": meta.get("host"),
-                "address": meta.get("address"),
-                "gpu_count": meta.get("gpu_count", 0),
-                "labels": meta.get("labels") or {},
-                "incarnation": incarnation.get(w, 0),
+                "status": info.status,
+                "stale": seen is not None and seen > timeout_s,
+                "last_seen_s": seen,
+                "host": info.host,
+                "address": info.address,
+                "gpu_count": info.gpu_count,
+                "labels": info.labels,
+                "incarnation": info.incarnation,
                 "shards": held.get(w, []),
             })  # fmt: skip
         return rows
@@ -647,7 +603,7 @@ class _JobRead:
             if status in counts:
                 counts[status] += 1
         timeout_ms = timeout_s * 1000
-        counts["stale"] = sum(1 for _, seen in self.beats if now_ms - seen > timeout_ms)
+        counts["stale"] = sum(1 for seen in self.beats.values() if now_ms - seen > timeout_ms)
         return counts
 
     def summary(self) -> dict[str, Any]:
@@ -667,19 +623,19 @@ class _JobRead:
     def events_out(self) -> list[dict[str, Any]]:
         return list(self._event_tail.derived("events", self._events_out))
 
-    def _events_out(self, entries: list[Entry]) -> list[dict[str, Any]]:
+    def _events_out(self, entries: list[tuple[str, MembershipEvent]]) -> list[dict[str, Any]]:
         out = []
-        for entry_id, f in reversed(entries):
+        for _, e in reversed(entries):
             event: dict[str, Any] = {
                 "job_id": self.job_id,
-                "id": entry_id,
-                "type": f.get("type", ""),
-                "worker_id": f.get("worker", ""),
-                "generation": int(f.get("generation", 0)),
-                "ms": int(f.get("ms", _entry_ms(entry_id))),
+                "id": e.id,
+                "type": e.type,
+                "worker_id": e.worker_id,
+                "generation": e.generation,
+                "ms": e.ms,
             }
-            if "last_seen_ms" in f:
-                event["last_seen_ms"] = int(float(f["last_seen_ms"]))
+            if e.last_seen_ms is not None:
+                event["last_seen_ms"] = e.last_seen_ms
             out.append(event)
         return out
 
@@ -701,22 +657,22 @@ class _JobRead:
         ]
 
     def checkpoints_out(self) -> list[dict[str, Any]]:
-        saves: dict[int, list[dict[str, str]]] = {}
-        for _, f in self.records:
-            saves.setdefault(int(f["step"]), []).append(f)
+        saves: dict[int, list[SaveRecord]] = {}
+        for _, r in self.records:
+            saves.setdefault(r.step, []).append(r)
         steps = sorted({*self.committed_steps, *self._open_steps}, reverse=True)[:CHECKPOINTS_READ]
         out = []
         for step in steps:
-            records = saves.get(step, [])
-            uploaded = [r for r in records if r.get("outcome") == "uploaded"]
-            nbytes = sum(int(r["bytes"]) for r in uploaded)
-            seconds = max((float(r["seconds"]) for r in uploaded), default=0.0)
+            rows = saves.get(step, [])
+            uploaded = [r for r in rows if r.outcome == "uploaded"]
+            nbytes = sum(r.nbytes for r in uploaded)
+            seconds = max((r.seconds for r in uploaded), default=0.0)
             row: dict[str, Any] = {
                 "job_id": self.job_id, "step": step, "state": "unknown", "epoch": None,
                 "world_size": None, "ranks_saved": len(uploaded), "bytes": nbytes,
                 "files": None, "workers": {}, "seconds": round(seconds, 6) if uploaded else None,
                 "mb_s": round(nbytes / 1e6 / seconds, 3) if seconds > 0 else None,
-                "at_ms": max((int(r["at_ms"]) for r in records), default=None),
+                "at_ms": max((r.at_ms for r in rows), default=None),
                 "culprit": None, "reason": None,
             }  # fmt: skip
             summary = self.committed.get(step) if step in self.committed_steps else None
@@ -725,16 +681,16 @@ class _JobRead:
                 row["state"] = "committed"
                 row["at_ms"] = summary["acked_ms"]
             else:
-                st = self.step_state.get(step, {})
-                if st.get("state"):
-                    row["state"] = st["state"]
-                if st.get("epoch"):
-                    row["epoch"] = int(st["epoch"] or 0)
-                if st.get("world_size"):
-                    row["world_size"] = int(st["world_size"] or 0)
-                row["culprit"] = st.get("culprit")
-                row["reason"] = st.get("reason")
-                row["workers"] = {r["rank"]: r["worker"] for r in uploaded}
+                st = self.step_state.get(step) or StepState()
+                if st.state:
+                    row["state"] = st.state
+                if st.epoch is not None:
+                    row["epoch"] = st.epoch
+                if st.world_size is not None:
+                    row["world_size"] = st.world_size
+                row["culprit"] = st.culprit
+                row["reason"] = st.reason
+                row["workers"] = {str(r.rank): r.worker_id for r in uploaded}
             row.pop("acked_ms", None)
             out.append(row)
         return out
@@ -755,42 +711,42 @@ class _JobRead:
         }
 
 
-def _ok(reply: Any) -> Any:
-    if isinstance(reply, Exception):
-        raise reply
-    return reply
-
-
 def _entry_ms(entry_id: str) -> int:
     return int(entry_id.split("-", 1)[0])
 
 
-def _distribution(holders: dict[str, str], completed: Counter[str]) -> list[dict[str, Any]]:
+def _progress(p: EpochProgress) -> dict[str, Any]:
+    return {
+        "initialized": p.initialized,
+        "total": p.total,
+        "done": p.done,
+        "leased": p.leased,
+        "todo": p.todo if p.initialized else p.total,
+        "steals": p.steals,
+    }
+
+
+def _distribution(holders: dict[int, LeaseHolder], completed: Counter[str]) -> list[dict[str, Any]]:
     """Per worker: shards it completed in the epoch, and shards it holds a lease on now."""
-    leased = Counter(v.split(" ", 3)[3] for v in holders.values())
+    leased = Counter(h.worker_id for h in holders.values())
     return [
         {"worker_id": w, "done": completed.get(w, 0), "leased": leased.get(w, 0)}
         for w in sorted(completed.keys() | leased.keys())
     ]
 
 
-def _committed_summary(raw: str | None, job_id: str, step: int) -> dict[str, Any] | None:
+def _committed_summary(info: CheckpointInfo | None) -> dict[str, Any] | None:
     """The dashboard's view of a committed step's metadata (checksums left out)."""
-    if raw is None:
+    if info is None:
         return None
-    try:
-        doc = orjson.loads(raw)
-        files = doc["files"]
-        return {
-            "epoch": doc.get("epoch"),
-            "world_size": int(doc["world_size"]),
-            "bytes": sum(int(f["size"]) for f in files.values()),
-            "files": len(files),
-            "workers": {str(r): str(w) for r, w in doc["workers"].items()},
-            "acked_ms": int(doc["acked_ms"]),
-        }
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-        return None
+    return {
+        "epoch": info.epoch,
+        "world_size": info.world_size,
+        "bytes": info.nbytes,
+        "files": len(info.files),
+        "workers": {str(r): w for r, w in info.workers.items()},
+        "acked_ms": info.acked_ms,
+    }
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -812,8 +768,8 @@ def _buckets(points: Iterable[tuple[int, Any]]) -> list[tuple[int, list[Any]]]:
     return sorted(groups.items())
 
 
-def _barrier_metrics(entries: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
-    points = [(int(f["at_ms"]), int(f["release_us"]) / 1000) for _, f in entries]
+def _barrier_metrics(entries: list[tuple[str, BarrierLatency]]) -> dict[str, Any]:
+    points = [(b.at_ms, b.release_ms) for _, b in entries]
     values = sorted(v for _, v in points)
     series = []
     for start, group in _buckets(points):
@@ -830,35 +786,35 @@ def _barrier_metrics(entries: list[tuple[str, dict[str, str]]]) -> dict[str, Any
 
 
 def _checkpoint_metrics(
-    records: list[tuple[str, dict[str, str]]], step_state: dict[int, dict[str, str | None]]
+    saves: list[tuple[str, SaveRecord]], step_state: dict[int, StepState]
 ) -> dict[str, Any]:
-    uploaded = [f for _, f in records if f.get("outcome") == "uploaded"]
-    aborted = [f for _, f in records if f.get("outcome") == "aborted"]
-    aborted_steps = {int(f["step"]) for f in aborted}
-    aborted_steps |= {s for s, st in step_state.items() if st.get("state") == "aborted"}
-    newest = max(uploaded, key=lambda f: int(f["at_ms"]), default=None)
+    uploaded = [r for _, r in saves if r.outcome == "uploaded"]
+    aborted = [r for _, r in saves if r.outcome == "aborted"]
+    aborted_steps = {r.step for r in aborted}
+    aborted_steps |= {s for s, st in step_state.items() if st.state == "aborted"}
+    newest = max(uploaded, key=lambda r: r.at_ms, default=None)
     # MB/s over time: the bytes of every save that ended in a bucket over the bucket's span.
     series = []
-    for start, group in _buckets((int(f["at_ms"]), f) for f in uploaded):
-        series.append([start / 1000, round(sum(float(f["mb_s"]) for f in group) / len(group), 3)])
+    for start, group in _buckets((r.at_ms, r) for r in uploaded):
+        series.append([start / 1000, round(sum(r.mb_s for r in group) / len(group), 3)])
     return {
         "saves": len(uploaded),
         "aborted_saves": len(aborted),
         "aborted_steps": len(aborted_steps),
-        "bytes": sum(int(f["bytes"]) for f in uploaded),
-        "seconds": round(sum(float(f["seconds"]) for f in uploaded), 6),
-        "last_step": int(newest["step"]) if newest else None,
-        "last_bytes": int(newest["bytes"]) if newest else None,
-        "last_seconds": float(newest["seconds"]) if newest else None,
-        "last_mb_s": float(newest["mb_s"]) if newest else None,
+        "bytes": sum(r.nbytes for r in uploaded),
+        "seconds": round(sum(r.seconds for r in uploaded), 6),
+        "last_step": newest.step if newest else None,
+        "last_bytes": newest.nbytes if newest else None,
+        "last_seconds": newest.seconds if newest else None,
+        "last_mb_s": newest.mb_s if newest else None,
         "series": series,
     }
 
 
-def _membership_series(events: list[tuple[str, dict[str, str]]]) -> list[list[float]]:
+def _membership_series(events: list[tuple[str, MembershipEvent]]) -> list[list[float]]:
     kinds = {"join": 0, "replace": 0, "leave": 1, "fail": 2}
     series = []
-    for start, group in _buckets((_entry_ms(i), f.get("type", "")) for i, f in events):
+    for start, group in _buckets((_entry_ms(i), e.type) for i, e in events):
         counts = [0, 0, 0]
         for kind in group:
             if kind in kinds:
@@ -870,16 +826,3 @@ def _membership_series(events: list[tuple[str, dict[str, str]]]) -> list[list[fl
 def _thin(points: list[list[float]]) -> list[list[float]]:
     """At most ``SERIES_POINTS`` of the newest points."""
     return points[-SERIES_POINTS:]
-
-
-def _pairs(reply: Sequence[Any]) -> list[Any]:
-    """A WITHSCORES reply as (member, score) pairs (redis-py < 6 gives it flat)."""
-    if reply and not isinstance(reply[0], (list, tuple)):
-        return list(zip(reply[::2], reply[1::2], strict=True))
-    return list(reply)
-
-
-def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
-    """``items`` in lists of at most ``size`` (one bounded command each)."""
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
+from ..connection import Replies, run_read, take_reply
 from ..context import JobContext
 from ..errors import DatasetNotFoundError
+from ..keys import Keys
 from ..validate import check_id
 from .sharding import DatasetParams
 
-__all__ = ["delete_dataset", "get_dataset", "list_datasets", "register_dataset"]
+__all__ = [
+    "delete_dataset",
+    "get_dataset",
+    "list_datasets",
+    "queue_datasets",
+    "register_dataset",
+    "take_datasets",
+]
 
 
 def _encode(params: DatasetParams) -> bytes:
@@ -51,13 +62,26 @@ def get_dataset(ctx: JobContext, name: str) -> DatasetParams:
     if raw is None:
         ctx.era.check()  # gone with the job's state, or never registered?
         raise DatasetNotFoundError.missing(ctx.job_id, name)
+    return _decode(name, raw)
+
+
+def _decode(name: str, raw: str | bytes) -> DatasetParams:
     return DatasetParams(name=name, **orjson.loads(raw))
 
 
 def list_datasets(ctx: JobContext) -> list[DatasetParams]:
     """Every registered dataset, sorted by name."""
-    stored = ctx.client.hgetall(ctx.keys.datasets)
-    return [DatasetParams(name=n, **orjson.loads(v)) for n, v in sorted(stored.items())]
+    return run_read(ctx.client, lambda pipe: queue_datasets(pipe, ctx.job_id), take_datasets)
+
+
+def queue_datasets(pipe: Any, job_id: str) -> None:
+    """Queue a read of every registered dataset (a batched read; connection.py: queue/take)."""
+    pipe.hgetall(Keys(job_id).datasets)
+
+
+def take_datasets(replies: Replies) -> list[DatasetParams]:
+    """The datasets ``queue_datasets`` read, sorted by name."""
+    return [_decode(n, v) for n, v in sorted(take_reply(replies).items())]
 
 
 def delete_dataset(ctx: JobContext, name: str) -> bool:

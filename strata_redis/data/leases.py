@@ -14,18 +14,20 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import redis
 
-from ..connection import hash_items
+from ..connection import Replies, hash_items, take_reply
 from ..context import JobContext, as_context
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
+from ..keys import Keys
 from ..scripts import check
 from ..status import Acquire, Status
 from ..validate import check_id, check_int, check_seconds
@@ -114,12 +116,34 @@ class Lease:
         self.owner.release(self, offset)
 
 
+def epoch_record(
+    ctx: JobContext, params: DatasetParams, epoch: int
+) -> tuple[set[int], dict[int, int]]:
+    """A (dataset, epoch)'s record as a walk begins: the shards done, and shard -> samples
+    already trained of the shards restored part-way (read in ``HSCAN`` steps: an epoch of
+    10^7 shards has a record of 10^7 fields)."""
+    k = ctx.keys.lease_keys(params.name, epoch)
+    done = done_shards(ctx, params, epoch)
+    return done, {int(s): int(o) for s, o in hash_items(ctx.client, k.offsets).items()}
+
+
+def done_shards(ctx: JobContext, params: DatasetParams, epoch: int) -> set[int]:
+    """The shards completed in a (dataset, epoch), read in ``HSCAN`` steps."""
+    return {int(s) for s in hash_items(ctx.client, ctx.keys.lease_keys(params.name, epoch).done)}
+
+
+def done_count(ctx: JobContext, params: DatasetParams, epoch: int) -> int:
+    """How many shards of a (dataset, epoch) are completed (one ``HLEN``)."""
+    return int(ctx.client.hlen(ctx.keys.lease_keys(params.name, epoch).done))
+
+
 @dataclass(frozen=True)
 class EpochProgress:
     """Where a (dataset, epoch) stands: shards done, leased now, and not yet leased.
 
     ``steals`` counts the grants taken from the shared pool once a worker's own shards that
-    it asked for were gone (another worker's unstarted shard, as a rule).
+    it asked for were gone (another worker's unstarted shard, as a rule). ``initialized``:
+    whether the epoch's pool was created (before, ``todo`` is 0: no shard is in it yet).
     """
 
     total: int
@@ -127,6 +151,7 @@ class EpochProgress:
     leased: int
     todo: int
     steals: int = 0
+    initialized: bool = True
 
     @property
     def finished(self) -> bool:
@@ -362,12 +387,9 @@ class ShardLeases:
     def progress(self) -> EpochProgress:
         """Shards done, leased and waiting in this (dataset, epoch)."""
         with self.context.client.pipeline(transaction=True) as pipe:
-            pipe.hlen(self.keys.done)
-            pipe.hlen(self.keys.holders)
-            pipe.zcard(self.keys.todo)
-            pipe.hget(self.keys.meta, "steals")
-            done, leased, todo, steals = pipe.execute()
-        return EpochProgress(self.params.num_shards, done, leased, todo, int(steals or 0))
+            queue_progress(pipe, self.context.job_id, self.params.name, self.epoch)
+            replies = iter(pipe.execute())
+        return take_progress(replies, self.params.num_shards)
 
     def keep_record(self) -> None:
         """Keep a finished epoch's record ``RECORD_TTL_S`` more, then let it expire."""
@@ -382,11 +404,8 @@ class ShardLeases:
 
     def completions(self) -> dict[int, tuple[str, int]]:
         """The completion record: shard id -> (worker id, fencing token)."""
-        out = {}
-        for shard, value in hash_items(self.context.client, self.keys.done).items():
-            token, worker = value.split(" ", 1)
-            out[int(shard)] = (worker, int(token))
-        return out
+        done = hash_items(self.context.client, self.keys.done)
+        return {int(shard): _completion(value) for shard, value in done.items()}
 
     # -- iteration ---------------------------------------------------------------------------
     @property
@@ -486,3 +505,83 @@ class ShardLeases:
                 except redis.RedisError as exc:
                     log.warning("lease renewal of shard %s failed, retrying: %s",
                                 lease.shard_id, exc)  # fmt: skip
+
+
+# -- batched reads of a (dataset, epoch)'s record (connection.py: the queue/take convention) --
+class LeaseHolder(NamedTuple):
+    """A lease held now, as the epoch's lease hash records it (a tuple: a document of the
+    dashboard makes one per live worker).
+
+    Attributes:
+        shard_id: the leased shard.
+        token: the grant's fencing token.
+        expires_ms: when it expires unless renewed, ms on Redis' clock.
+        priority: the shard's steal priority.
+        worker_id: the worker holding it.
+    """
+
+    shard_id: int
+    token: int
+    expires_ms: int
+    priority: int
+    worker_id: str
+
+
+def _holder(shard: str, value: str) -> LeaseHolder:
+    token, expires, priority, worker = value.split(" ", 3)
+    return LeaseHolder(int(shard), int(token), int(expires), int(priority), worker)
+
+
+def _completion(value: str) -> tuple[str, int]:
+    """A completion record's value: (worker id, fencing token)."""
+    token, worker = value.split(" ", 1)
+    return worker, int(token)
+
+
+def queue_progress(pipe: Any, job_id: str, dataset: str, epoch: int) -> None:
+    """Queue the counts of a (dataset, epoch): shards done, leased, waiting; steals; whether
+    its pool was created (``ShardLeases.progress`` runs it in a transaction of its own)."""
+    k = Keys(job_id).lease_keys(dataset, epoch)
+    pipe.hlen(k.done)
+    pipe.hlen(k.holders)
+    pipe.zcard(k.todo)
+    pipe.hmget(k.meta, ["created_ms", "steals"])
+
+
+def take_progress(replies: Replies, num_shards: int) -> EpochProgress:
+    """The progress ``queue_progress`` read, of an epoch of ``num_shards`` shards."""
+    done, leased, todo = (int(take_reply(replies)) for _ in range(3))
+    created, steals = take_reply(replies)
+    return EpochProgress(num_shards, done, leased, todo, int(steals or 0), created is not None)
+
+
+def queue_holders(pipe: Any, job_id: str, dataset: str, epoch: int) -> None:
+    """Queue a read of the leases held now in a (dataset, epoch) (one per shard at most:
+    the caller bounds the epoch's size)."""
+    pipe.hgetall(Keys(job_id).lease_keys(dataset, epoch).holders)
+
+
+def take_holders(replies: Replies) -> dict[int, LeaseHolder]:
+    """Shard id -> its holder, as ``queue_holders`` read them."""
+    return {int(s): _holder(s, v) for s, v in take_reply(replies).items()}
+
+
+def queue_completed_by(pipe: Any, job_id: str, dataset: str, epoch: int) -> None:
+    """Queue a read of who completed each done shard of a (dataset, epoch) (one value per
+    shard done: the caller bounds the epoch's size)."""
+    pipe.hvals(Keys(job_id).lease_keys(dataset, epoch).done)
+
+
+def take_completed_by(replies: Replies) -> Counter[str]:
+    """Worker id -> shards it completed, as ``queue_completed_by`` read them."""
+    return Counter(_completion(value)[0] for value in take_reply(replies))
+
+
+def queue_lease_grants(pipe: Any, job_id: str) -> None:
+    """Queue a read of the job's fencing-token counter: lease grants so far."""
+    pipe.get(Keys(job_id).fence)
+
+
+def take_lease_grants(replies: Replies) -> int:
+    """The lease grants ``queue_lease_grants`` read."""
+    return int(take_reply(replies) or 0)

@@ -182,7 +182,7 @@ def restore_chunks(
     pairs[:, 1] = todo
     partial = np.array(sorted(offsets.items()), dtype=np.int64).reshape(-1, 2)
     k = ctx.keys
-    keys = [k.rendezvous, k.epoch]
+    keys = [k.restores, k.epoch]
     for e in range(epoch, epoch + later_epochs + 1):
         lk = k.lease_keys(params.name, e)
         keys += [lk.meta, lk.todo, lk.holders, lk.expiry, lk.done, lk.offsets]

@@ -60,8 +60,6 @@ log = logging.getLogger(__name__)
 
 #: the name torchrun knows this backend by (``--rdzv-backend strata``)
 BACKEND: Final = "strata"
-#: the rendezvous hash field that says the rendezvous is closed (``set_closed``)
-CLOSED_FIELD: Final = "closed"
 
 
 def _float(params: RendezvousParameters, key: str, default: float) -> float:
@@ -180,25 +178,15 @@ class StrataRendezvousHandler(RendezvousHandler):  # type: ignore[misc]
         return RendezvousInfo(store, round_.rank, round_.world_size, bootstrap)
 
     def is_closed(self) -> bool:
-        k = self.context.keys
-        return bool(self.context.client.hget(k.rendezvous, CLOSED_FIELD) == "1")
+        return self.rendezvous.ended()
 
     def set_closed(self) -> None:
-        self.context.client.hset(self.context.keys.rendezvous, CLOSED_FIELD, "1")
+        self.rendezvous.end()
 
     def num_nodes_waiting(self) -> int:
         """Agents waiting for a round after ours: arrived while it ran, or in a newer round
         that is collecting members (opened by an agent that re-joined after a failure)."""
-        ctx, k = self.context, self.context.keys
-        with ctx.client.pipeline(transaction=False) as pipe:
-            pipe.zcard(k.rendezvous_waiting)
-            pipe.hmget(k.rendezvous, "round", "state")
-            waiting, (number, state) = pipe.execute()
-        count = int(waiting)
-        mine = self.round.number if self.round is not None else 0
-        if number is not None and int(number) > mine and state == "joining":
-            count += int(ctx.client.zcard(k.round_members(int(number))))
-        return count
+        return self.rendezvous.waiting(self.round.number if self.round is not None else 0)
 
     def shutdown(self) -> bool:
         """This agent's worker leaves the job (the rendezvous stays open for others)."""

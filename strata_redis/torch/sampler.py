@@ -9,7 +9,8 @@ from typing import Any
 
 import torch.utils.data
 
-from ..orchestrator import ShardStream, TrainingOrchestrator
+from ..data.stream import ShardStream
+from ..orchestrator import TrainingOrchestrator
 from ..validate import check_int
 
 __all__ = ["DataLoader", "LeaseBatchSampler"]
@@ -146,12 +147,12 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         The same position goes into every strata checkpoint by itself; this is for
         callers that keep their own record.
         """
-        cursor = self.stream.cursor
+        position = self.stream.position
         return {
             "version": STATE_VERSION,
             "dataset": self.dataset,
             "batch_size": self.batch_size,
-            "position": None if cursor is None else cursor.position.to_json(),
+            "position": None if position is None else position.to_json(),
             "in_flight": self.stream.in_flight,
         }
 

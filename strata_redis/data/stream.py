@@ -1,0 +1,267 @@
+"""``ShardStream``: one worker's batches of one dataset, walked once per epoch.
+
+A stream holds where its walk stands (the data position checkpoints save, the batches
+handed out and not yet consumed); the walk itself — which shards, in which batches — is one
+of the walks in ``data/walks/`` (``leases``, ``lockstep``, ``static``), picked from a table.
+A walk runs for a *host*: the process that owns the worker and its round (the orchestrator
+is one). The host gives the walk what it needs (``StreamHost``: the job, the worker, the
+round, the lease TTL, a flag read for the per-batch check, the retry policy, status
+changes) and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from ..context import JobContext
+from ..validate import check_int
+from .leases import done_count, done_shards, epoch_record
+from .position import Position
+from .sharding import DatasetParams
+from .walks import WALKS, Batch
+
+if TYPE_CHECKING:
+    from ..coordination.rendezvous import Round
+
+__all__ = ["MODES", "ShardStream", "StreamHost"]
+
+T = TypeVar("T")
+
+#: what ``mode`` may be
+MODES = ("leases", "static")
+
+
+class StreamHost(Protocol):
+    """What a walk needs of the process running it."""
+
+    @property
+    def context(self) -> JobContext:
+        """The job."""
+
+    @property
+    def worker_id(self) -> str:
+        """This worker."""
+
+    @property
+    def round(self) -> Round:
+        """The rendezvous round this worker is in now."""
+
+    @property
+    def lease_ttl(self) -> float:
+        """Seconds a shard lease lasts without renewal."""
+
+    def interrupted(self) -> bool:
+        """The per-batch check, a flag read with no round trip: the round broke or the
+        worker is out (then ``guard`` acts on it)."""
+
+    def guard(self) -> None:
+        """Leave a broken round (rendezvous again) or raise why the worker cannot go on."""
+
+    def retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call ``fn``, retrying while Redis is unreachable."""
+
+    def set_status(self, status: str) -> None:
+        """Record the worker's status (``training``, ``idle``), best effort."""
+
+    def begin_epoch(self) -> int:
+        """A walk begins: the job's current epoch (read from Redis, retried)."""
+
+
+class ShardStream:
+    """What ``get_shards`` returns: each iteration walks the job's current epoch.
+
+    Iterating yields numpy arrays of sample indices (``batch_size`` at most) from this
+    worker's part of the epoch. ``len()`` is not defined: how many batches a worker gets
+    depends on the others.
+
+    Args:
+        host: the process running the walks (``StreamHost``).
+        params: the dataset.
+        batch_size: samples per batch.
+        mode: ``"leases"`` (fenced leases, own shards first, then stealing; every shard once
+            per epoch whoever fails) or ``"static"`` (this worker's shards of the round's
+            assignment, no leases: the plan of the epoch's start is kept, and a failed
+            worker's shards are not redone).
+        track_consumption: the position moves (and leases complete) only as ``consumed()``
+            reports batches taken by the training step.
+        wait_for_others: at the epoch's end, wait while others hold the last shards.
+        lockstep: every member gets the same number of full batches this epoch (``quota``).
+        drop_last: with ``lockstep``, False pads instead of dropping.
+
+    Attributes:
+        quota: with ``lockstep``, the batches each member gets in the current epoch.
+    """
+
+    def __init__(
+        self,
+        host: StreamHost,
+        params: DatasetParams,
+        batch_size: int,
+        mode: str = "leases",
+        *,
+        track_consumption: bool = False,
+        wait_for_others: bool = True,
+        lockstep: bool = False,
+        drop_last: bool = True,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'leases' or 'static', got {mode!r}")
+        for arg, flag in (
+            ("track_consumption", track_consumption), ("wait_for_others", wait_for_others),
+            ("lockstep", lockstep), ("drop_last", drop_last),
+        ):  # fmt: skip
+            if not isinstance(flag, bool):
+                raise TypeError(f"{arg} must be a bool, got {flag!r}")
+        if lockstep and mode != "leases":
+            raise ValueError("lockstep=True needs mode='leases'")
+        self.host = host
+        self.params = params
+        self.batch_size = check_int("batch_size", batch_size, low=1, high=2**31)
+        self.mode = mode
+        self.walk = "lockstep" if lockstep else mode
+        self.track_consumption = track_consumption
+        self.wait_for_others = wait_for_others and not lockstep
+        self.lockstep = lockstep
+        self.drop_last = drop_last
+        self.quota: int | None = None  # lockstep: this epoch's batches per rank
+        self.quota_met = False
+        self.taken: dict[tuple[int, int], int] = {}  # lockstep: (epoch, round) -> samples
+        #: shard -> samples already trained when the walk began (restored offsets)
+        self.starts: dict[int, int] = {}
+        self._position: Position | None = None
+        self._round = 0  # the round the position's ``base`` was read in
+        # handed-out batches not yet consumed (``track_consumption``), oldest first: a batch
+        # as its pieces [(shard, samples of it after the piece)], or a shard id: its end
+        self._pending: deque[list[tuple[int, int]] | int] = deque()
+        self._finishers: dict[int, Callable[[], None] | None] = {}
+
+    def __repr__(self) -> str:
+        return f"ShardStream({self.params.name!r}, batch_size={self.batch_size})"
+
+    @property
+    def position(self) -> Position | None:
+        """Where the current (or last) walk stands: what checkpoints save (None before one)."""
+        return self._position
+
+    def __iter__(self) -> Iterator[Batch]:
+        host = self.host
+        host.guard()
+        ctx, params = host.context, self.params
+        epoch = host.begin_epoch()
+        done, self.starts = host.retry(epoch_record, ctx, params, epoch)
+        position = Position(params.name, epoch, params.num_shards, done)
+        self._position, self._round = position, host.round.number
+        self._pending.clear()
+        self._finishers.clear()
+        host.set_status("training")
+        yield from WALKS[self.walk](self, host, position)
+        host.set_status("idle")
+
+    # -- what the training step consumed ----------------------------------------------------
+    def consumed(self, batches: int = 1) -> None:
+        """Record that the training step took the next ``batches`` handed-out batches.
+
+        Only with ``track_consumption``: the data position saved in checkpoints then counts
+        what the training step consumed, not what a prefetching loader asked for, and a
+        shard's lease is completed once its last batch is consumed. Without it, a no-op.
+
+        Raises:
+            ValueError: more batches reported consumed than were handed out.
+        """
+        if not self.track_consumption:
+            return
+        check_int("batches", batches, low=0, high=2**31)
+        position = self._position
+        for _ in range(batches):
+            if not self._pending or position is None:
+                raise ValueError(
+                    f"{self!r}: {batches} batches reported consumed, but fewer were handed out"
+                )
+            pieces = self._pending.popleft()
+            assert isinstance(pieces, list)
+            for shard, after in pieces:
+                position.partial[shard] = after
+            while self._pending and isinstance(self._pending[0], int):
+                self._end_shard(position, self._pending.popleft())  # type: ignore[arg-type]
+
+    @property
+    def in_flight(self) -> int:
+        """Batches handed out and not yet reported consumed."""
+        return sum(1 for entry in self._pending if isinstance(entry, list))
+
+    # -- the walks' bookkeeping ---------------------------------------------------------------
+    def trained_before(self, shard: int) -> None:
+        """A shard's offset as the epoch's record had it when the walk began (a restored
+        position, a finished walk's hand-back) is in the model already: the position holds
+        it from the start. (An offset set during the walk — another rank's hand-back — is
+        not, until the hander's own batches are consumed: the position then moves only with
+        this rank's.)"""
+        position = self._position
+        assert position is not None
+        if self.starts.get(shard, 0) > position.partial.get(shard, 0):
+            position.partial[shard] = self.starts[shard]
+
+    def handed(self, pieces: list[tuple[int, int]]) -> None:
+        """A batch made of ``pieces`` [(shard, samples of it after the piece)] is handed out."""
+        if self.track_consumption:
+            self._pending.append(pieces)
+        else:
+            assert self._position is not None
+            for shard, after in pieces:
+                self._position.partial[shard] = after
+
+    def shard_end(self, shard: int, finish: Callable[[], None]) -> None:
+        """Every batch of ``shard`` is handed out: ``finish`` (its completion) runs once they
+        are consumed."""
+        if self.track_consumption and self._pending:
+            self._finishers[shard] = finish
+            self._pending.append(shard)
+        else:
+            assert self._position is not None
+            finish()
+            self._finishers[shard] = None
+            self._end_shard(self._position, shard)
+
+    def _end_shard(self, position: Position, shard: int) -> None:
+        finish = self._finishers.pop(shard, None)
+        if finish is not None:
+            finish()
+        position.partial.pop(shard, None)
+        position.own.add(shard)
+
+    def finish_now(self) -> bool:
+        """Complete every handed-out shard's lease now (the epoch's tail: nothing else can
+        be leased, and the loader cannot consume while its sampler waits); the position
+        still moves only as batches are consumed. Returns whether there was any."""
+        ran = False
+        for shard, finish in list(self._finishers.items()):
+            if finish is not None:
+                self._finishers[shard] = None
+                finish()
+                ran = True
+        return ran
+
+    # -- round changes ------------------------------------------------------------------------
+    def rebase(self) -> None:
+        """After the host joined a new round: the shards done by now are in every member's
+        model (data parallel), less what this worker handed out and its trainer has not yet
+        taken."""
+        host, position = self.host, self._position
+        if position is None or self._round == host.round.number:
+            return
+        done = host.retry(done_shards, host.context, self.params, position.epoch)
+        in_flight = {s for e in self._pending if isinstance(e, list) for s, _ in e}
+        position.base = done - in_flight
+        self._round = host.round.number
+
+    def undone(self) -> int:
+        """Shards of the walked epoch not done, for a walk that ended without waiting for
+        others' last shards (``wait_for_others=False``): a round change at the epoch barrier
+        must not let the epoch advance with a dead member's shards undone. 0 otherwise."""
+        position = self._position
+        if self.wait_for_others or position is None or self.quota_met:
+            return 0
+        done = self.host.retry(done_count, self.host.context, self.params, position.epoch)
+        return max(0, self.params.num_shards - done)
