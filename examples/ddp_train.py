@@ -64,8 +64,12 @@ def model_factory() -> torch.nn.Module:
     )
 
 
-def train(args: argparse.Namespace, worker_id: str) -> None:
-    """One worker: rendezvous, process group, resume, train, checkpoint."""
+def train(args: argparse.Namespace, worker_id: str | None) -> None:
+    """One worker: rendezvous, process group, resume, train, checkpoint.
+
+    ``worker_id`` None (under torchrun): the orchestrator derives ``<host>-rank-<RANK>``, and
+    takes it back from its dead self when torchrun restarts the rank.
+    """
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     strata_redis.ShardManager(args.redis_url, job_id=args.job).register_dataset_params(
@@ -76,6 +80,7 @@ def train(args: argparse.Namespace, worker_id: str) -> None:
         checkpoint_path=args.storage, min_workers=args.workers, last_call=1.0,
         heartbeat_timeout=args.heartbeat_timeout, elastic=False, commit_timeout=60.0,
     )  # fmt: skip
+    worker_id = orch.worker_id
     with orch, contextlib.ExitStack() as stack:
         strata_torch.init_process_group(orch, "gloo", timeout=args.collective_timeout)
         model = model_factory()
@@ -164,7 +169,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--job", default="ddp-example")
     p.add_argument("--storage", help="checkpoint storage (path or URL)")
     p.add_argument("--log-dir", help="where the sample and loss logs go")
-    p.add_argument("--worker-id", help="run one worker (default under torchrun: worker-$RANK)")
+    p.add_argument("--worker-id", help="run one worker (under torchrun: <host>-rank-$RANK)")
     p.add_argument("--workers", type=int, default=3, help="workers per round")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=3000)
@@ -185,15 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     # one machine: gloo on loopback (set GLOO_SOCKET_IFNAME yourself across machines)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    worker_id = args.worker_id or (f"worker-{os.environ['RANK']}" if "RANK" in os.environ else None)
-    if worker_id is None:
+    under_torchrun = "RANK" in os.environ
+    if args.worker_id is None and not under_torchrun:
         return launch(args)
     if not args.redis_url:
         sys.exit("a worker needs --redis-url (or STRATA_REDIS_URL)")
     if not args.storage or not args.log_dir:
         args.storage = args.storage or os.path.join(tempfile.gettempdir(), f"{args.job}-ckpt")
         args.log_dir = args.log_dir or os.path.join(tempfile.gettempdir(), f"{args.job}-logs")
-    train(args, worker_id)
+    train(args, args.worker_id)
     return 0
 
 

@@ -6,14 +6,15 @@
 -- ARGV[1] = worker id         ARGV[2] = info JSON
 -- ARGV[3] = "1" to take over a live registration of the same id, else "0"
 -- ARGV[4] = events stream cap (approximate MAXLEN)
--- returns {0, generation, now_ms} | {5} the id is registered and alive (WORKER_EXISTS)
+-- returns {0, generation, now_ms}
+--       | {5, holder's info JSON or ''} the id is registered and alive (WORKER_EXISTS)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[1]
 local status = redis.call('HGET', KEYS[2], id)
 local live = status and status ~= 'failed' and status ~= 'left'
 if live and ARGV[3] ~= '1' then
-  return {S.WORKER_EXISTS}
+  return {S.WORKER_EXISTS, redis.call('HGET', KEYS[4], id) or ''}
 end
 local gen = redis.call('INCR', KEYS[5])
 redis.call('ZADD', KEYS[1], now, id)

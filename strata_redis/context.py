@@ -24,13 +24,15 @@ from .connection import (
     max_block,
 )
 from .era import Era, EraScripts
+from .identity import JOB_ENV
 from .keys import Keys
 from .scripts import Scripts
 from .validate import check_id, check_int, check_seconds
 
 __all__ = ["DEFAULT_JOB", "JOB_ENV", "HasContext", "JobContext", "as_context"]
 
-JOB_ENV = "STRATA_JOB_ID"
+#: the low-level API's job when none is named (``TrainingOrchestrator`` derives one instead:
+#: ``identity.job_id``)
 DEFAULT_JOB = "default"
 T = TypeVar("T")
 

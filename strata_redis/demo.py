@@ -104,8 +104,12 @@ def _worker_main(
 
     tell("joining", worker_id, time.time())
     members = cfg["rendezvous"][run]
+    # the relaunch restarts killed workers under their ids, whose registrations may still
+    # look alive (the reaper has not declared them failed yet): it takes them over, as a
+    # torchrun restart would (TORCHELASTIC_RESTART_COUNT > 0)
     orchestrator = TrainingOrchestrator(
-        url, worker_id, job_id=job_id, checkpoint_path=cfg["checkpoint_path"], keep_count=3,
+        url, worker_id, job_id=job_id, replace=run == "b",
+        checkpoint_path=cfg["checkpoint_path"], keep_count=3,
         min_workers=members[0], max_workers=members[1], last_call=cfg["last_call"],
         heartbeat_timeout=cfg["timeout"], heartbeat_interval=cfg["interval"],
         batch_size=BATCH, state_provider=state, commit_timeout=60.0, lease_ttl=5.0,

@@ -5,7 +5,7 @@ The tree::
     StrataError                     root: catch this to catch everything of ours
     ├── WorkerError                 .job_id, .worker_id
     │   ├── WorkerNotRegisteredError    the id was never registered (or its record was deleted)
-    │   ├── WorkerExistsError           the id is registered and alive; pass replace=True to take it
+    │   ├── WorkerExistsError           .holder_host, .holder_pid: id live; replace=True takes it
     │   ├── WorkerFailedError           declared failed by the reaper: re-register to come back
     │   ├── WorkerLeftError             deregistered: re-register to come back
     │   └── WorkerReplacedError         a newer registration of the same id took over
@@ -113,9 +113,44 @@ class WorkerNotRegisteredError(WorkerError):
 
 
 class WorkerExistsError(WorkerError):
-    """The worker id is registered and alive; ``replace=True`` takes it over."""
+    """The worker id is registered and alive; ``replace=True`` takes it over.
+
+    Attributes:
+        holder_host, holder_pid: where the live registration was made (None if unknown:
+            made before pids were recorded, or the context did not say).
+    """
 
     what = "is already registered and alive (pass replace=True to take it)"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: str,
+        worker_id: str,
+        holder_host: str | None = None,
+        holder_pid: int | None = None,
+    ) -> None:
+        super().__init__(message, job_id=job_id, worker_id=worker_id)
+        self.holder_host = holder_host
+        self.holder_pid = holder_pid
+
+    @classmethod
+    def refused(cls, c: Context) -> WorkerExistsError:
+        """The id is live (``WORKER_EXISTS``); ``c['holder']``: the holder's (host, pid)."""
+        host, pid = c.get("holder") or (None, None)
+        where = f"on host {host!r}" if host is not None else "on an unknown host"
+        who = f"process {pid}" if pid is not None else "a process of unknown pid"
+        return cls(
+            f"worker {c['worker_id']!r} of job {c['job_id']!r} is already registered and alive, "
+            f"held by {who} {where}; that worker is untouched. Choose another worker_id (or "
+            "none: one is derived per process), or pass replace=True to take the id over (a "
+            "restart of that worker)",
+            job_id=c["job_id"],
+            worker_id=c["worker_id"],
+            holder_host=host,
+            holder_pid=pid,
+        )
 
 
 class WorkerFailedError(WorkerError):

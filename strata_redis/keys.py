@@ -49,7 +49,8 @@ class Keys:
 
     @property
     def info(self) -> str:
-        """HASH worker id -> JSON {host, address, gpu_count, labels, registered_ms}."""
+        """HASH worker id -> JSON {host, address, gpu_count, labels, pid} (``pid``: the
+        registering process's; entries written before it was recorded lack it)."""
         return f"{self.base}:info"
 
     @property

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import redis as redis_py
 
+from . import identity
 from .checkpoint.ids import MAX_NUMBER, CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
@@ -128,9 +129,16 @@ class TrainingOrchestrator:
     Args:
         coordinator_url: the Redis (URL, ``host:port``, ``redis.Redis`` or a ``Job``).
         worker_id: this worker's id (unique in the job; a restarted process reuses it).
-        job_id: the job; default ``$STRATA_JOB_ID``, else ``"default"``.
+            None derives one per process (``identity.worker_id``): the host name and
+            torchrun's rank (``gpu-a-rank-3``, the same after a restart of the rank), else
+            the host name and the pid (``gpu-a-pid-4242``).
+        job_id: the job; default ``$STRATA_JOB_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``,
+            else one derived from the user, the main script and the working directory
+            (``<script>-<8 hex>``: a relaunch of the same command reproduces it;
+            ``identity.job_id``). With a ``Job`` or context as ``coordinator_url``: its job.
         checkpoint_path: where checkpoints go (a ``Storage``, URL or path); None reads the
-            environment (``STORAGE_BACKEND``, ``LOCAL_STORAGE_PATH``, ...).
+            environment (``STORAGE_BACKEND``, ``LOCAL_STORAGE_PATH``, ...), else the per-user
+            ``~/.local/share/strata_redis/checkpoints`` (logged once).
         keep_count: how many committed checkpoints to keep.
         min_workers: a rendezvous round closes only with at least this many workers.
         max_workers: a round closes as soon as it has this many (None: no limit).
@@ -153,17 +161,21 @@ class TrainingOrchestrator:
         commit_timeout: seconds a checkpoint waits for the other ranks' parts.
         lease_ttl: seconds a shard lease lasts without renewal (renewed in the background).
         redis_retry: seconds the loop keeps retrying while Redis is unreachable.
-        replace: take over ``worker_id`` if a registration of it is alive (a restarted process).
+        replace: take over ``worker_id`` if a registration of it is alive (a restarted
+            process). None: only when torchrun says this process is a restart
+            (``TORCHELASTIC_RESTART_COUNT`` > 0); otherwise a live registration of the id
+            raises ``WorkerExistsError`` naming its host and pid, and leaves it untouched.
 
     Raises:
         TypeError, ValueError: a bad argument, named in the message (nothing is written).
+        WorkerExistsError: ``worker_id`` is registered and alive, and ``replace`` is not set.
         RendezvousTimeoutError: no round closed within ``rendezvous_timeout``.
     """
 
     def __init__(
         self,
         coordinator_url: str | redis_py.Redis | JobContext | HasContext | None = "localhost:6379",
-        worker_id: str = "worker-01",
+        worker_id: str | None = None,
         *,
         job_id: str | None = None,
         checkpoint_path: Storage | str | os.PathLike[str] | None = None,
@@ -184,10 +196,14 @@ class TrainingOrchestrator:
         commit_timeout: float = 300.0,
         lease_ttl: float = 30.0,
         redis_retry: float = 60.0,
-        replace: bool = True,
+        replace: bool | None = None,
     ) -> None:
         # Every argument is checked before anything is written to Redis or storage.
+        if worker_id is None:
+            worker_id = identity.worker_id()
         self.worker_id = check_id("worker_id", worker_id)
+        if replace is None:
+            replace = identity.restarted()
         self.keep_count = check_int("keep_count", keep_count, low=1, high=1_000_000)
         self.batch_size = check_int("batch_size", batch_size, low=1, high=2**31)
         heartbeat_timeout = check_seconds("heartbeat_timeout", heartbeat_timeout, high=86400)
@@ -212,6 +228,8 @@ class TrainingOrchestrator:
         self.state_provider = state_provider
         self.elastic = elastic
         self.on_round = on_round
+        if job_id is None and not isinstance(coordinator_url, (JobContext, HasContext)):
+            job_id = identity.job_id()  # never the low-level API's shared "default"
         self.context = JobContext(coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout)
         self.job_id = self.context.job_id
         if "/" in self.job_id:

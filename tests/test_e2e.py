@@ -64,7 +64,7 @@ def _seeds_loop(url: str, worker_id: str, ckpt: str, logdir: str, cfg: dict[str,
         min_workers=cfg["min_workers"], last_call=cfg.get("last_call", 1.0),
         heartbeat_timeout=cfg.get("heartbeat_timeout", 3.0), batch_size=cfg.get("batch", 4),
         state_provider=state, epoch_timeout=cfg.get("epoch_timeout", 120.0),
-        commit_timeout=60.0, keep_count=cfg.get("keep_count", 5),
+        commit_timeout=60.0, keep_count=cfg.get("keep_count", 5), replace=cfg.get("replace"),
     )  # fmt: skip
     if orchestrator.resumed is not None:
         Path(logdir, f"resumed-{worker_id}").write_text(orchestrator.resumed.label)
@@ -280,8 +280,10 @@ def test_restart_from_checkpoint_with_fewer_workers(
     ])  # fmt: skip
     assert len(model) == len(set(model.tolist()))
 
+    # relaunched under their ids, whose registrations still look alive (killed 2 s ago at
+    # most): each takes its id back, as a torchrun restart would
     procs = _start(redis_url, dirs, [f"worker-0{i}" for i in range(1, 4)],
-                   {**cfg, "min_workers": 3, "run": "b"})  # fmt: skip
+                   {**cfg, "min_workers": 3, "run": "b", "replace": True})  # fmt: skip
     assert join_all(procs, timeout=120) == [0, 0, 0]
     after = _samples(dirs / "logs", run="b")
     assert {p.read_text() for p in (dirs / "logs").glob("resumed-*")} == {info.label}

@@ -46,7 +46,7 @@ SUPPORTED = [
     "connection",
     "context", "coordination.barrier", "coordination.epochs", "coordination.registry",
     "coordination.rendezvous", "coordination.workers", "data.leases", "data.position",
-    "data.sharding", "era", "errors", "job", "keys", "orchestrator",
+    "data.sharding", "era", "errors", "identity", "job", "keys", "orchestrator",
     "scripts", "server", "shard_manager", "status", "storage", "testing", "validate",
     "dashboard", "torch",
 ]  # fmt: skip

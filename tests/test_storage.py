@@ -24,7 +24,6 @@ import pytest
 
 from strata_redis.errors import StorageError, StorageExistsError, StorageNotFoundError
 from strata_redis.storage import (
-    DEFAULT_LOCAL_STORAGE_PATH,
     LocalStorage,
     S3Storage,
     Storage,
@@ -723,8 +722,13 @@ def test_from_url_refuses_s3_options_for_a_local_path(tmp_path: Path) -> None:
 def test_from_env_local(tmp_path: Path) -> None:
     storage = storage_from_env({"STORAGE_BACKEND": "local", "LOCAL_STORAGE_PATH": str(tmp_path)})
     assert isinstance(storage, LocalStorage) and storage.root == str(tmp_path)
-    storage = storage_from_env({})
-    assert isinstance(storage, LocalStorage) and storage.root == DEFAULT_LOCAL_STORAGE_PATH
+    # none given: the per-user data directory (not the system temp dir)
+    storage = storage_from_env({"HOME": str(tmp_path / "home")})
+    expected = tmp_path / "home" / ".local" / "share" / "strata_redis" / "checkpoints"
+    assert isinstance(storage, LocalStorage) and storage.root == str(expected)
+    storage = storage_from_env({"STORAGE_BACKEND": "local", "XDG_DATA_HOME": str(tmp_path)})
+    assert isinstance(storage, LocalStorage)
+    assert storage.root == str(tmp_path / "strata_redis" / "checkpoints")
 
 
 def test_from_env_s3_as_the_seeds_say(s3_endpoint: str, bucket: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ import torch  # noqa: F401  (the module needs it; skip cleanly without)
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
+from strata_redis import identity
 from strata_redis.coordination.rendezvous import ENDED
 from strata_redis.keys import Keys
 from strata_redis.torch import rdzv
@@ -144,9 +146,19 @@ def test_bad_endpoint_is_rejected(endpoint: str, error: type[Exception], match: 
         rdzv.handler_creator()(_params(endpoint))
 
 
+def test_torchruns_default_run_id_is_no_job(redis_url: str) -> None:
+    """``--rdzv-id`` omitted: torchrun says ``none``, which every such launch would share."""
+    params = RendezvousParameters(
+        backend="strata", endpoint=redis_url, run_id="none", min_nodes=1, max_nodes=1
+    )
+    with pytest.raises(ValueError, match=r"needs --rdzv-id .*'none'"):
+        rdzv.create_handler(params)
+
+
 def test_handler_unit(redis_url: str) -> None:
     handler = rdzv.create_handler(_params(redis_url.removeprefix("redis://").removesuffix("/0")))
     assert handler.get_backend() == "strata" and handler.get_run_id() == "unit"
+    assert re.fullmatch(rf"{re.escape(identity.host_name())}-pid-{os.getpid()}", handler.worker_id)
     assert handler.use_agent_store is False
     try:
         info = handler.next_rendezvous()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable
 from multiprocessing.queues import Queue
 from typing import Any
 
+import orjson
 import pytest
 import redis
 
@@ -129,12 +132,29 @@ def test_live_id_refused_unless_replace(job: strata_redis.Job) -> None:
     with pytest.raises(strata_redis.WorkerExistsError, match="replace=True") as info:
         job.register_worker("w", heartbeat_interval=None)
     assert info.value.worker_id == "w" and info.value.job_id == job.job_id
+    host = socket.gethostname()  # recorded with the pid when no host is given
+    assert (info.value.holder_host, info.value.holder_pid) == (host, os.getpid())
+    assert f"held by process {os.getpid()} on host {host!r}" in str(info.value)
+    (listed,) = job.workers()
+    assert (listed.host, listed.pid, listed.status) == (host, os.getpid(), "idle")
     new = job.register_worker("w", replace=True, heartbeat_interval=None)
     assert new.incarnation > old.incarnation
     with pytest.raises(strata_redis.WorkerReplacedError):
         old.heartbeat()
     new.heartbeat()
     assert job.events()[-1]["type"] == "replace"
+
+
+def test_a_holder_registered_before_pids_were_recorded_is_named_as_unknown(
+    job: strata_redis.Job,
+) -> None:
+    job.register_worker("w", host="gpu-a", heartbeat_interval=None)
+    job.client.hset(job.keys.info, "w", orjson.dumps({"host": "gpu-a", "gpu_count": 0}))
+    with pytest.raises(strata_redis.WorkerExistsError, match="process of unknown pid on host "
+                       "'gpu-a'") as info:  # fmt: skip
+        job.register_worker("w", heartbeat_interval=None)
+    assert (info.value.holder_host, info.value.holder_pid) == ("gpu-a", None)
+    assert job.workers()[0].pid is None
 
 
 def test_failed_worker_is_not_resurrected_by_old_heartbeats(job: strata_redis.Job) -> None:

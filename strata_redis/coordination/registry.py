@@ -46,6 +46,7 @@ __all__ = [
     "RedisClock",
     "WorkerInfo",
     "events",
+    "holder",
     "job_clock",
     "list_jobs",
     "live_workers",
@@ -89,6 +90,8 @@ class WorkerInfo:
         last_seen_s: seconds since its last heartbeat, on Redis' clock (None once failed/left).
         host, address, gpu_count, labels: what it registered with.
         incarnation: the membership generation of its latest registration.
+        pid: the process id of its latest registration (None if made before pids were
+            recorded).
     """
 
     worker_id: str
@@ -99,6 +102,7 @@ class WorkerInfo:
     gpu_count: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     incarnation: int = 0
+    pid: int | None = None
 
 
 #: live workers read per command: one ZRANGE of 10^5 members held Redis for 16 ms, a page of
@@ -141,20 +145,30 @@ class _Registration:
     address: str | None
     gpu_count: int
     labels: Mapping[str, str]
+    pid: int | None  # None: registered before pids were recorded
 
 
 @lru_cache(maxsize=20_000)
 def _registration(raw: str) -> _Registration:
-    """Decode a registration (JSON {host, address, gpu_count, labels, registered_ms}); kept
-    decoded, as it changes only when the worker registers again."""
+    """Decode a registration (JSON {host, address, gpu_count, labels, pid}); kept decoded,
+    as it changes only when the worker registers again."""
     meta = orjson.loads(raw)
+    pid = meta.get("pid")
     return _Registration(
         meta.get("host"), meta.get("address"), int(meta.get("gpu_count", 0)),
         dict(meta.get("labels") or {}),
+        pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
     )  # fmt: skip
 
 
-_UNREGISTERED = _Registration(None, None, 0, {})
+_UNREGISTERED = _Registration(None, None, 0, {}, None)
+
+
+def holder(raw_info: str) -> tuple[str | None, int | None]:
+    """(host, pid) of a registration, from its info value ('' or a value written before
+    pids were recorded: what is unknown is None)."""
+    reg = _registration(raw_info) if raw_info else _UNREGISTERED
+    return reg.host, reg.pid
 
 
 def _worker_info(
@@ -175,6 +189,7 @@ def _worker_info(
         reg.gpu_count,
         dict(reg.labels) if reg.labels else {},
         int(incarnation or 0),
+        reg.pid,
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -15,8 +17,9 @@ import redis
 from ..context import JobContext
 from ..errors import StateLostError, StrataError, WorkerError
 from ..scripts import check
+from ..status import Status
 from ..validate import check_id, check_int, check_seconds
-from .registry import SETTABLE_STATUSES, RedisClock, reap_call, reaped
+from .registry import SETTABLE_STATUSES, RedisClock, holder, reap_call, reaped
 
 __all__ = ["Worker", "register_worker"]
 
@@ -40,7 +43,9 @@ def register_worker(
     Args:
         ctx: the job.
         worker_id: the worker's id (see ``strata_redis.validate`` for what is allowed).
-        host, address: where it runs, for people reading the state.
+        host, address: where it runs, for people reading the state (``host`` default:
+            this machine's host name). The registering process's pid is recorded too, so
+            a refused duplicate can name the live holder.
         gpu_count: GPUs it has (0..1024).
         labels: free-form str -> str labels.
         replace: take over the id if it is registered and alive (a restarted process).
@@ -52,26 +57,31 @@ def register_worker(
         The worker handle; its ``incarnation`` is the new membership generation.
 
     Raises:
-        WorkerExistsError: the id is registered and alive, and ``replace`` is false.
+        WorkerExistsError: the id is registered and alive, and ``replace`` is false (the
+            message names the holder's host and pid; the holder is untouched).
         ValueError, TypeError: a bad argument, named in the message.
     """
     check_id("worker_id", worker_id)
     gpu_count = check_int("gpu_count", gpu_count, low=0, high=1024)
     info = {
-        "host": _optional_text("host", host),
+        "host": socket.gethostname() if host is None else _optional_text("host", host),
         "address": _optional_text("address", address),
         "gpu_count": gpu_count,
         "labels": _labels(labels),
+        "pid": os.getpid(),
     }
     if heartbeat_interval is not None:
         check_seconds("heartbeat_interval", heartbeat_interval, high=ctx.heartbeat_timeout)
     k = ctx.keys
-    generation, _now = ctx.scripts.run(
+    reply = ctx.scripts.call(
         "register_worker",
         [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events],
         [worker_id, orjson.dumps(info), "1" if replace else "0", ctx.events_cap],
-        {"job_id": ctx.job_id, "worker_id": worker_id},
     )
+    ids: dict[str, Any] = {"job_id": ctx.job_id, "worker_id": worker_id}
+    if int(reply[0]) == Status.WORKER_EXISTS:
+        ids["holder"] = holder(reply[1])
+    generation, _now = check(reply, ids)
     worker = Worker(ctx, worker_id, int(generation), on_lost=on_lost)
     if heartbeat_interval is not None:
         worker.start_heartbeat(heartbeat_interval)

@@ -1,13 +1,12 @@
 """Storage backends for checkpoint bytes: one small interface, a local and an S3 backend."""
 
 from .base import Storage, as_byte_view, check_path
-from .factory import DEFAULT_LOCAL_STORAGE_PATH, open_storage, storage_from_env, storage_from_url
+from .factory import open_storage, storage_from_env, storage_from_url
 from .local import LocalStorage
 from .s3 import S3Storage
 from .transfer import part_size_for
 
 __all__ = [
-    "DEFAULT_LOCAL_STORAGE_PATH",
     "LocalStorage",
     "S3Storage",
     "Storage",

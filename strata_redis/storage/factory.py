@@ -8,14 +8,12 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from ..identity import checkpoint_dir
 from .base import Storage, check_prefix
 from .local import LocalStorage
 from .s3 import S3Storage, check_bucket, check_endpoint_url
 
-__all__ = ["DEFAULT_LOCAL_STORAGE_PATH", "open_storage", "storage_from_env", "storage_from_url"]
-
-# The seeds' documented example value: LOCAL_STORAGE_PATH=/tmp/strata/checkpoints.
-DEFAULT_LOCAL_STORAGE_PATH = "/tmp/strata/checkpoints"
+__all__ = ["open_storage", "storage_from_env", "storage_from_url"]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -63,7 +61,10 @@ def storage_from_env(environ: Mapping[str, str] | None = None) -> Storage:
     """Return the storage the environment names, exactly as the seeds document it.
 
     - ``STORAGE_BACKEND``: ``local`` (the default) or ``s3``, any case.
-    - local: ``LOCAL_STORAGE_PATH``, default ``/tmp/strata/checkpoints``.
+    - local: ``LOCAL_STORAGE_PATH``, default the per-user ``identity.checkpoint_dir()``
+      (``$XDG_DATA_HOME/strata_redis/checkpoints``, else
+      ``~/.local/share/strata_redis/checkpoints``; logged once at WARNING), never the
+      system temp dir: checkpoints outlive a reboot, and other users' runs never see them.
     - s3: ``CHECKPOINT_BUCKET`` (required; ``bucket`` or ``bucket/prefix``), ``AWS_REGION``,
       ``AWS_ENDPOINT_URL`` (MinIO and other S3-compatible servers); credentials from the
       standard AWS chain (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, profiles, roles).
@@ -77,7 +78,7 @@ def storage_from_env(environ: Mapping[str, str] | None = None) -> Storage:
     env = os.environ if environ is None else environ
     backend = env.get("STORAGE_BACKEND", "").strip().lower() or "local"
     if backend == "local":
-        path = env.get("LOCAL_STORAGE_PATH") or DEFAULT_LOCAL_STORAGE_PATH
+        path = env.get("LOCAL_STORAGE_PATH") or checkpoint_dir(env)
         if "\x00" in path:
             raise ValueError(f"LOCAL_STORAGE_PATH must not contain NUL, got {path!r}")
         return LocalStorage(path)

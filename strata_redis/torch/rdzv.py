@@ -18,8 +18,10 @@ agent of round rank 0 (default: its FQDN), the port a free one on that host.
 ``keep_alive_interval`` (s between heartbeats, default 2), ``keep_alive_max_attempt``
 (missed heartbeats before the agent is declared failed, default 5), ``store_timeout``
 (s the agents' store waits for a key, default 300), ``worker_id`` (this agent's strata worker
-id; default ``<hostname>-<pid>``; give a stable one so a restarted agent replaces its
-previous incarnation at once instead of after the heartbeat timeout).
+id; default ``<hostname>-pid-<pid>``, ``identity.worker_id``; give a stable one so a restarted
+agent replaces its previous incarnation at once instead of after the heartbeat timeout).
+``--rdzv-id`` is required: torchrun's default (``none``) would be one job shared by every
+launch that omits it.
 
 Registered for torchrun by the ``torchrun.handlers`` entry point ``strata``: torch loads
 ``handler_creator`` and calls it with no arguments to get ``create_handler``.
@@ -28,7 +30,6 @@ Registered for torchrun by the ``torchrun.handlers`` entry point ``strata``: tor
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections.abc import Callable
 from typing import Any, Final
@@ -45,6 +46,7 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousTimeoutError,
 )
 
+from .. import identity
 from ..context import JobContext
 from ..coordination.rendezvous import Rendezvous, Round
 from ..coordination.workers import Worker, register_worker
@@ -79,6 +81,11 @@ def _context(params: RendezvousParameters, heartbeat_timeout: float) -> JobConte
         raise ValueError(
             "--rdzv-backend strata needs --rdzv-endpoint: a Redis URL (redis://host:6379/0) "
             "or host:port"
+        )
+    if params.run_id in ("", identity.TORCHRUN_DEFAULT_RUN_ID):
+        raise ValueError(
+            "--rdzv-backend strata needs --rdzv-id (the job id): torchrun's default "
+            f"{params.run_id!r} would be one job shared by every launch that omits it"
         )
     try:
         ctx = JobContext(endpoint, params.run_id, heartbeat_timeout=heartbeat_timeout)
@@ -223,7 +230,8 @@ def create_handler(params: RendezvousParameters) -> StrataRendezvousHandler:
     if attempts is None or attempts < 1:
         raise ValueError(f"--rdzv-conf keep_alive_max_attempt must be >= 1, got {attempts!r}")
     ctx = _context(params, heartbeat_timeout=interval * (attempts + 0.5))
-    worker_id = params.get("worker_id", None) or f"{socket.gethostname()}-{os.getpid()}"
+    # an agent is no rank (an outer launcher's RANK is not its own): host name and pid
+    worker_id = params.get("worker_id", None) or identity.worker_id({})
     rendezvous = Rendezvous(
         ctx, min_workers=params.min_nodes, max_workers=params.max_nodes,
         last_call=_float(params, "last_call_timeout", 30.0),

@@ -1,0 +1,360 @@
+"""Default identities: worker ids, job ids and the checkpoint directory never collide by default.
+
+The derivations are checked as functions, and end to end with real worker processes on a real
+Redis: two copies of the README loop side by side, a duplicate live id, torchrun's variables.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import strata_redis
+from strata_redis import identity
+from strata_redis.coordination.registry import list_jobs
+from strata_redis.validate import check_id
+
+from .procs import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+HOST = identity.host_name()
+
+# -- the derivations ---------------------------------------------------------------------------
+
+
+def test_worker_id_from_torchrun_rank_else_pid() -> None:
+    assert identity.worker_id({"RANK": "3"}, host="gpu-a") == "gpu-a-rank-3"
+    assert identity.worker_id({"RANK": "3", "LOCAL_RANK": "1"}, host="gpu-a") == "gpu-a-rank-3"
+    both = {"GROUP_RANK": "2", "LOCAL_RANK": "5"}
+    assert identity.worker_id(both, host="gpu-a") == "gpu-a-group-2-local-5"
+    assert identity.worker_id({"LOCAL_RANK": "5"}, host="gpu-a", pid=77) == "gpu-a-pid-77"
+    assert identity.worker_id({}, host="gpu-a", pid=77) == "gpu-a-pid-77"
+    assert identity.worker_id({}) == f"{HOST}-pid-{os.getpid()}"
+    with pytest.raises(ValueError, match=r"RANK must be a non-negative integer.*'x'"):
+        identity.worker_id({"RANK": "x"})
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("gpu-a.example.com", "gpu-a.example.com"),
+        ("gpu a{1}:x", "gpu-a-1-x"),
+        ("héte\tx", "h-te-x"),
+        ("", "host"),
+        ("---", "host"),
+        ("a" * 300, "a" * identity.HOST_CHARS),
+    ],
+)
+def test_host_names_become_valid_ids(host: str, expected: str) -> None:
+    assert identity.host_name(host) == expected
+    wid = identity.worker_id({"RANK": "0"}, host=host)
+    assert check_id("worker_id", wid) == f"{expected}-rank-0"
+
+
+def test_restart_count_says_whether_to_replace() -> None:
+    assert identity.restarted({}) is False
+    assert identity.restarted({"TORCHELASTIC_RESTART_COUNT": "0"}) is False
+    assert identity.restarted({"TORCHELASTIC_RESTART_COUNT": "2"}) is True
+    with pytest.raises(ValueError, match="TORCHELASTIC_RESTART_COUNT"):
+        identity.restarted({"TORCHELASTIC_RESTART_COUNT": "-1"})
+
+
+def test_job_id_given_then_torchrun_then_derived_from_the_launch(tmp_path: Path) -> None:
+    launch: dict[str, Any] = {"argv0": "train.py", "cwd": str(tmp_path), "user": "ada"}
+    assert identity.job_id({"STRATA_JOB_ID": "run-7", "TORCHELASTIC_RUN_ID": "r"}) == "run-7"
+    assert identity.job_id({"TORCHELASTIC_RUN_ID": "elastic-9"}, **launch) == "elastic-9"
+    derived = identity.job_id({}, **launch)
+    assert re.fullmatch(r"train-[0-9a-f]{8}", derived), derived
+    # torchrun's default run id is shared by every launch without --rdzv-id: not a job id
+    assert identity.job_id({"TORCHELASTIC_RUN_ID": "none"}, **launch) == derived
+    # a relaunch reproduces it (the script by relative or absolute path); nothing else does
+    assert identity.job_id({}, **{**launch, "argv0": str(tmp_path / "train.py")}) == derived
+    others = [
+        identity.job_id({}, **{**launch, "user": "grace"}),
+        identity.job_id({}, **{**launch, "cwd": str(tmp_path / "elsewhere")}),
+        identity.job_id({}, **{**launch, "argv0": "eval.py"}),
+    ]
+    assert len({derived, *others}) == 4
+    assert others[2].startswith("eval-")
+    assert re.fullmatch(r"train-[0-9a-f]{8}", identity.job_id({}, **{**launch, "argv0": "-c"}))
+    assert identity.job_id({}, **{**launch, "argv0": "my {odd} script.py"}).startswith(
+        "my-odd-script-"
+    )
+    with pytest.raises(ValueError, match="STRATA_JOB_ID"):
+        identity.job_id({"STRATA_JOB_ID": "a{b}"})
+    with pytest.raises(ValueError, match="TORCHELASTIC_RUN_ID"):
+        identity.job_id({"TORCHELASTIC_RUN_ID": "a}b"})
+
+
+def test_derived_ids_are_logged_once_at_info(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    launch: dict[str, Any] = {"argv0": "once.py", "cwd": str(tmp_path), "user": "ada"}
+    with caplog.at_level(logging.INFO, logger="strata_redis.identity"):
+        wids = {identity.worker_id({}, host="log-once", pid=4242) for _ in range(3)}
+        jobs = {identity.job_id({}, **launch) for _ in range(3)}
+        given = identity.job_id({"STRATA_JOB_ID": "chosen"})
+    ((wid,), (job,)) = wids, jobs
+    assert given == "chosen"
+    for value in (wid, job):
+        told = [r for r in caplog.records if repr(value) in r.getMessage()]
+        assert len(told) == 1 and told[0].levelno == logging.INFO, caplog.text
+    assert "chosen" not in caplog.text  # the user's own choice needs no word
+
+
+def test_checkpoint_dir_is_per_user_and_persistent(tmp_path: Path) -> None:
+    home, xdg = str(tmp_path / "home"), str(tmp_path / "xdg")
+    assert (
+        identity.checkpoint_dir({"HOME": home}) == f"{home}/.local/share/strata_redis/checkpoints"
+    )
+    assert identity.checkpoint_dir({"HOME": home, "XDG_DATA_HOME": xdg}) == (
+        f"{xdg}/strata_redis/checkpoints"
+    )
+    # the XDG spec: a relative XDG_DATA_HOME is invalid and ignored
+    assert identity.checkpoint_dir({"HOME": home, "XDG_DATA_HOME": "rel"}).startswith(home)
+
+
+def test_the_default_checkpoint_directory_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {"XDG_DATA_HOME": str(tmp_path / "data")}
+    with caplog.at_level(logging.INFO, logger="strata_redis.identity"):
+        first = strata_redis.storage_from_env(env)
+        again = strata_redis.storage_from_env(env)
+        chosen = strata_redis.storage_from_env({**env, "LOCAL_STORAGE_PATH": str(tmp_path)})
+    assert isinstance(first, strata_redis.LocalStorage) and isinstance(
+        again, strata_redis.LocalStorage
+    )
+    assert first.root == again.root == str(tmp_path / "data" / "strata_redis" / "checkpoints")
+    assert isinstance(chosen, strata_redis.LocalStorage) and chosen.root == str(tmp_path)
+    told = [r for r in caplog.records if first.root in r.getMessage()]
+    assert len(told) == 1 and told[0].levelno == logging.WARNING, caplog.text
+
+
+# -- real processes ----------------------------------------------------------------------------
+
+#: one worker process: the orchestrator with the kwargs of argv[1]; it prints what it is (or
+#: the WorkerExistsError it got) as JSON, then trains ``epochs`` epochs, logging each batch
+WORKER = """
+import json, os, sys, time
+import strata_redis
+
+cfg = json.loads(sys.argv[1])
+try:
+    orch = strata_redis.TrainingOrchestrator(os.environ["STRATA_REDIS_URL"], **cfg["kwargs"])
+except strata_redis.WorkerExistsError as exc:
+    print(json.dumps({"error": str(exc), "host": exc.holder_host, "pid": exc.holder_pid}),
+          flush=True)
+    sys.exit(3)
+except strata_redis.WorkerError as exc:
+    print(json.dumps({"error": type(exc).__name__ + ": " + str(exc)}), flush=True)
+    sys.exit(4)
+print(json.dumps({"worker_id": orch.worker_id, "job_id": orch.job_id, "pid": os.getpid()}),
+      flush=True)
+log = open(cfg["log"], "a")
+try:
+    with orch:
+        shards = orch.get_shards(cfg.get("dataset", "ds"), batch_size=cfg.get("batch", 10))
+        for epoch in range(orch.epoch, cfg.get("epochs", 1)):
+            for step, batch in enumerate(shards):
+                time.sleep(cfg.get("sleep", 0.05))
+                log.write(f"{epoch} {' '.join(map(str, batch.tolist()))}\\n")
+                log.flush()
+            orch.advance_epoch()
+except strata_redis.StrataError as exc:
+    print(json.dumps({"error": type(exc).__name__ + ": " + str(exc)}), flush=True)
+    sys.exit(5)
+"""
+
+
+def _env(redis_url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STRATA_", "TORCHELASTIC_"))}
+    for var in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_STORAGE_PATH", "STORAGE_BACKEND",
+                "XDG_DATA_HOME"):  # fmt: skip
+        env.pop(var, None)
+    env.update(
+        STRATA_REDIS_URL=redis_url, HOME=str(tmp_path / "home"),
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra,
+    )  # fmt: skip
+    return env
+
+
+def _start(
+    tmp_path: Path, env: dict[str, str], name: str, **cfg: Any
+) -> tuple[subprocess.Popen[str], Path]:
+    script = tmp_path / "worker.py"
+    if not script.exists():
+        script.write_text(WORKER)
+    log = tmp_path / f"{name}.log"
+    cfg = {"log": str(log), "kwargs": {}, **cfg}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), json.dumps(cfg)], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return proc, log
+
+
+def _hello(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """The first line the worker prints: what it is, or the error it got."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(f"the worker printed nothing; stderr: {proc.communicate(30)[1]}")
+    out: dict[str, Any] = json.loads(line)
+    return out
+
+
+def _batches(log: Path) -> list[tuple[int, list[int]]]:
+    if not log.exists():
+        return []
+    rows = [line.split() for line in log.read_text().splitlines()]
+    return [(int(r[0]), [int(x) for x in r[1:]]) for r in rows]
+
+
+def _readme_loop() -> str:
+    """The README's training loop, recording each batch it trains (one line added)."""
+    examples = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    (loop,) = [e for e in examples if "orchestrator.advance_epoch()" in e and "epoch in" in e]
+    anchor = "        time.sleep(0.1)\n"
+    assert "TrainingOrchestrator(coordinator_url=REDIS)" in loop and anchor in loop, loop
+    record = (
+        f"{anchor}        open(os.environ['SAMPLES_LOG'], 'a').write("
+        "f\"{epoch} {' '.join(map(str, batch.tolist()))}\\n\")\n"
+    )
+    return loop.replace(anchor, record)
+
+
+def test_two_readme_loops_side_by_side_both_train(redis_url: str, tmp_path: Path) -> None:
+    """The README loop started twice, 1.5 s apart, with no worker id, job id or storage:
+    two workers of one derived job; each epoch's samples split between them, none twice;
+    the checkpoints land in the per-user directory, which each process names once."""
+    script = tmp_path / "train.py"
+    script.write_text(_readme_loop())
+    procs = []
+    for name in ("first", "second"):
+        env = _env(redis_url, tmp_path, SAMPLES_LOG=str(tmp_path / f"{name}.log"))
+        procs.append(
+            subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )  # fmt: skip
+        time.sleep(1.5)
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+
+    job = identity.job_id({}, argv0=str(script), cwd=str(tmp_path), user=getpass.getuser())
+    assert re.fullmatch(r"train-[0-9a-f]{8}", job)
+    client = strata_redis.connect(redis_url, job_id=job)
+    try:
+        assert list_jobs(client.client) == [job]
+        workers = client.workers()
+    finally:
+        client.close()
+    # one id per process, from its pid; both closed cleanly (none was replaced)
+    assert [(w.worker_id, w.pid, w.status) for w in workers] == sorted(
+        (f"{HOST}-pid-{p.pid}", p.pid, "left") for p in procs
+    )
+
+    logs = [_batches(tmp_path / f"{name}.log") for name in ("first", "second")]
+    for epoch in (0, 1):
+        mine = [Counter(s for e, b in log if e == epoch for s in b) for log in logs]
+        assert all(mine), f"epoch {epoch}: a worker trained nothing: {[len(m) for m in mine]}"
+        together = mine[0] + mine[1]
+        assert together == Counter(range(640)), f"epoch {epoch}: not each sample exactly once"
+
+    ckpts = tmp_path / "home" / ".local" / "share" / "strata_redis" / "checkpoints" / job
+    assert sorted(p.name for p in (ckpts / "checkpoints").iterdir()), "no checkpoint saved"
+    for _, err in outs:
+        assert err.count("strata_redis/checkpoints") == 1, err
+        assert "per-user default" in err
+
+
+def test_a_duplicate_live_id_is_refused_and_the_holder_keeps_training(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """An explicit worker_id that a live process holds: WorkerExistsError naming that
+    process's host and pid; the holder is untouched and trains its epochs to the end."""
+    ds = strata_redis.ShardManager(redis_url, job_id="dup")
+    ds.register_dataset_params("ds", 600, 20, True, 1)
+    env = _env(redis_url, tmp_path, STRATA_JOB_ID="dup")
+    kwargs = {"worker_id": "trainer", "checkpoint_path": str(tmp_path / "ckpt")}
+    holder, holder_log = _start(tmp_path, env, "holder", kwargs=kwargs, epochs=3, sleep=0.05)
+    hello = _hello(holder)
+    assert hello["worker_id"] == "trainer" and hello["job_id"] == "dup"
+    wait_for(lambda: len(_batches(holder_log)) >= 3, 30, why=lambda: holder.poll())
+    generation = ds.job.membership_generation()
+
+    second, _ = _start(tmp_path, env, "second", kwargs=kwargs)
+    refused = _hello(second)
+    _, err = second.communicate(timeout=30)
+    assert second.returncode == 3, err
+    assert (refused["host"], refused["pid"]) == (socket.gethostname(), holder.pid)
+    assert re.search(
+        rf"worker 'trainer' of job 'dup' is already registered and alive, held by process "
+        rf"{holder.pid} on host '{re.escape(socket.gethostname())}'.*replace=True",
+        refused["error"],
+    ), refused["error"]
+    assert ds.job.membership_generation() == generation  # nothing was written
+
+    trained = len(_batches(holder_log))
+    wait_for(lambda: len(_batches(holder_log)) > trained, 30, why=lambda: holder.poll())
+    (info,) = [w for w in ds.job.workers() if w.worker_id == "trainer"]
+    assert info.status in ("idle", "training") and info.pid == holder.pid
+    out, err = holder.communicate(timeout=120)
+    assert holder.returncode == 0, out + err
+    for epoch in range(3):  # the holder trained every epoch to its end
+        samples = Counter(s for e, b in _batches(holder_log) if e == epoch for s in b)
+        assert samples == Counter(range(600)), epoch
+    ds.job.close()
+
+
+def test_torchrun_variables_give_ids_and_the_restart_takes_over(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """RANK and TORCHELASTIC_RUN_ID give the ids; a second process of the same rank is
+    refused, unless TORCHELASTIC_RESTART_COUNT says it is torchrun's restart of that rank:
+    then it takes the id over (and the old process learns it was replaced)."""
+    strata_redis.ShardManager(redis_url, job_id="elastic-7").register_dataset_params(
+        "ds", 2000, 20, True, 1
+    )
+    rank3 = {"RANK": "3", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "elastic-7"}
+    kwargs = {"checkpoint_path": str(tmp_path / "ckpt"), "heartbeat_timeout": 2.0}
+    first_env = _env(redis_url, tmp_path, TORCHELASTIC_RESTART_COUNT="0", **rank3)
+    first, first_log = _start(tmp_path, first_env, "first", kwargs=kwargs, sleep=0.05)
+    hello = _hello(first)
+    assert hello == {"worker_id": f"{HOST}-rank-3", "job_id": "elastic-7", "pid": first.pid}
+    wait_for(lambda: len(_batches(first_log)) >= 2, 30, why=lambda: first.poll())
+
+    twin, _ = _start(tmp_path, first_env, "twin", kwargs=kwargs)  # not a restart: refused
+    refused = _hello(twin)
+    _, err = twin.communicate(timeout=30)
+    assert twin.returncode == 3 and refused["pid"] == first.pid, (refused, err)
+
+    restart_env = _env(redis_url, tmp_path, TORCHELASTIC_RESTART_COUNT="1", **rank3)
+    restarted, restarted_log = _start(tmp_path, restart_env, "restarted", kwargs=kwargs)
+    hello = _hello(restarted)
+    assert hello == {"worker_id": f"{HOST}-rank-3", "job_id": "elastic-7", "pid": restarted.pid}
+    out, _ = first.communicate(timeout=60)  # the replaced process stops with an error
+    assert first.returncode == 5 and "replaced" in out, out
+    out, err = restarted.communicate(timeout=120)
+    assert restarted.returncode == 0, out + err
+    assert _batches(restarted_log)
+    job = strata_redis.connect(redis_url, job_id="elastic-7")
+    try:
+        events = [e["type"] for e in job.events() if e["worker"] == f"{HOST}-rank-3"]
+        assert events[:2] == ["join", "replace"], events
+    finally:
+        job.close()
