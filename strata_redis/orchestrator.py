@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -37,29 +36,22 @@ from . import identity
 from .checkpoint.ids import MAX_NUMBER, CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
-from .checkpoint.rounds import RoundCheckpoints
+from .checkpoint.rounds import RoundCheckpoints, loop_parts
 from .context import HasContext, JobContext
 from .coordination.barrier import Barrier
 from .coordination.epochs import current_epoch, round_epoch_barrier
-from .coordination.rendezvous import Rendezvous, Round
+from .coordination.rendezvous import Rendezvous, Round, RoundWatch
 from .coordination.workers import Worker, register_worker
-from .data.datasets import get_dataset, list_datasets
-from .data.position import (
-    POSITION_PART,
-    Position,
-    decode_positions,
-    encode_positions,
-    merge_positions,
-    restore_position,
-)
+from .data.datasets import get_dataset
+from .data.position import POSITION_PART, encode_positions
 from .data.stream import ShardStream
 from .errors import (
     BarrierBrokenError,
-    CheckpointError,
     EpochUnfinishedError,
     RoundBrokenError,
     StrataError,
 )
+from .resume import Resume
 from .storage import Storage, open_storage
 from .validate import check_id, check_int, check_seconds
 
@@ -72,51 +64,25 @@ T = TypeVar("T")
 State = Any
 
 
-def _age(seconds: float) -> str:
-    """A duration as a person reads it: ``42 seconds``, ``17 minutes``, ``3.2 hours``."""
-    if seconds < 120:
-        return f"{seconds:.0f} seconds"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} minutes"
-    if seconds < 172_800:
-        return f"{seconds / 3600:.1f} hours"
-    return f"{seconds / 86400:.1f} days"
-
-
 class _Host:
     """A ``TrainingOrchestrator`` as the host of its streams' walks (``data.stream.StreamHost``):
     the narrow view a walk gets of it."""
 
-    def __init__(self, orchestrator: TrainingOrchestrator) -> None:
-        self._o = orchestrator
-
-    @property
-    def context(self) -> JobContext:
-        return self._o.context
-
-    @property
-    def worker_id(self) -> str:
-        return self._o.worker_id
+    def __init__(self, o: TrainingOrchestrator) -> None:
+        self.context, self.worker_id, self.lease_ttl, self._o = (
+            o.context,
+            o.worker_id,
+            o.lease_ttl,
+            o,
+        )
+        self.guard, self.retry, self.set_status = o._guard, o._retry, o._set_status
 
     @property
     def round(self) -> Round:
         return self._o.round
 
-    @property
-    def lease_ttl(self) -> float:
-        return self._o.lease_ttl
-
     def interrupted(self) -> bool:
-        return self._o._broken is not None or self._o.worker.lost is not None
-
-    def guard(self) -> None:
-        self._o._guard()
-
-    def retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return self._o._retry(fn, *args, **kwargs)
-
-    def set_status(self, status: str) -> None:
-        self._o._set_status(status)
+        return self._o._watch.broken is not None or self._o.worker.lost is not None
 
     def begin_epoch(self) -> int:
         epoch = self._o._job_epoch = self._o._retry(current_epoch, self._o.context)
@@ -246,21 +212,18 @@ class TrainingOrchestrator:
 
         self._host = _Host(self)
         self._streams: dict[str, ShardStream] = {}
-        self._broken: RoundBrokenError | None = None
-        self._seen_generation = -1
-        self._ckpt: CheckpointManager | None = None
-        self._old_ckpts: list[CheckpointManager] = []
+        self._watch = RoundWatch(self.rendezvous, self.worker_id, self._on_broken)
         # the job's run, the round's checkpoints, the fill-ins (checkpoint/rounds.py)
-        self._rounds = RoundCheckpoints(self.context, self.storage, self._retry)
-        self._last_parts: dict[str, Any] | None = None  # the last save's parts, for fills
+        self._rounds = RoundCheckpoints(
+            self.context, self.storage, self._retry, worker_id=self.worker_id,
+            keep_count=self.keep_count, commit_timeout=self.commit_timeout,
+            state_provider=state_provider,
+        )  # fmt: skip
         self._status = ""
         self._job_epoch = 0  # the job's epoch as this worker last saw it
         self._epoch_warned = False
         self._closed = False
-        self.resumed: CheckpointInfo | None = None
-        self.resumed_meta: dict[str, Any] = {}
-        #: dataset -> (epoch, shards done, shard -> offset) restored from ``resumed``
-        self.resumed_positions: dict[str, tuple[int, set[int], dict[int, int]]] = {}
+        self._resume: Resume | None = None  # a fresh round's (resume.py)
 
         self.worker: Worker = register_worker(
             self.context, self.worker_id, replace=replace, heartbeat_interval=heartbeat_interval
@@ -268,13 +231,17 @@ class TrainingOrchestrator:
         try:
             self._join(leaving=0)
             if self.round.fresh and resume:
-                self._restore()
+                self._resume = Resume(
+                    self.context, self.checkpoints, self.round, self._rounds.held,
+                    self.worker_id, self._retry,
+                )  # fmt: skip
+                self._job_epoch = self._resume.restore_all()
             else:
                 self._job_epoch = self._retry(current_epoch, self.context)
         except BaseException:
             self.close()
             raise
-        self.worker.on_generation = self._on_generation
+        self.worker.on_generation = self._watch.on_generation
 
     def __repr__(self) -> str:
         r = self.round
@@ -295,6 +262,16 @@ class TrainingOrchestrator:
         return self.round.world_size
 
     @property
+    def resumed(self) -> CheckpointInfo | None:
+        """The checkpoint this worker's fresh round resumed from (None: it did not)."""
+        return None if self._resume is None else self._resume.info
+
+    @property
+    def resumed_positions(self) -> dict[str, tuple[int, set[int], dict[int, int]]]:
+        """Dataset -> (epoch, shards done, shard -> offset) restored from ``resumed``."""
+        return {} if self._resume is None else self._resume.positions
+
+    @property
     def epoch(self) -> int:
         """The job's current epoch (one Redis read)."""
         return current_epoch(self.context)
@@ -304,91 +281,48 @@ class TrainingOrchestrator:
         round_ = self._retry(
             self.rendezvous.join, self.worker_id, self.worker.incarnation, leaving=leaving
         )
-        if self._ckpt is not None:
-            if abort:  # a member is gone: the old round's open steps can never commit
-                self._ckpt.abort_pending(f"rendezvous round {leaving} broke")
-            self._ckpt.close(wait=False)  # (after growth, they commit in the background)
-            self._old_ckpts.append(self._ckpt)
-        self._ckpt = CheckpointManager(
-            self.storage, self.keep_count, job_id=self.job_id, redis=self.context,
-            worker_id=self.worker_id, rank=round_.rank, world_size=round_.world_size,
-            commit_timeout=self.commit_timeout,
-        )  # fmt: skip
         log.info(
             "worker %r: round %d, rank %d of %d (restarts: %d failure, %d growth)",
             self.worker_id, round_.number, round_.rank, round_.world_size,
             round_.failure_restarts, round_.growth_restarts,
         )  # fmt: skip
         self.round = round_
-        self._rounds.join(round_.number, round_.fresh)
-        self._seen_generation = round_.generation
-        self._broken = None
+        self._rounds.join(
+            round_.number, round_.fresh, round_.rank, round_.world_size,
+            abort=f"rendezvous round {leaving} broke" if abort else "",
+        )  # fmt: skip
+        self._watch.watch(round_)
         if self.on_round is not None:
             self.on_round(round_)
         return round_
 
-    def _on_generation(self, generation: int) -> None:
-        """Heartbeat thread: the membership moved; is our round still whole? (Off the hot
-        path: one script call per membership change.)"""
-        if generation == self._seen_generation or self._broken is not None:
-            return
-        self._seen_generation = generation
-        round_ = self.round
-        try:
-            self.rendezvous.check(round_)
-        except RoundBrokenError as exc:
-            if round_ is self.round:
-                self._broken = exc
-                log.warning("worker %r: %s", self.worker_id, exc)
-                # on a thread of its own: the heartbeat thread never waits on the main pool
-                threading.Thread(
-                    target=self._on_broken, args=(round_, exc), daemon=True,
-                    name=f"strata-round-broken-{self.worker_id}",
-                ).start()  # fmt: skip
-        except Exception:  # the heartbeat thread must go on
-            log.exception("worker %r: round check failed", self.worker_id)
-
     def _on_broken(self, round_: Round, exc: RoundBrokenError) -> None:
-        """Wake this round's waiters: its epoch barrier breaks, its open saves abort."""
+        """(On a thread of the watch's.) Wake the broken round's waiters: its epoch barrier
+        breaks, and its open checkpoints, which can never commit now, abort."""
         try:
-            self._abort_epoch_barrier(round_, exc)
-            if exc.reason != "superseded":
-                self._abort_saves(exc)
-        except Exception:  # a best effort: the waits are bounded anyway
-            log.exception("worker %r: could not wake round %d's waiters", self.worker_id,
-                          round_.number)  # fmt: skip
+            self._epoch_barrier(round_).abort(self.worker_id, f"round over: {exc.reason}")
+        except (StrataError, redis_py.RedisError) as err:
+            log.info("could not break round %d's epoch barrier: %s", round_.number, err)
+        if exc.reason != "superseded":
+            aborted = self._rounds.abort_pending(
+                f"rendezvous round {exc.round} is over ({exc.reason})"
+            )
+            if aborted:
+                log.info("worker %r: aborted checkpoints %s", self.worker_id,
+                         [c.label for c in aborted])  # fmt: skip
 
     def _epoch_barrier(self, round_: Round) -> Barrier:
         return round_epoch_barrier(
             self.context, round_.number, round_.world_size, self.epoch_timeout
         )
 
-    def _abort_epoch_barrier(self, round_: Round, exc: RoundBrokenError) -> None:
-        # Members waiting at the broken round's epoch barrier wake at once.
-        try:
-            self._epoch_barrier(round_).abort(self.worker_id, f"round over: {exc.reason}")
-        except (StrataError, redis_py.RedisError) as err:
-            log.info("could not break round %d's epoch barrier: %s", round_.number, err)
-
-    def _abort_saves(self, exc: RoundBrokenError) -> None:
-        # The broken round's open checkpoints can never commit: free their waiters now.
-        ckpt = self._ckpt
-        if ckpt is not None:
-            aborted = ckpt.abort_pending(f"rendezvous round {exc.round} is over ({exc.reason})")
-            if aborted:
-                log.info("worker %r: aborted checkpoints %s", self.worker_id,
-                         [c.label for c in aborted])  # fmt: skip
-
     def _guard(self) -> None:
         """The per-step check: a flag read, no round trip. A broken round is left here."""
         lost = self.worker.lost
         if lost is not None:
             raise lost
-        broken = self._broken
+        broken = self._watch.pending()
         if broken is None:
-            return
-        if broken.round != self.round.number:  # about a round this worker already left
-            self._broken = None
             return
         if not self.elastic:
             raise broken
@@ -416,35 +350,29 @@ class TrainingOrchestrator:
         Args:
             dataset: a registered dataset's name.
             batch_size: samples per batch (default: the orchestrator's).
-            mode: ``"leases"`` (default) or ``"static"`` (see ``ShardStream``).
+            mode: ``"leases"`` (default) or ``"static"``.
             track_consumption: the position moves (and leases complete) only as
                 ``ShardStream.consumed()`` reports batches taken by the training step (for
                 loaders that prefetch); by default, as batches are yielded.
             wait_for_others: at the epoch's end, wait while others hold the last shards
-                (default: an iteration ends when the epoch is done, so a failed worker's
-                shards are redone); False ends it once nothing can be leased now — for
-                loops whose members meet in collectives every step (DDP), where waiting
-                would deadlock. Then ``advance_epoch`` raises ``EpochUnfinishedError`` if
-                the round changed while shards were left undone.
+                (default); False ends an iteration once nothing can be leased now — for
+                loops whose members meet in collectives every step (DDP). Then
+                ``advance_epoch`` raises ``EpochUnfinishedError`` if the round changed
+                while shards were left undone.
             lockstep: every member of the round gets the same number of full batches this
-                epoch (for DDP): ``quota = remaining // (world_size * batch_size)`` batches,
-                fixed once per (round, epoch); batches may span shards; a rank keeps of a
-                shard what its quota still needs and hands the rest back at once, so no rank
-                ever waits on one blocked in a collective. The ``remaining -
-                quota * world_size * batch_size`` samples left (under ``world_size *
-                batch_size``) are dropped this epoch; every other sample comes once.
-            drop_last: with ``lockstep``, False pads instead of dropping (as
-                ``DistributedSampler``): ``quota`` is rounded up, every sample comes once, and
-                the ranks that find the pool empty fill their last batches with samples they
-                already had (fewer than ``world_size * batch_size`` repeats in all).
+                epoch (DDP without ``Join``; ``data/walks/lockstep.py``).
+            drop_last: with ``lockstep``, False pads instead of dropping.
 
         Returns:
-            A ``ShardStream``; each iteration walks the job's current epoch.
+            A ``ShardStream`` (its docstring details each option); each iteration walks the
+            job's current epoch.
 
         Raises:
             DatasetNotFoundError: ``dataset`` is not registered (the message says how).
         """
         params = get_dataset(self.context, dataset)
+        if self._resume is not None and self._resume.round == self.round.number:
+            self._resume.restore(params)  # (registered after the round closed: now)
         stream = ShardStream(
             self._host, params, self.batch_size if batch_size is None else batch_size, mode,
             track_consumption=track_consumption, wait_for_others=wait_for_others,
@@ -512,74 +440,31 @@ class TrainingOrchestrator:
             return None
         if state is None and self.state_provider is not None:
             state = self.state_provider()
-        meta = {"epoch": epoch, "step": step, "run": cid.run, "round": self.round.number,
-                "rank": self.rank, "worker": self.worker_id, "job_epoch": self._job_epoch,
-                "metadata": dict(metadata or {})}  # fmt: skip
-        parts = self._parts(state, meta)
+        parts = loop_parts(state, self._position(cid, job_epoch, metadata=dict(metadata or {})))
         self._set_status("checkpointing")
         try:
-            self._retry(self._rounds.announce, self.round.number, cid, job_epoch)
-            future = self._submit(parts, cid)
-            self._last_parts = parts
+            return self._rounds.save(self.round.number, cid, job_epoch, parts)
         finally:
             self._set_status("training")
-        return future
 
-    def _parts(self, state: State, meta: dict[str, Any]) -> dict[str, Any]:
+    def _position(self, cid: CheckpointId, job_epoch: int, **meta: Any) -> tuple[str, bytes]:
+        """The data-position part of this rank's share of ``cid``: where each of its
+        streams stands, with what the position was saved in."""
         positions = [s.position for s in self._streams.values() if s.position is not None]
-        parts: dict[str, Any] = {}
-        if isinstance(state, Mapping):
-            parts.update(state)
-        elif state is not None:
-            parts["model.bin"] = state
-        if POSITION_PART in parts:
-            raise ValueError(f"state must not have a part named {POSITION_PART!r} (reserved)")
-        # Keep the bytes of this save: a fill at the epoch barrier may save them again.
-        parts = {
-            name: buf if isinstance(buf, bytes) else bytes(memoryview(buf).cast("B"))
-            for name, buf in parts.items()
-        }
-        parts[POSITION_PART] = encode_positions(positions, meta)
-        return parts
-
-    def _submit(self, parts: dict[str, Any], cid: CheckpointId) -> Future[CheckpointInfo]:
-        assert self._ckpt is not None
-        # (save() reads the job's newest checkpoint before it queues anything: safe to retry)
-        future = self._retry(self._ckpt.save, parts, step=cid.step, epoch=cid.epoch, run=cid.run)
-        self._rounds.saved(cid)
-        return future
-
-    def _fill_checkpoints(self, new_epoch: int) -> None:
-        """After the epoch barrier: save this rank's part of every checkpoint of the round
-        that others opened in the finished epoch after this worker's last one (its epoch
-        ended before their step)."""
-        missed = self._retry(self._rounds.missed, self.round.number, new_epoch - 1)
-        for cid in missed:
-            if self.state_provider is not None or self._last_parts is None:
-                state = None if self.state_provider is None else self.state_provider()
-                meta = {"epoch": cid.epoch, "step": cid.step, "run": cid.run,
-                        "round": self.round.number, "rank": self.rank,
-                        "worker": self.worker_id, "filled": True,
-                        "job_epoch": self._job_epoch - 1}  # fmt: skip
-                parts = self._parts(state, meta)
-            else:
-                parts = self._last_parts
-            try:
-                self._submit(parts, cid)
-            except (CheckpointError, ValueError) as exc:
-                log.warning("worker %r: could not fill checkpoint %s: %s",
-                            self.worker_id, cid, exc)  # fmt: skip
+        meta.update(epoch=cid.epoch, step=cid.step, run=cid.run, round=self.round.number,
+                    rank=self.rank, worker=self.worker_id, job_epoch=job_epoch)  # fmt: skip
+        return POSITION_PART, encode_positions(positions, meta)
 
     def wait_for_checkpoints(self, timeout: float | None = None) -> None:
         """Wait until this worker's saves in flight are committed or failed."""
-        if self._ckpt is not None:
-            self._ckpt.wait(timeout)
+        if self._rounds.manager is not None:
+            self._rounds.manager.wait(timeout)
 
     @property
     def checkpoints(self) -> CheckpointManager:
         """The current round's checkpoint manager (``list()``, ``load()``, ...)."""
-        assert self._ckpt is not None
-        return self._ckpt
+        assert self._rounds.manager is not None
+        return self._rounds.manager
 
     def load_state(self, name: str = "model.bin", rank: int | None = None) -> bytes | None:
         """A part of the checkpoint this job resumed from (None if it did not resume).
@@ -596,69 +481,6 @@ class TrainingOrchestrator:
         return self.checkpoints.load(
             info.step, name=name, rank=rank, epoch=info.epoch, run=info.run
         )
-
-    # -- resume ---------------------------------------------------------------------------
-    def _restore(self) -> None:
-        """A fresh round: put the data position back to the newest verified checkpoint (or
-        to the start of epoch 0 without one). Every member calls it; the first one does it."""
-        ckpt = self.checkpoints
-        positions: list[Position] = []
-        # (storage is the truth: joining this fresh round rebuilt the index from it, so a
-        # commit whose Redis mark was lost — AOF's last second, a flushed server — counts)
-        for info in ckpt.list():
-            try:
-                parts = [
-                    ckpt.load(info.step, name=POSITION_PART, rank=r, epoch=info.epoch,
-                              run=info.run)
-                    for r in range(info.world_size)
-                ]  # fmt: skip
-            except (CheckpointError, ValueError) as exc:
-                log.warning("checkpoint %s cannot be resumed from: %s", info.label, exc)
-                continue
-            decoded = [decode_positions(raw) for raw in parts]
-            positions = [p for ps, _ in decoded for p in ps]
-            self.resumed, self.resumed_meta = info, decoded[0][1]
-            break
-        if self.resumed is not None and self.resumed.id not in self._rounds.held:
-            self._warn_resumed_from_storage(self.resumed)
-        epoch = int(self.resumed_meta.get("job_epoch", 0))
-        epoch = positions[0].epoch if positions else epoch
-        if positions and any(p.epoch != epoch for p in positions):
-            raise CheckpointError(
-                f"checkpoint {self.resumed.label if self.resumed else None} of job "
-                f"{self.job_id!r} records positions of different epochs",
-                job_id=self.job_id,
-                step=self.resumed.step if self.resumed else None,
-            )
-        later = max(0, self._retry(current_epoch, self.context) - epoch) + 1
-        datasets = self._retry(list_datasets, self.context)
-        for params in datasets:
-            done, offsets = merge_positions(p for p in positions if p.dataset == params.name)
-            if self.resumed is not None:
-                self.resumed_positions[params.name] = (epoch, done, offsets)
-            restore_position(
-                self.context, params, epoch, done, offsets, workers=list(self.round.members),
-                mark=self.round.number, later_epochs=later,
-            )  # fmt: skip
-        if not datasets:
-            self.context.client.set(self.context.keys.epoch, epoch)
-        self._job_epoch = epoch
-        log.info(
-            "worker %r: resumed at epoch %d (run %d) from %s", self.worker_id, epoch,
-            self._rounds.run,
-            f"checkpoint {self.resumed.id}" if self.resumed else "the start (no checkpoint)",
-        )  # fmt: skip
-
-    def _warn_resumed_from_storage(self, info: CheckpointInfo) -> None:
-        """Resuming from storage alone is never silent: Redis held no committed checkpoint
-        state for it (a new or flushed Redis, or another job's storage reused)."""
-        age_s = max(0.0, time.time() - info.acked_ms / 1000)
-        log.warning(
-            "worker %r: job %r resumes from checkpoint (epoch %s, step %d) found in storage "
-            "only (Redis held no checkpoint state for the job): saved %s ago, at %s; use "
-            "another job_id or checkpoint_path to start over", self.worker_id, self.job_id,
-            info.epoch, info.step, _age(age_s), info.location,
-        )  # fmt: skip
 
     # -- epochs ---------------------------------------------------------------------------
     def advance_epoch(self) -> int:
@@ -692,8 +514,7 @@ class TrainingOrchestrator:
                 try:
                     self.rendezvous.check(round_)
                 except RoundBrokenError as broken:
-                    if round_ is self.round:
-                        self._broken = broken
+                    self._watch.flag(round_, broken)
                     if not self.elastic:
                         raise broken from exc
                     continue
@@ -701,12 +522,13 @@ class TrainingOrchestrator:
         epoch = release.epoch
         assert epoch is not None
         self._job_epoch = epoch
-        self._fill_checkpoints(epoch)
-        if not self._retry(self.rendezvous.review, self.round, epoch) and self._broken is None:
+        self._rounds.fill(
+            self.round.number, epoch - 1, lambda cid: self._position(cid, epoch - 1, filled=True)
+        )
+        if not self._retry(self.rendezvous.review, self.round, epoch):
             # Workers are waiting (or the round broke): the next step rendezvouses again.
-            self._broken = RoundBrokenError.because(
-                self.job_id, self.round.number, "", "superseded"
-            )
+            superseded = RoundBrokenError.because(self.job_id, self.round.number, "", "superseded")
+            self._watch.flag(self.round, superseded)
         return epoch
 
     def _check_finished(self) -> None:
@@ -750,13 +572,9 @@ class TrainingOrchestrator:
             return
         self._closed = True
         worker = getattr(self, "worker", None)
-        if self._ckpt is not None:
-            if worker is not None and worker.lost is not None:
-                # no other rank can complete this one's open steps now: fail them at once
-                self._ckpt.abort_pending(f"worker {self.worker_id!r} is out: {worker.lost}")
-            self._ckpt.close(wait=True)
-        for old in self._old_ckpts:
-            old.close(wait=False)
+        # no other rank can complete this one's open saves once it is out: fail them at once
+        lost = worker.lost if worker is not None else None
+        self._rounds.close(abort=f"worker {self.worker_id!r} is out: {lost}" if lost else "")
         if worker is not None:
             worker.on_generation = None
             worker.leave()

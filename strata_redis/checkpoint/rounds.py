@@ -1,6 +1,10 @@
 """The round-scoped checkpoint protocol: the job's run, the checkpoints a round opened, fill-ins.
 
-``TrainingOrchestrator`` composes one ``RoundCheckpoints`` per worker; it owns two keys:
+``TrainingOrchestrator`` composes one ``RoundCheckpoints`` per worker: it holds the round's
+``CheckpointManager`` (one per round: a round fixes the rank and the world size; the previous
+round's saves go on committing in the background, or are aborted when a member is gone), saves
+this rank's parts (the loop's state and a reserved part the caller gives: its data position),
+and owns two keys:
 
 - ``keys.checkpoint_run``: the job's **run** (``ids.py``). A fresh rendezvous round (every
   member new: the whole job launched or relaunched) starts a run once for all its members
@@ -16,19 +20,53 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 from ..context import JobContext
-from ..storage import Storage
+from ..errors import CheckpointError
+from ..storage import Storage, as_byte_view
 from .ids import CheckpointId
 from .index import CheckpointIndex
+from .manager import CheckpointManager
+from .manifest import CheckpointInfo, check_part_name
 from .reader import CheckpointReader
 
-__all__ = ["RoundCheckpoints"]
+__all__ = ["RoundCheckpoints", "loop_parts"]
+
+log = logging.getLogger("strata_redis.checkpoint")
+
+#: a reserved part: (name, bytes), e.g. the data position a rank saves with its state
+Part = tuple[str, bytes]
 
 #: a round's checkpoint announcements expire this long after their last write (ms)
 ANNOUNCE_TTL_MS = 86_400_000
+
+
+def loop_parts(state: object, extra: Part) -> dict[str, bytes]:
+    """A loop's parts of a checkpoint: ``state`` (bytes, a buffer, a mapping of part name ->
+    buffer, or None: nothing) as bytes the caller may keep (a fill-in saves them again),
+    and the reserved part ``extra``.
+
+    Raises:
+        TypeError: a part is not plain bytes-like data (an object array holds pointers).
+        ValueError: a bad part name, or ``extra``'s name in ``state``.
+    """
+    if isinstance(state, Mapping):
+        items = list(state.items())
+    else:
+        items = [] if state is None else [("model.bin", state)]
+    parts: dict[str, bytes] = {}
+    for name, buf in items:
+        check_part_name(name, arg="state part name")
+        if name == extra[0]:
+            raise ValueError(f"state must not have a part named {extra[0]!r} (reserved)")
+        view = as_byte_view(buf, arg=f"state[{name!r}]" if isinstance(state, Mapping) else "state")
+        parts[name] = buf if type(buf) is bytes else bytes(view)
+    parts[extra[0]] = extra[1]
+    return parts
 
 
 class RoundCheckpoints:
@@ -38,6 +76,10 @@ class RoundCheckpoints:
         ctx: the job.
         storage: the job's checkpoint storage (a fresh round's run is derived from it).
         retry: calls a function, retrying while Redis is unreachable (the orchestrator's).
+        worker_id: this worker.
+        keep_count: committed checkpoints kept (each round's manager prunes to it).
+        commit_timeout: seconds a checkpoint waits for the other ranks' parts.
+        state_provider: what a fill-in saves as the state, when given (else the last save's).
 
     Attributes:
         run: the job's run this worker saves in.
@@ -47,22 +89,50 @@ class RoundCheckpoints:
     """
 
     def __init__(
-        self, ctx: JobContext, storage: Storage, retry: Callable[..., Any] | None = None
+        self,
+        ctx: JobContext,
+        storage: Storage,
+        retry: Callable[..., Any] | None = None,
+        *,
+        worker_id: str = "worker",
+        keep_count: int = 5,
+        commit_timeout: float = 300.0,
+        state_provider: Callable[[], object] | None = None,
     ) -> None:
         self.context = ctx
         self.storage = storage
         self._retry: Callable[..., Any] = retry or (lambda fn, *a, **kw: fn(*a, **kw))
+        self.worker_id, self.keep_count, self.commit_timeout = worker_id, keep_count, commit_timeout
+        self.state_provider = state_provider
         self.run = 0
         self.last: CheckpointId | None = None
         self.held: set[CheckpointId] = set()
+        self.manager: CheckpointManager | None = None  # the current round's
+        self._old: list[CheckpointManager] = []
+        self._last_parts: dict[str, bytes] | None = None  # the last save's, for fill-ins
 
-    def join(self, round_: int, fresh: bool) -> int:
-        """Take the job's run for round ``round_``: a fresh round starts the next run (once,
-        for every member), any other round keeps the current one. Returns the run.
+    def join(
+        self, round_: int, fresh: bool, rank: int = 0, world_size: int = 1, *, abort: str = ""
+    ) -> int:
+        """Take the job's run for round ``round_`` and a manager for this rank in it: a fresh
+        round starts the next run (once, for every member), any other round keeps the
+        current one. The previous round's open saves are aborted with reason ``abort`` (a
+        member is gone: they can never commit), else they commit in the background.
+        Returns the run.
 
         A fresh round rebuilds the index from storage first: storage is the truth, so a
         checkpoint whose Redis mark was lost (a flushed server) still counts.
         """
+        if self.manager is not None:
+            if abort:
+                self.manager.abort_pending(abort)
+            self.manager.close(wait=False)
+            self._old.append(self.manager)
+        self.manager = CheckpointManager(
+            self.storage, self.keep_count, job_id=self.context.job_id, redis=self.context,
+            worker_id=self.worker_id, rank=rank, world_size=world_size,
+            commit_timeout=self.commit_timeout,
+        )  # fmt: skip
         keys = self.context.keys
         if fresh:
             index = CheckpointIndex(self.context)
@@ -97,10 +167,56 @@ class RoundCheckpoints:
             pipe.pexpire(key, ANNOUNCE_TTL_MS)
             pipe.execute()
 
-    def saved(self, cid: CheckpointId) -> None:
-        """This worker saved (queued) its part of ``cid``."""
+    def save(self, round_: int, cid: CheckpointId, job_epoch: int, parts: dict[str, bytes]
+             ) -> Future[CheckpointInfo]:  # fmt: skip
+        """Announce ``cid`` in round ``round_`` and save this rank's ``parts`` of it (from
+        ``loop_parts``) in the background; the future's result is the commit."""
+        self._retry(self.announce, round_, cid, job_epoch)
+        future = self._submit(parts, cid)
+        self._last_parts = parts
+        return future
+
+    def _submit(self, parts: dict[str, bytes], cid: CheckpointId) -> Future[CheckpointInfo]:
+        assert self.manager is not None
+        # (save() reads the job's newest checkpoint before it queues anything: safe to retry)
+        future: Future[CheckpointInfo] = self._retry(
+            self.manager.save, parts, step=cid.step, epoch=cid.epoch, run=cid.run
+        )
         if self.last is None or cid > self.last:
             self.last = cid
+        return future
+
+    def fill(self, round_: int, finished_epoch: int, position: Callable[[CheckpointId], Part]
+             ) -> None:  # fmt: skip
+        """After the epoch barrier of ``finished_epoch``: save this rank's part of every
+        checkpoint of the round others opened in that epoch after this worker's last one
+        (its epoch ended before their step): the provider's state now and ``position(cid)``,
+        else the last save's parts."""
+        for cid in self._retry(self.missed, round_, finished_epoch):
+            if self.state_provider is not None or self._last_parts is None:
+                state = None if self.state_provider is None else self.state_provider()
+                parts = loop_parts(state, position(cid))
+            else:
+                parts = self._last_parts
+            try:
+                self._submit(parts, cid)
+            except (CheckpointError, ValueError) as exc:
+                log.warning("worker %r: could not fill checkpoint %s: %s",
+                            self.worker_id, cid, exc)  # fmt: skip
+
+    def abort_pending(self, reason: str) -> list[CheckpointId]:
+        """Abort this round's open saves (none of them can commit now)."""
+        return [] if self.manager is None else self.manager.abort_pending(reason)
+
+    def close(self, abort: str = "") -> None:
+        """Wait for this round's saves (after aborting them with reason ``abort``, when
+        given); stop the older rounds' managers."""
+        if self.manager is not None:
+            if abort:
+                self.manager.abort_pending(abort)
+            self.manager.close(wait=True)
+        for old in self._old:
+            old.close(wait=False)
 
     def missed(self, round_: int, finished_epoch: int) -> list[CheckpointId]:
         """The checkpoints of round ``round_`` opened before the job's epoch ``finished_epoch``

@@ -13,18 +13,23 @@ history.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from ..connection import zrange_pages
 from ..context import JobContext
-from ..errors import RendezvousTimeoutError, RestartLimitError
+from ..errors import RendezvousTimeoutError, RestartLimitError, RoundBrokenError
 from ..scripts import check
 from ..status import Status
 from ..validate import check_int, check_seconds
 
-__all__ = ["Rendezvous", "Round"]
+__all__ = ["Rendezvous", "Round", "RoundWatch"]
+
+log = logging.getLogger("strata_redis.rendezvous")
 
 #: how long a finished round's keys stay readable (ms)
 KEEP_ROUND_MS: Final = 86_400_000
@@ -274,3 +279,77 @@ class Rendezvous:
     def state(self) -> dict[str, str]:
         """The rendezvous hash as it stands (round, state, world size, restart counts...)."""
         return dict(self.context.client.hgetall(self.context.keys.rendezvous))
+
+
+class RoundWatch:
+    """A member's watch over its round, for a loop that looks at it every step with no round
+    trip (``broken`` is a flag read).
+
+    The heartbeat thread calls ``on_generation`` when the membership generation moves (off
+    the hot path: one script call per membership change); when the round is over it sets
+    ``broken`` and calls ``on_broken(round, error)`` on a thread of its own, so the
+    heartbeat thread never waits on anything the loop holds (it wakes the round's waiters).
+
+    Args:
+        rendezvous: the job's rendezvous.
+        worker_id: the member (for messages).
+        on_broken: called once per broken round, best effort (errors are logged).
+
+    Attributes:
+        round: the round watched (None before the first ``watch``).
+        broken: why the watched round is over (None while it is whole).
+    """
+
+    def __init__(
+        self,
+        rendezvous: Rendezvous,
+        worker_id: str,
+        on_broken: Callable[[Round, RoundBrokenError], None],
+    ) -> None:
+        self.rendezvous, self.worker_id, self.on_broken = rendezvous, worker_id, on_broken
+        self.round: Round | None = None
+        self.broken: RoundBrokenError | None = None
+        self._seen = -1
+
+    def watch(self, round_: Round) -> None:
+        """Watch ``round_``, just joined: it is whole."""
+        self.round, self._seen, self.broken = round_, round_.generation, None
+
+    def flag(self, round_: Round, exc: RoundBrokenError) -> None:
+        """``round_`` is over (the caller found it): flag it if it is the one watched and
+        no break is flagged yet."""
+        if round_ is self.round and self.broken is None:
+            self.broken = exc
+
+    def pending(self) -> RoundBrokenError | None:
+        """The watched round's break, if any (a break of a round already left is dropped)."""
+        broken = self.broken
+        if broken is not None and (self.round is None or broken.round != self.round.number):
+            self.broken = broken = None
+        return broken
+
+    def on_generation(self, generation: int) -> None:
+        """Heartbeat thread: the membership moved; is the round still whole?"""
+        round_ = self.round
+        if round_ is None or generation == self._seen or self.broken is not None:
+            return
+        self._seen = generation
+        try:
+            self.rendezvous.check(round_)
+        except RoundBrokenError as exc:
+            if round_ is self.round:
+                self.broken = exc
+                log.warning("worker %r: %s", self.worker_id, exc)
+                threading.Thread(
+                    target=self._wake, args=(round_, exc), daemon=True,
+                    name=f"strata-round-broken-{self.worker_id}",
+                ).start()  # fmt: skip
+        except Exception:  # the heartbeat thread must go on
+            log.exception("worker %r: round check failed", self.worker_id)
+
+    def _wake(self, round_: Round, exc: RoundBrokenError) -> None:
+        try:
+            self.on_broken(round_, exc)
+        except Exception:  # a best effort: the waits are bounded anyway
+            log.exception("worker %r: could not wake round %d's waiters", self.worker_id,
+                          round_.number)  # fmt: skip

@@ -86,9 +86,21 @@ class ShardStream:
             worker's shards are not redone).
         track_consumption: the position moves (and leases complete) only as ``consumed()``
             reports batches taken by the training step.
-        wait_for_others: at the epoch's end, wait while others hold the last shards.
-        lockstep: every member gets the same number of full batches this epoch (``quota``).
-        drop_last: with ``lockstep``, False pads instead of dropping.
+        wait_for_others: at the epoch's end, wait while others hold the last shards (so a
+            failed worker's shards are redone); False ends an iteration once nothing can be
+            leased now — for loops whose members meet in collectives every step (DDP), where
+            waiting would deadlock.
+        lockstep: every member of the round gets the same number of full batches this epoch
+            (for DDP): ``quota = remaining // (world_size * batch_size)`` batches, fixed once
+            per (round, epoch); batches may span shards; a rank keeps of a shard what its
+            quota still needs and hands the rest back at once, so no rank ever waits on one
+            blocked in a collective. The ``remaining - quota * world_size * batch_size``
+            samples left (under ``world_size * batch_size``) are dropped this epoch; every
+            other sample comes once.
+        drop_last: with ``lockstep``, False pads instead of dropping (as
+            ``DistributedSampler``): ``quota`` is rounded up, every sample comes once, and the
+            ranks that find the pool empty fill their last batches with samples they already
+            had (fewer than ``world_size * batch_size`` repeats in all).
 
     Attributes:
         quota: with ``lockstep``, the batches each member gets in the current epoch.
