@@ -41,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint.commit import step_workers
 from .checkpoint.ids import CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
+from .coordination.rendezvous import Rendezvous
 from .data.sharding import DatasetParams
 from .errors import StrataError
 from .job import Job, connect
@@ -308,8 +310,7 @@ def run_demo(
 
 def _in_use(job: Job, path: str) -> str | None:
     """Why the job cannot be the demo's (it has state in Redis or storage), or None."""
-    keys = job.keys
-    if job.client.exists(keys.epoch, keys.rendezvous) or job.live_workers():
+    if job.current_epoch() or Rendezvous(job.context).current_round() or job.live_workers():
         return f"job {job.job_id!r} already has state in this Redis"
     with CheckpointManager(path, job_id=job.job_id, redis=job, worker_id="demo-reader") as ckpt:
         if ckpt.list():
@@ -393,8 +394,7 @@ def _kill_mid_epoch(job: Job, cluster: _Cluster, params: DatasetParams) -> list[
         # Kill it mid-shard, having trained part of it: stop it, look at what it holds and
         # what it trained last (nothing can change while it is stopped); else let it go on.
         os.kill(pid, signal.SIGSTOP)
-        holders = job.client.hgetall(leases.keys.holders)
-        held[:] = sorted(int(s) for s, v in holders.items() if v.split(" ", 3)[3] == victim)
+        held[:] = sorted(s for s, h in leases.holders().items() if h.worker_id == victim)
         lines = log.read_text().splitlines() if log.exists() else []
         last = {int(i) for i in lines[-1].split()[1:]} if lines else set()
         if not any(last <= set(params.shard(s, 0).indices().tolist()) for s in held):
@@ -470,12 +470,11 @@ def _kill_mid_save(job: Job, cluster: _Cluster) -> list[tuple[str, bool]]:
 
     inbox.wait(f"{victim}'s upload", lambda: bool(saving()), 120)
     round_ = saving()[0][4]
-    label = CheckpointId(0, 2).label  # epoch 2, step 0 of the job's first run
+    cid = CheckpointId(0, 2)  # epoch 2, step 0 of the job's first run
     pid = cluster.pid(victim)
-    inbox.wait(f"{victim}'s upload", lambda: victim in job.client.hvals(
-        job.keys.checkpoint_step(label)), 60)  # fmt: skip
+    inbox.wait(f"{victim}'s upload", lambda: victim in step_workers(job.context, cid)[0], 60)
     os.kill(pid, signal.SIGSTOP)  # frozen mid-upload: check it has not acked yet
-    if any(victim in v for v in job.client.hvals(job.keys.checkpoint_acks(label))):
+    if victim in step_workers(job.context, cid)[1]:
         os.kill(pid, signal.SIGCONT)
         say(f"  {victim} finished its upload before it could be stopped: nothing to show")
         return [(f"{victim} killed mid-save", False)]
@@ -500,7 +499,7 @@ def _kill_mid_save(job: Job, cluster: _Cluster) -> list[tuple[str, bool]]:
     told = all(m[4].startswith("CheckpointAbortedError") for m in aborted)
     path = cluster.cfg["checkpoint_path"]
     with CheckpointManager(path, job_id=job.job_id, redis=job, worker_id="demo-reader") as ckpt:
-        visible = label in {info.label for info in ckpt.list()}
+        visible = cid.label in {info.label for info in ckpt.list()}
     say(
         f"  that checkpoint is {'VISIBLE' if visible else 'not visible'}: "
         f"{'a partial step was published' if visible else 'never published'}"

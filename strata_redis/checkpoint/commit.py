@@ -300,6 +300,18 @@ def build_info(
     )
 
 
+def step_workers(ctx: JobContext, cid: CheckpointId) -> tuple[set[str], set[str]]:
+    """The workers that began their part of checkpoint ``cid``, and those that acked it (one
+    round trip; for tools that watch a save)."""
+    k = ctx.keys
+    with ctx.client.pipeline(transaction=False) as pipe:
+        pipe.hgetall(k.checkpoint_step(cid.label))
+        pipe.hgetall(k.checkpoint_acks(cid.label))
+        state, acks = pipe.execute()
+    began = {str(w) for f, w in state.items() if str(f).startswith("r:")}
+    return began, {str(orjson.loads(v)["worker"]) for v in acks.values()}
+
+
 def _numbers(cid: CheckpointId) -> list[Any]:
     """(run, epoch or "", step): how the scripts take a checkpoint's numbers."""
     return [cid.run, "" if cid.epoch is None else cid.epoch, cid.step]

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import redis
 
-from ..connection import Replies, hash_items, take_reply
+from ..connection import Replies, hash_items, run_read, take_reply
 from ..context import JobContext, as_context
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
@@ -401,6 +401,15 @@ class ShardLeases:
             pipe.expire(self.keys.offsets, RECORD_TTL_S)
             pipe.expire(self.keys.todo, RECORD_TTL_S)  # a lockstep epoch leaves what it dropped
             pipe.execute()
+
+    def holders(self) -> dict[int, LeaseHolder]:
+        """The leases held now in this (dataset, epoch): shard id -> its holder."""
+        ctx = self.context
+        return run_read(
+            ctx.client,
+            lambda pipe: queue_holders(pipe, ctx.job_id, self.params.name, self.epoch),
+            take_holders,
+        )
 
     def completions(self) -> dict[int, tuple[str, int]]:
         """The completion record: shard id -> (worker id, fencing token)."""
