@@ -6,6 +6,7 @@ from typing import Any
 
 import redis
 
+from .context import HasContext
 from .coordination.registry import live_workers
 from .data import datasets
 from .data.sharding import DatasetParams, Shard, assign, shards_for_worker
@@ -22,13 +23,14 @@ class ShardManager:
     coordination. See ``strata_redis.sharding`` for the guarantees.
 
     Args:
-        redis: a ``Job``, or what ``connect()`` takes (URL, ``host:port``, ``redis.Redis``).
-        job_id: the job, when ``redis`` is not a ``Job``.
+        redis: a ``Job``, anything with its job's context (a ``TrainingOrchestrator``: its
+            job), or what ``connect()`` takes (URL, ``host:port``, ``redis.Redis``).
+        job_id: the job, when ``redis`` is a URL or client.
     """
 
     def __init__(
         self,
-        redis: str | redis.Redis | Job | None = None,
+        redis: str | redis.Redis | Job | HasContext | None = None,
         job_id: str | None = None,
         **options: Any,
     ) -> None:
