@@ -10,8 +10,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-import redis
-
 from ..connection import Replies, StreamPage, queue_stream_page, run_read, take_stream_page
 from ..context import JobContext
 from ..keys import Keys
@@ -87,7 +85,9 @@ class _LatencyRecorder:
                 ctx.client.xadd(
                     ctx.keys.barrier_latency, fields, maxlen=LATENCY_CAP, approximate=True
                 )
-            except redis.RedisError as exc:  # a metric: the barrier itself did release
+            # a metric, best effort (the barrier itself did release); also a client closed
+            # meanwhile, which a cluster client reports as an AttributeError: never die here
+            except Exception as exc:
                 log.warning("barrier %r: latency not recorded: %s", fields["barrier"], exc)
             finally:
                 self._queue.task_done()
