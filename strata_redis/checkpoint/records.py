@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..connection import Replies, StreamPage, queue_stream_page, take_stream_page
@@ -49,9 +50,9 @@ class SaveRecord:
     epoch: int | None = None
     run: int = 0
 
-    @property
+    @cached_property
     def checkpoint(self) -> CheckpointId:
-        """The checkpoint it saved."""
+        """The checkpoint it saved (built once: a dashboard document asks it per record)."""
         return CheckpointId(self.step, self.epoch, self.run)
 
 
