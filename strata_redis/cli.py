@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import orjson
 import redis
@@ -93,6 +94,32 @@ def _dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an int in ``[low, high]``, else a message naming the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} seconds: it must be above 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``strata`` command."""
     parser = argparse.ArgumentParser(
@@ -143,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--watch",
-        type=float,
+        type=_seconds,
         nargs="?",
         const=2.0,
         metavar="SECONDS",
@@ -151,13 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=_seconds,
         default=10.0,
         metavar="SECONDS",
         help="the job's heartbeat timeout: live workers silent for longer are marked (default 10)",
     )
     status.add_argument(
-        "--limit", type=int, default=1000, metavar="N", help="list at most N workers (default 1000)"
+        "--limit",
+        type=_int_in(1, 100_000),
+        default=1000,
+        metavar="N",
+        help="list at most N workers (default 1000)",
     )
     status.set_defaults(func=_status)
 
@@ -174,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--job", help="show only this job (default: every job in this Redis)")
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     dash.add_argument(
-        "--port", type=int, default=8050, help="port to bind; 0 picks a free one (default 8050)"
+        "--port",
+        type=_int_in(0, 65535),
+        default=8050,
+        help="port to bind; 0 picks a free one (default 8050)",
     )
     dash.add_argument(
         "--token-file", help=f"read the token from this file (default: ${TOKEN_ENV}, if set)"
@@ -186,12 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dash.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=_seconds,
         default=10.0,
         metavar="SECONDS",
         help="the jobs' heartbeat timeout: live workers silent for longer are marked (default 10)",
     )
-    dash.add_argument("--threads", type=int, default=8, help="request threads (default 8)")
+    dash.add_argument(
+        "--threads", type=_int_in(1, 256), default=8, help="request threads (1..256, default 8)"
+    )
     dash.add_argument(
         "--demo",
         action="store_true",

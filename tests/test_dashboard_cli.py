@@ -143,6 +143,37 @@ def test_help_is_plain_text(command: list[str]) -> None:
         assert markup not in out.stdout, (markup, out.stdout)
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["dashboard", "--port", "70000"], "argument --port: 70000 is not in 0..65535"),
+        (["dashboard", "--port", "-1"], "argument --port: -1 is not in 0..65535"),
+        (["dashboard", "--threads", "0"], "argument --threads: 0 is not in 1..256"),
+        (["dashboard", "--threads", "-1"], "argument --threads: -1 is not in 1..256"),
+        (["dashboard", "--heartbeat-timeout", "0"], "--heartbeat-timeout: 0 seconds: it must"),
+        (["status", "--watch", "0"], "argument --watch: 0 seconds: it must be above 0"),
+        (["status", "--watch", "-1"], "argument --watch: -1 seconds: it must be above 0"),
+        (["status", "--heartbeat-timeout", "nan"], "--heartbeat-timeout: nan seconds"),
+        (["status", "--limit", "0"], "argument --limit: 0 is not in 1..100000"),
+    ],
+)
+def test_bad_numbers_are_refused_before_anything_starts(args: list[str], message: str) -> None:
+    out = strata(*args)
+    assert out.returncode == 2, out
+    assert message in out.stderr, out.stderr
+
+
+def test_status_text_shows_control_characters_as_escapes(
+    job: strata_redis.Job, redis_url: str
+) -> None:
+    """A host name is anyone's text: an escape sequence in it never reaches the terminal."""
+    job.register_worker("w1", host="gpu\x1b[2J\x1b]0;pwned\x07", heartbeat_interval=None)
+    out = strata("status", "--redis-url", redis_url, "--job", job.job_id)
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    assert "gpu\\x1b[2J" in out.stdout, out.stdout
+
+
 def test_dashboard_refuses_an_open_address_without_a_token(redis_url: str) -> None:
     out = strata("dashboard", "--redis-url", redis_url, "--host", "0.0.0.0", "--port", "0")
     assert out.returncode == 2

@@ -117,9 +117,18 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
     return lines
 
 
+def plain(text: str) -> str:
+    """``text`` safe for a terminal: control characters (an escape sequence in a worker's
+    host name or labels, written by anyone who can register) shown as ``\\x..`` escapes,
+    line breaks kept."""
+    if text.isprintable():
+        return text
+    return "".join(c if c == "\n" or c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def render(doc: dict[str, Any]) -> str:
-    """The whole document as text: each job in turn."""
+    """The whole document as text: each job in turn (``plain``: safe for a terminal)."""
     blocks = ["\n".join(render_job(doc, j["job_id"])) for j in doc["jobs"]]
     if not blocks:
         return "no strata jobs in this Redis"
-    return "\n\n".join(blocks)
+    return plain("\n\n".join(blocks))
