@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 import redis
+from redis.exceptions import RedisClusterException
 
 from .connection import make_client, redact
 from .coordination.registry import list_jobs
@@ -253,7 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     url = getattr(args, "redis_url", None)
-    where = redact(url) if url else "the default Redis"
+    env = os.environ.get("STRATA_REDIS_URL")
+    if url:
+        where = redact(url)
+    elif env:
+        where = f"{redact(env)} (from $STRATA_REDIS_URL)"
+    else:
+        where = "the default Redis (localhost:6379)"
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
@@ -270,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{where} refused a command: {_text(exc)}", 1)
     except redis.RedisError as exc:
         return _fail(f"Redis error from {where}: {_text(exc)}", 1)
+    except RedisClusterException as exc:  # (not a RedisError: e.g. a plain server)
+        return _fail(f"cannot use {where} as a Redis Cluster: {_text(exc)}", 2)
     except (ValueError, TypeError, OSError, LookupError) as exc:  # LookupError: unknown job
         return _fail(_text(exc), 2)
 

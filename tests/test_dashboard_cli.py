@@ -4,6 +4,7 @@ subprocesses; the plain-text help; the dashboard in docker-compose.yml."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -23,6 +24,7 @@ import yaml
 
 import strata_redis
 from strata_redis.dashboard.app import schema_text
+from strata_redis.server import RedisClusterServers, RedisServer
 
 from .procs import wait_for
 
@@ -172,6 +174,37 @@ def test_status_text_shows_control_characters_as_escapes(
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "\x07" not in out.stdout
     assert "gpu\\x1b[2J" in out.stdout, out.stdout
+
+
+def test_a_cluster_url_to_a_plain_server_is_one_clear_line(redis_server: RedisServer) -> None:
+    url = f"redis+cluster://127.0.0.1:{redis_server.port}"
+    out = strata("status", "--redis-url", url)
+    assert out.returncode == 2, out
+    assert out.stderr.startswith(f"strata: cannot use {url} as a Redis Cluster:"), out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_unreachable_redis_is_named_with_where_its_url_came_from() -> None:
+    env = {**os.environ, "STRATA_REDIS_URL": "redis://127.0.0.1:1/0"}
+    out = subprocess.run([sys.executable, "-m", "strata_redis", "status"], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2, out
+    assert "cannot reach redis://127.0.0.1:1/0 (from $STRATA_REDIS_URL)" in out.stderr
+
+
+def test_dashboard_serves_a_redis_cluster(redis_cluster: RedisClusterServers) -> None:
+    job = strata_redis.connect(redis_cluster.url, job_id="cluster-dash")
+    try:
+        job.register_worker("w1", host="gpu-a", heartbeat_interval=None)
+        proc, url = _serve("dashboard", "--redis-url", redis_cluster.url, "--port", "0")
+        try:
+            status, body = _get(url + "api/dashboard?job=cluster-dash")
+        finally:
+            stop(proc)
+        assert status == 200
+        assert [w["worker_id"] for w in json.loads(body)["workers"]] == ["w1"]
+    finally:
+        job.close()
 
 
 def test_dashboard_refuses_an_open_address_without_a_token(redis_url: str) -> None:

@@ -100,10 +100,10 @@ def create_app(
         job = job if job is not None else redis.job_id
         heartbeat_timeout = heartbeat_timeout or redis.heartbeat_timeout
     else:
-        owned = not hasattr(redis, "connection_pool")
-        client = make_client(redis)
-        if owned:  # our own client: a stuck Redis fails the request instead of hanging it
-            client.connection_pool.connection_kwargs["socket_timeout"] = 10.0
+        # our own client (a URL: plain, TLS, Sentinel or Cluster): a stuck Redis fails the
+        # request instead of hanging it; a given client keeps the caller's timeouts
+        owned = redis is None or isinstance(redis, str)
+        client = make_client(redis, socket_timeout=10.0) if owned else make_client(redis)
     if job is not None:
         check_job_id(job)
     if token is not None and (not isinstance(token, str) or len(token) < 16):
