@@ -9,6 +9,8 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from importlib import metadata
+from typing import TYPE_CHECKING
 
 import orjson
 import redis
@@ -19,13 +21,15 @@ from .coordination.registry import list_jobs
 from .demo import run_demo
 from .job import Job
 
+if TYPE_CHECKING:
+    from .dashboard.state import DashboardState
+
 #: the environment variable holding the dashboard's token
 TOKEN_ENV = "STRATA_DASHBOARD_TOKEN"
 
 
 def _status(args: argparse.Namespace) -> int:
     from .dashboard.state import DashboardState
-    from .dashboard.text import render
 
     client = make_client(args.redis_url)
     if args.job is None and not args.json and args.watch is None:
@@ -38,20 +42,30 @@ def _status(args: argparse.Namespace) -> int:
     if args.job is not None:
         Job(client, args.job)  # validates the id: a clear error for a bad one
     state = DashboardState(client, heartbeat_timeout=args.heartbeat_timeout)
-    while True:
-        doc = state.read(args.job, limit=args.limit)
-        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() if args.json else render(doc)
-        if args.watch is None:
-            print(text)
-            return 0
-        # Refresh in place: home the cursor, print, clear what the last frame left below.
-        sys.stdout.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[K\n\x1b[J")
-        sys.stdout.write(f"(every {args.watch:g} s; Ctrl-C stops)\x1b[K\n")
-        sys.stdout.flush()
-        try:
+    if args.watch is None:
+        print(_frame(state, args))
+        return 0
+    try:  # Ctrl-C is how --watch stops: wherever it lands, a clean exit
+        while True:
+            text = _frame(state, args)
+            if sys.stdout.isatty():
+                # Refresh in place: home the cursor, print, clear what the last frame left.
+                sys.stdout.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[K\n\x1b[J")
+                sys.stdout.write(f"(every {args.watch:g} s; Ctrl-C stops)\x1b[K\n")
+            else:  # a pipe or a file: frames one after another, no terminal codes
+                sys.stdout.write(f"{text}\n\n")
+            sys.stdout.flush()
             time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        return 0
+
+
+def _frame(state: DashboardState, args: argparse.Namespace) -> str:
+    """One read of the job(s), as JSON or as text."""
+    from .dashboard.text import render
+
+    doc = state.read(args.job, limit=args.limit)
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() if args.json else render(doc)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -129,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(python -m strata_redis is the same command).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument(
+        "--version", action="version", version=f"strata {metadata.version('strata-redis')}"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     redis_help = "the Redis to read; default $STRATA_REDIS_URL or redis://localhost:6379/0"
 
@@ -265,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `strata status --json | head`: the reader is gone, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
         return _fail(f"permission denied by {where}: {_text(exc)}", 1)
     except redis.exceptions.MaxConnectionsError as exc:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -125,16 +127,49 @@ def test_status_json_is_the_api_document(busy_job: strata_redis.Job, redis_url: 
 
 
 def test_status_watch_refreshes_in_place(busy_job: strata_redis.Job, redis_url: str) -> None:
+    """On a terminal (a pseudo-terminal here) each frame is drawn from the top."""
+    main, tty = pty.openpty()
+    proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
+                 "0.2", stdout=tty, stderr=subprocess.PIPE)  # fmt: skip
+    os.close(tty)
+    chunks, deadline = [], time.monotonic() + 3
+    while time.monotonic() < deadline:
+        if select.select([main], [], [], 0.2)[0]:
+            chunks.append(os.read(main, 65536))
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    os.close(main)
+    stdout = b"".join(chunks).decode()
+    assert proc.returncode == 0, stderr
+    frames = stdout.split("\x1b[H")
+    assert len(frames) >= 3, stdout  # refreshed, each frame drawn from the top
+    assert all("membership generation 3" in frame for frame in frames[1:])
+    assert "Traceback" not in stderr
+
+
+def test_status_watch_into_a_pipe_has_no_terminal_codes(
+    busy_job: strata_redis.Job, redis_url: str
+) -> None:
     proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
                  "0.2", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
-    frames = stdout.split("\x1b[H")
-    assert len(frames) >= 3, stdout  # refreshed, each frame drawn from the top
-    assert all("membership generation 3" in frame for frame in frames[1:])
-    assert "Traceback" not in stderr
+    assert "\x1b" not in stdout
+    assert stdout.count("membership generation 3") >= 3, stdout
+
+
+def test_status_json_into_a_closed_pipe_and_version(
+    busy_job: strata_redis.Job, redis_url: str
+) -> None:
+    head = subprocess.run(
+        f"{sys.executable} -m strata_redis status --redis-url {redis_url} --json | head -1",
+        shell=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert head.stdout == "{\n" and head.stderr == "", head.stderr  # no BrokenPipeError
+    out = strata("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"strata {strata_redis.__version__}"
 
 
 @pytest.mark.parametrize("command", [[], ["demo"], ["status"], ["dashboard"]])
