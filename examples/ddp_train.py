@@ -82,6 +82,7 @@ def train(args: argparse.Namespace, worker_id: str | None) -> None:
     )  # fmt: skip
     worker_id = orch.worker_id
     with orch, contextlib.ExitStack() as stack:
+        # the returned store need not be kept: strata holds it for the group's life
         strata_torch.init_process_group(orch, "gloo", timeout=args.collective_timeout)
         model = model_factory()
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)

@@ -360,20 +360,39 @@ def heartbeat_client(client: Any, *, socket_timeout: float = SOCKET_TIMEOUT) -> 
     (barrier and checkpoint waits) of the same process. A client of another connection
     class than redis-py's own (an in-process stand-in) is returned as it is.
     """
+    return another_client(
+        client, socket_timeout=socket_timeout, max_connections=HEARTBEAT_CONNECTIONS,
+        name="heartbeat",
+    )  # fmt: skip
+
+
+def another_client(
+    client: Any, *, max_connections: int, name: str, socket_timeout: float = SOCKET_TIMEOUT
+) -> Any:
+    """A new client with the connection settings of ``client`` and a pool of its own.
+
+    Args:
+        client: the client to copy the settings of (plain, Sentinel or Cluster).
+        max_connections: the new pool's size.
+        name: the pool's name in its exhaustion error (``PoolExhaustedError``).
+        socket_timeout: seconds one reply may take.
+
+    Returns:
+        The new client; a client of another connection class than redis-py's own (an
+        in-process stand-in) is returned as it is.
+    """
     if isinstance(client, RedisCluster):
         return _cluster_client(
             _nodes_of(client), _cluster_kwargs(client, socket_timeout),
-            max_connections=HEARTBEAT_CONNECTIONS,
+            max_connections=max_connections,
         )  # fmt: skip
     pool = client.connection_pool
     if isinstance(pool, SentinelConnectionPool):  # another client of the same service
-        return _sentinel_again(pool, socket_timeout, HEARTBEAT_CONNECTIONS)
+        return _sentinel_again(pool, socket_timeout, max_connections)
     if not getattr(pool.connection_class, "__module__", "").startswith("redis."):
         return client
     kwargs = _connection_kwargs(pool, socket_timeout, keep=_EXTRA_KWARGS)
-    new_pool = _pool(
-        kwargs, pool.connection_class, max_connections=HEARTBEAT_CONNECTIONS, name="heartbeat"
-    )
+    new_pool = _pool(kwargs, pool.connection_class, max_connections=max_connections, name=name)
     return redis.Redis(connection_pool=new_pool, retry=_retry())
 
 

@@ -140,6 +140,12 @@ def test_the_torch_store_runs_under_the_worker_rule(
     assert store.get("k") == b"v" and store.add("n", 1) == 1
     assert store.compare_set("k", b"v", b"w") == b"w" and store.check(["k", "n"])
     assert store.delete_key("n") and store.num_keys() == 1
+    store.append("k", b"x")  # the extended API (WATCH/MULTI, HMGET, HSET of many)
+    store.multi_set(["a", "b"], [b"1", b"2"])
+    assert store.multi_get(["k", "a", "b"]) == [b"wx", b"1", b"2"]
+    clone = store.clone()  # a client of its own, with the same user
+    assert clone.get("a") == b"1"
+    del clone, store
     job.close()
     assert admin.acl_log() == [], "a command or key was refused"
 

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     ) from exc
 
 from .dcp import DistributedCheckpointError, StrataStorageReader, StrataStorageWriter
-from .distributed import RedisStore, init_process_group
+from .distributed import RedisStore, init_process_group, store_of
 from .sampler import DataLoader, LeaseBatchSampler
 from .state import load, save
 
@@ -42,4 +42,5 @@ __all__ = [
     "init_process_group",
     "load",
     "save",
+    "store_of",
 ]

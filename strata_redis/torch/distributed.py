@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import base64
 import time
+import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import redis as redis_py
 import torch.distributed as dist
+from torch.distributed import DistStoreError
 
+from ..connection import another_client
 from ..context import HasContext, JobContext, as_context
 from ..orchestrator import TrainingOrchestrator
 from ..validate import check_seconds
 
-__all__ = ["RedisStore", "init_process_group"]
+__all__ = ["RedisStore", "init_process_group", "store_of"]
 
 #: how long a round's store hash is kept after its last write
 STORE_TTL_S = 86_400
@@ -24,8 +28,11 @@ MAX_POLL_S = 0.05
 
 
 def _encode(value: Any) -> str:
-    raw = value.encode() if isinstance(value, str) else bytes(value)
-    return "b:" + base64.b64encode(raw).decode()
+    return "b:" + base64.b64encode(_raw(value)).decode()
+
+
+def _raw(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 def _decode(stored: str) -> bytes:
@@ -38,7 +45,12 @@ class RedisStore(dist.Store):  # type: ignore[misc]
 
     Every key of a round lives in ``strata:{job}:torch_store:<round>``, in the job's hash
     slot, so it works on Redis Cluster and under the worker ACL rule. ``get`` and ``wait``
-    poll (at most every 50 ms) until the key appears or the timeout passes.
+    poll (at most every 50 ms) until the key appears or the timeout passes, then raise
+    ``torch.distributed.DistStoreError`` (a ``RuntimeError``), as torch's own stores do.
+    The timeout is the C++ store's (``store.timeout``), so ``set_timeout`` and torch's
+    ``store_timeout()`` context change it. The extended API (``append``, ``multi_get``,
+    ``multi_set``) is supported; queues (``queue_push``/``queue_pop``) are not
+    (``NotImplementedError``, torch's default).
 
     Args:
         context: the job (a ``JobContext`` or what holds one, e.g. the orchestrator's).
@@ -49,88 +61,164 @@ class RedisStore(dist.Store):  # type: ignore[misc]
     def __init__(self, context: JobContext | HasContext, round_: int, timeout: float = 300.0):
         super().__init__()
         self._ctx = as_context(context)
+        self._round = round_
         self._key = self._ctx.keys.torch_store(round_)
-        self._timeout = check_seconds("timeout", timeout, high=7 * 86400)
+        self._client: Any = self._ctx.client
+        self._clones: list[RedisStore] = []
+        seconds = check_seconds("timeout", timeout, high=7 * 86400)
+        super().set_timeout(timedelta(seconds=seconds))
 
     def __repr__(self) -> str:
         return f"RedisStore({self._key!r})"
 
     # -- the Store interface ----------------------------------------------------------------
     def set(self, key: str, value: Any) -> None:
-        with self._ctx.client.pipeline(transaction=False) as pipe:
+        with self._client.pipeline(transaction=False) as pipe:
             pipe.hset(self._key, key, _encode(value))
             pipe.expire(self._key, STORE_TTL_S)
             pipe.execute()
 
     def get(self, key: str) -> bytes:
-        return _decode(self._wait_for(key, self._timeout))
+        return _decode(self._wait_for(key, self._seconds()))
 
     def add(self, key: str, amount: int) -> int:
-        with self._ctx.client.pipeline(transaction=False) as pipe:
+        with self._client.pipeline(transaction=False) as pipe:
             pipe.hincrby(self._key, key, int(amount))
             pipe.expire(self._key, STORE_TTL_S)
             value, _ = pipe.execute()
         return int(value)
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        want = bytes(expected.encode() if isinstance(expected, str) else expected)
-        client = self._ctx.client
-        with client.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(self._key)
-                    stored = pipe.hget(self._key, key)
-                    current = None if stored is None else _decode(stored)
-                    if (current is None and want) or (current is not None and current != want):
-                        pipe.unwatch()
-                        return want if current is None else current
-                    pipe.multi()
-                    pipe.hset(self._key, key, _encode(desired))
-                    pipe.expire(self._key, STORE_TTL_S)
-                    pipe.execute()
-                    return bytes(desired.encode() if isinstance(desired, str) else desired)
-                except redis_py.WatchError:
-                    continue
+        want = _raw(expected)
+
+        def update(current: bytes | None) -> bytes | None:
+            if (current is None and want) or (current is not None and current != want):
+                return None
+            return _raw(desired)
+
+        stored, current = self._update(key, update)
+        if stored is not None:
+            return stored
+        return want if current is None else current
+
+    def append(self, key: str, value: Any) -> None:
+        self._update(key, lambda current: (current or b"") + _raw(value))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        if not keys:
+            return []
+        stored = self._client.hmget(self._key, keys)  # one round trip when all are there
+        if None in stored:
+            self.wait([key for key, value in zip(keys, stored, strict=True) if value is None])
+            stored = self._client.hmget(self._key, keys)
+            if None in stored:
+                gone = [key for key, value in zip(keys, stored, strict=True) if value is None]
+                raise DistStoreError(f"{self!r}: keys {gone!r} were deleted during multi_get")
+        return [_decode(str(value)) for value in stored]
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set: {len(keys)} keys but {len(values)} values")
+        if not keys:
+            return
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.hset(self._key, mapping={k: _encode(v) for k, v in zip(keys, values, strict=True)})
+            pipe.expire(self._key, STORE_TTL_S)
+            pipe.execute()
+
+    def has_extended_api(self) -> bool:
+        return True
 
     def check(self, keys: list[str]) -> bool:
         if not keys:
             return True
-        with self._ctx.client.pipeline(transaction=False) as pipe:
+        with self._client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.hexists(self._key, key)
             return all(pipe.execute())
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        seconds = self._timeout if timeout is None else timeout.total_seconds()
+        seconds = self._seconds() if timeout is None else timeout.total_seconds()
         deadline = time.monotonic() + seconds
         for key in keys:
             self._wait_for(key, max(0.0, deadline - time.monotonic()))
 
     def delete_key(self, key: str) -> bool:
-        return bool(self._ctx.client.hdel(self._key, key))
+        return bool(self._client.hdel(self._key, key))
 
     def num_keys(self) -> int:
-        return int(self._ctx.client.hlen(self._key))
+        return int(self._client.hlen(self._key))
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = timeout.total_seconds()
+    def clone(self) -> RedisStore:
+        """A store of the same hash and timeout on a client (connection pool) of its own.
+
+        torch takes a clone into C++ and keeps only its C++ half, so this store holds each
+        clone it made (freed with it, their clients closed then): a clone freed while torch
+        still used it would fail every call with "Not implemented".
+        """
+        other = RedisStore(self._ctx, self._round, timeout=self._seconds())
+        other._client = another_client(self._client, max_connections=4, name="torch store")
+        if other._client is not self._client:
+            weakref.finalize(other, other._client.close)
+        self._clones.append(other)
+        return other
 
     # -- plumbing -----------------------------------------------------------------------------
+    def _seconds(self) -> float:
+        return float(self.timeout.total_seconds())
+
+    def _update(
+        self, key: str, change: Callable[[bytes | None], bytes | None]
+    ) -> tuple[bytes | None, bytes | None]:
+        """Set ``key`` to ``change(current)`` atomically (WATCH); None leaves it. Returns
+        (what was stored or None, the value it was computed from)."""
+        with self._client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(self._key)
+                    stored = pipe.hget(self._key, key)
+                    current = None if stored is None else _decode(stored)
+                    new = change(current)
+                    if new is None:
+                        pipe.unwatch()
+                        return None, current
+                    pipe.multi()
+                    pipe.hset(self._key, key, _encode(new))
+                    pipe.expire(self._key, STORE_TTL_S)
+                    pipe.execute()
+                    return new, current
+                except redis_py.WatchError:
+                    continue
+
     def _wait_for(self, key: str, seconds: float) -> str:
         deadline = time.monotonic() + seconds
         pause = 0.001
         while True:
-            stored = self._ctx.client.hget(self._key, key)
+            stored = self._client.hget(self._key, key)
             if stored is not None:
                 return str(stored)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(
-                    f"{self!r}: key {key!r} did not appear within {seconds:.1f}s "
+                raise DistStoreError(
+                    f"{self!r}: timeout: key {key!r} did not appear within {seconds:.1f}s "
                     "(a rank of the round never started its process group?)"
                 )
             time.sleep(min(pause, left))
             pause = min(MAX_POLL_S, pause * 2)
+
+
+#: the store of each process group ``init_process_group`` started: a ``RedisStore`` is a
+#: Python object behind torch's C++ store, and the group holds only the C++ half; freed,
+#: every later call through it (``new_group``, a device mesh) fails "Not implemented"
+_LIVE_STORES: dict[Any, RedisStore] = {}
+
+
+def store_of(group: Any = None) -> RedisStore | None:
+    """The ``RedisStore`` that ``init_process_group`` gave ``group`` (default: the default
+    group), or None when it did not start it."""
+    if group is None:
+        group = dist.group.WORLD
+    return _LIVE_STORES.get(group)
 
 
 def init_process_group(
@@ -146,6 +234,12 @@ def init_process_group(
     there is no master address or port to agree on. After a round breaks (``on_round``),
     call ``torch.distributed.destroy_process_group()`` and this again.
 
+    The caller need not keep the returned store: this module holds it (``store_of(group)``)
+    for as long as the process group may use it, since torch keeps only the C++ half of a
+    Python store. It is released by the next call of this function (which runs only after
+    ``destroy_process_group()``), so at most one round's store outlives its group, and it
+    holds no connection of its own (it uses the orchestrator's client).
+
     Args:
         orchestrator: this worker's orchestrator.
         backend: ``"gloo"`` (CPU), ``"nccl"`` (GPU), ...
@@ -153,7 +247,7 @@ def init_process_group(
         kwargs: passed to ``torch.distributed.init_process_group``.
 
     Returns:
-        The store (also reachable through the process group).
+        The store (also reachable through the process group and ``store_of()``).
 
     Raises:
         TypeError: ``orchestrator`` is not a ``TrainingOrchestrator``.
@@ -169,10 +263,12 @@ def init_process_group(
             "torch.distributed is already initialized: call "
             "torch.distributed.destroy_process_group() first (e.g. in on_round)"
         )
+    _LIVE_STORES.clear()  # no group is running: every group they served was destroyed
     round_ = orchestrator.round
     store = RedisStore(orchestrator.context, round_.number, timeout=timeout)
     dist.init_process_group(
         backend, store=store, rank=round_.rank, world_size=round_.world_size,
         timeout=timedelta(seconds=timeout), **kwargs,
     )  # fmt: skip
+    _LIVE_STORES[dist.group.WORLD] = store
     return store
