@@ -102,7 +102,7 @@ def test_torchrun_one_node_two_procs(redis_url: str, tmp_path: Path) -> None:
         assert client.hlen(k.round_ranks(1)) == 1
         (member,) = client.hkeys(k.round_ranks(1))
         assert client.hget(k.status, member) == "left"  # the agent left at shutdown
-        assert client.hget(k.rendezvous, ENDED) is None
+        assert client.hget(k.rendezvous, ENDED) == "1"  # shutdown ended the rendezvous
 
 
 @pytest.mark.timeout(60)
