@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -260,9 +261,10 @@ def _spare_job(endpoint: str, backend: str, tmp: Path) -> tuple[list[str], list[
                  why=lambda: (tmp / "starts.log").read_text() if (tmp / "starts.log").exists()
                  else "no start")  # fmt: skip
         outs, codes = [], []
+        deadline = time.monotonic() + 30
         for proc in procs:
             try:
-                out, _ = proc.communicate(timeout=30)
+                out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 out, _ = proc.communicate()
