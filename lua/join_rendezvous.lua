@@ -8,7 +8,9 @@
 -- the previous round's members keep their order and new ones follow in arrival order. A
 -- worker arriving while a round runs waits for the next one, unless a member of the running
 -- round is dead: then the round is broken and it opens the next one. Only live workers (live
--- heartbeat, current incarnation) count.
+-- heartbeat, current incarnation) count. A worker that waits while the running round is at
+-- max_workers is a spare (the caller may wait for it without a deadline). Once the rendezvous
+-- is ended for good (its 'ended' field, set by end()), nobody joins any more.
 -- Bounded at any size (uses: lib/rendezvous.lua): a call reads at most 500 membership events
 -- and scans at most 256 entries (members that died leave the round; the set of workers the
 -- round still waits for is filled in steps after it opens), and closing is O(1): a closed
@@ -31,8 +33,11 @@
 --          close, last event id}: fresh = 1: no member was in the previous round (a
 --          whole-job (re)start); the members are the round's members ZSET, in rank order
 --       | {S.OK, 'joining', round, joined, deadline_ms (0: not set), now_ms, last event id}
---       | {S.OK, 'waiting', round, now_ms, last event id}: a round runs; wait for the next
+--       | {S.OK, 'waiting', round, now_ms, spare, last event id}: a round runs; wait for the
+--          next; spare = 1: the round it waits behind is at max_workers (it cannot be admitted
+--          unless a member goes)
 --       | {S.ROUND_MOVED, round}: g is stale, call again with this round
+--       | {S.RENDEZVOUS_ENDED}: the rendezvous was ended for good
 --       | {S.WORKER_NOT_REGISTERED} | {S.WORKER_FAILED} | {S.WORKER_LEFT} | {S.WORKER_REPLACED}
 local id, inc = ARGV[1], ARGV[2]
 local g, leaving = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -41,6 +46,8 @@ local cap, keep_ms = ARGV[8], tonumber(ARGV[9])
 local R = KEYS[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if redis.call('HGET', R, 'ended') == '1' then return {S.RENDEZVOUS_ENDED} end
 
 local status = redis.call('HGET', KEYS[5], id)
 if not status then return {S.WORKER_NOT_REGISTERED} end
@@ -91,7 +98,7 @@ local function join(n, k)
   if not had then
     if redis.call('ZCARD', k.members) >= max_w then
       redis.call('ZADD', k.waiting, now, id)
-      return {S.OK, 'waiting', n, now, last_id(k.rv_events)}
+      return {S.OK, 'waiting', n, now, 1, last_id(k.rv_events)}
     end
     local score = NEW + now
     if inc_of(redis.call('HGET', k.prev_ranks, id)) == inc then
@@ -132,7 +139,9 @@ if not member and redis.call('HGET', R, 'broken_round') ~= tostring(g) then
   local culprit = members_gone(this, false)
   if not culprit then
     redis.call('ZADD', KEYS[2], now, id)
-    return {S.OK, 'waiting', g, now, last_id(KEYS[3])}
+    local spare = 0
+    if tonumber(redis.call('HGET', R, 'world_size') or '0') >= max_w then spare = 1 end
+    return {S.OK, 'waiting', g, now, spare, last_id(KEYS[3])}
   end
   redis.call('HSET', R, 'broken_round', g, 'broken', culprit, 'reason', why_gone(this, culprit))
 end

@@ -15,6 +15,7 @@ The tree::
     ├── RendezvousError             .job_id, .round
     │   ├── RoundBrokenError            .culprit, .reason: a member failed or left; rejoin
     │   ├── RendezvousTimeoutError      .joined, .needed: too few workers joined in time
+    │   ├── RendezvousEndedError        .spare: the rendezvous was ended for good (``end``)
     │   └── RestartLimitError           .restarts: more failure restarts than max_restarts
     ├── DatasetError                .job_id, .dataset
     │   ├── DatasetNotFoundError
@@ -62,6 +63,7 @@ __all__ = [
     "EpochUnfinishedError",
     "LeaseError",
     "LeaseLostError",
+    "RendezvousEndedError",
     "RendezvousError",
     "RendezvousTimeoutError",
     "RestartLimitError",
@@ -337,6 +339,35 @@ class RendezvousTimeoutError(RendezvousError):
             round=round,
             joined=joined,
             needed=needed,
+        )
+
+
+class RendezvousEndedError(RendezvousError):
+    """The rendezvous was ended for good (``Rendezvous.end``, torchrun's ``shutdown`` when a
+    run is over): no round forms any more, so a late or leftover joiner stops.
+
+    Attributes:
+        spare: the joiner had been waiting as a spare (the running round was at
+            ``max_workers``) when the rendezvous ended: its job finished without it.
+    """
+
+    def __init__(self, message: str, *, job_id: str, round: int, spare: bool) -> None:
+        super().__init__(message, job_id=job_id, round=round)
+        self.spare = spare
+
+    @classmethod
+    def refused(cls, c: Context) -> RendezvousEndedError:
+        """The rendezvous is ended (``RENDEZVOUS_ENDED``); ``c['spare']``: the joiner waited
+        as a spare."""
+        spare = bool(c.get("spare", False))
+        who = f"worker {c.get('worker_id', '?')!r}"
+        what = f"{who} waited as a spare, its job is over" if spare else f"{who} cannot join"
+        return cls(
+            f"the rendezvous of job {c['job_id']!r} was ended for good at round {c['round']}: "
+            f"{what} (a new run needs a new job id)",
+            job_id=c["job_id"],
+            round=int(c["round"]),
+            spare=spare,
         )
 
 
@@ -673,6 +704,7 @@ _BY_STATUS: dict[Status, Callable[[Context], StrataError]] = {
     Status.STEP_COMMITTING: CheckpointError.committing,
     Status.ROUND_MOVED: RendezvousError.moved,
     Status.ROUND_BROKEN: RoundBrokenError.refused,
+    Status.RENDEZVOUS_ENDED: RendezvousEndedError.refused,
     Status.STATE_LOST: StateLostError.refused,
 }
 

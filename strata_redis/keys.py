@@ -120,7 +120,7 @@ class Keys:
         (``broken_round``, ``broken``, ``reason``), the epoch review (``decided_epoch``,
         ``decision``), the membership-event cursor (``mev``, ``mgen``, ``mscan``), the
         expected-set fill (``escan``), and ``ended`` (the rendezvous is over for good:
-        torchrun's ``set_closed``)."""
+        torchrun's ``set_closed``/``shutdown``: no round forms any more)."""
         return f"{self.base}:rendezvous"
 
     @property
@@ -151,7 +151,7 @@ class Keys:
 
     @property
     def rendezvous_events(self) -> str:
-        """STREAM rendezvous events (open, close, broken), capped; joiners XREAD it."""
+        """STREAM rendezvous events (open, close, broken, end), capped; joiners XREAD it."""
         return f"{self.base}:rendezvous_events"
 
     def round_checkpoints(self, round_: int) -> str:

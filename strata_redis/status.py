@@ -44,6 +44,7 @@ class Status(IntEnum):
     # 50-59: the elastic rendezvous
     ROUND_MOVED = 50
     ROUND_BROKEN = 51
+    RENDEZVOUS_ENDED = 52
     # 60-69: the job's era (``era.py``): every script checks it first
     STATE_LOST = 60
 

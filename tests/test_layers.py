@@ -30,6 +30,7 @@ PUBLIC = {
     "EpochProgress", "EpochUnfinishedError", "FileEntry", "Job", "JobContext", "Keys", "Lease",
     "LeaseError",
     "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "Release", "Rendezvous",
+    "RendezvousEndedError",
     "RendezvousError", "RendezvousTimeoutError", "RestartLimitError", "Round", "RoundBrokenError",
     "S3Storage", "SaveFuture", "ShardStream", "TrainingOrchestrator",
     "SaveRecord", "Shard", "ShardLeases", "ShardManager", "StateLostError", "StepNotForwardError",

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -49,16 +51,26 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _torchrun(url: str, job: str, tmp: Path, nnodes: int, nproc: int) -> subprocess.Popen[str]:
+def _torchrun(
+    url: str,
+    job: str,
+    tmp: Path,
+    nnodes: int | str,
+    nproc: int,
+    *,
+    script_text: str = SCRIPT,
+    backend: str = "strata",
+    conf: str = "last_call_timeout=1,join_timeout=40",
+    max_restarts: int = 0,
+) -> subprocess.Popen[str]:
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     script = tmp / "script.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     args = [
         str(TORCHRUN), "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "strata", "--rdzv-endpoint", url, "--rdzv-id", job,
-        "--rdzv-conf", "last_call_timeout=1,join_timeout=40",
-        "--local-addr", "127.0.0.1", "--max-restarts", "0", "--monitor-interval", "0.2",
-        str(script), str(tmp),
+        "--rdzv-backend", backend, "--rdzv-endpoint", url, "--rdzv-id", job,
+        "--rdzv-conf", conf, "--local-addr", "127.0.0.1", "--max-restarts", str(max_restarts),
+        "--monitor-interval", "0.2", str(script), str(tmp),
     ]  # fmt: skip
     return subprocess.Popen(
         args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -102,7 +114,7 @@ def test_torchrun_one_node_two_procs(redis_url: str, tmp_path: Path) -> None:
         assert client.hlen(k.round_ranks(1)) == 1
         (member,) = client.hkeys(k.round_ranks(1))
         assert client.hget(k.status, member) == "left"  # the agent left at shutdown
-        assert client.hget(k.rendezvous, ENDED) is None
+        assert client.hget(k.rendezvous, ENDED) == "1"  # shutdown ended the rendezvous
 
 
 @pytest.mark.timeout(60)
@@ -203,3 +215,115 @@ def test_waiting_agent_is_seen_and_admitted(redis_url: str) -> None:
     finally:
         a.shutdown()
         b.shutdown()
+
+
+#: a few seconds of training: every start of a trainer is a line of starts.log, so restarts
+#: of the members' workers (torchrun's membership restarts do not move the restart count)
+#: show as extra lines
+TRAIN = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+
+    out = sys.argv[1]
+    with open(os.path.join(out, "starts.log"), "a") as f:
+        f.write(f"{os.environ['RANK']} {os.environ['TORCHELASTIC_RESTART_COUNT']}\\n")
+    dist.init_process_group("gloo")
+    t = torch.zeros(1)
+    for step in range(30):
+        t += 1
+        dist.all_reduce(t)
+        time.sleep(0.1)
+    with open(os.path.join(out, f"done{dist.get_rank()}"), "w") as f:
+        f.write(str(t.item()))
+    dist.destroy_process_group()
+    """
+)
+
+
+#: how torch 2.13's torchrun ends after a spare's ``RendezvousGracefulExitError``
+GRACEFUL_EXIT = "'NoneType' object has no attribute 'is_failed'"
+
+
+def _spare_job(endpoint: str, backend: str, tmp: Path) -> tuple[list[str], list[int], str]:
+    """``--nnodes 1:2`` with three agents started together: the trainers' starts, the
+    members' exit codes and the spare's output (it is the agent still running when the
+    job is done, or the one whose output never trained)."""
+    conf = "last_call_timeout=10,join_timeout=60"
+    procs = [
+        _torchrun(endpoint, "spare", tmp, "1:2", 1, script_text=TRAIN, backend=backend,
+                  conf=conf, max_restarts=3)
+        for _ in range(3)
+    ]  # fmt: skip
+    try:
+        wait_for(lambda: len(list(tmp.glob("done*"))) == 2, 80, step=0.2,
+                 why=lambda: (tmp / "starts.log").read_text() if (tmp / "starts.log").exists()
+                 else "no start")  # fmt: skip
+        outs, codes = [], []
+        deadline = time.monotonic() + 30
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+                out += "\n<killed: still waiting 30 s after the job finished>"
+            outs.append(out)
+            codes.append(proc.returncode)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    starts = (tmp / "starts.log").read_text().splitlines()
+    return starts, codes, "\n=====\n".join(outs)
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_spare_agent_causes_no_restart(redis_url: str, tmp_path: Path) -> None:
+    """Issue 25, 1 and 6: a third agent beyond ``--nnodes 1:2`` is a spare: the members
+    train once (no membership restart for an agent that cannot be admitted), finish, and
+    the spare stops when the run ends (``shutdown`` ended the rendezvous; torch calls it a
+    graceful exit) without ever training; as under torch's own c10d handler."""
+    starts, codes, out = _spare_job(redis_url, "strata", tmp_path)
+    assert sorted(starts) == ["0 0", "1 0"], out[-6000:]
+    assert sorted(codes)[:2] == [0, 0], out[-6000:]
+    assert "killed: still waiting" not in out, out[-6000:]
+    # the spare's graceful exit (RendezvousGracefulExitError): torch 2.13's agent returns
+    # None from run() then, and launch_agent fails on it: the same exit as under c10d
+    assert GRACEFUL_EXIT in out, out[-6000:]
+    assert "did not close" not in out  # issue 25, 6: no misleading join timeout
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_spare_agent_under_c10d(tmp_path: Path) -> None:
+    """The control: the same job under torch's c10d handler trains once (no restart), and
+    its spare exits when the job is done."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    starts, codes, out = _spare_job(f"127.0.0.1:{port}", "c10d", tmp_path)
+    assert sorted(starts) == ["0 0", "1 0"], out[-6000:]
+    assert sorted(codes)[:2] == [0, 0], out[-6000:]
+    # its spare exits too, but how depends on which agent hosted the TCPStore: here it
+    # is usually a member, and the spare ends with RendezvousConnectionError when it exits
+    assert "killed: still waiting" not in out, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_agent_after_the_job_ended_does_not_train(redis_url: str, tmp_path: Path) -> None:
+    """Issue 25, 3: torchrun's ``shutdown`` at the end of a run ends the rendezvous: an
+    agent started later with the same ``--rdzv-id`` stops with ``RendezvousClosedError``
+    and never runs the script (on main it formed round 2 and trained again)."""
+    _finish([_torchrun(redis_url, "ended", tmp_path, nnodes=1, nproc=1)])
+    assert [r["rank"] for r in _results(tmp_path)] == [0]
+    (tmp_path / "rank0.json").unlink()
+    late = _torchrun(redis_url, "ended", tmp_path, nnodes=1, nproc=1)
+    out, _ = late.communicate(timeout=60)
+    assert late.returncode != 0, out[-4000:]
+    assert "RendezvousClosedError" in out, out[-4000:]
+    assert "rendezvous of job 'ended' is closed" in out, out[-4000:]
+    assert _results(tmp_path) == []  # the script never ran
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        assert client.hget(Keys("ended").rendezvous, "round") == "1"

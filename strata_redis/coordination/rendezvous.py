@@ -133,7 +133,9 @@ class Rendezvous:
         """The number of the newest round (0 before the first join)."""
         return int(self.context.client.hget(self.context.keys.rendezvous, "round") or 0)
 
-    def join(self, worker_id: str, incarnation: int, *, leaving: int = 0) -> Round:
+    def join(
+        self, worker_id: str, incarnation: int, *, leaving: int = 0, spare_waits: bool = False
+    ) -> Round:
         """Join the open round (or open one) and wait until it closes.
 
         Args:
@@ -141,11 +143,16 @@ class Rendezvous:
             incarnation: its registration's incarnation (``Worker.incarnation``).
             leaving: the round this worker was a member of and that broke (0: none); the
                 first member to say so opens the next round.
+            spare_waits: a spare (waiting while the running round is at ``max_workers``)
+                waits with no deadline, as torchrun's redundant agents do; ``timeout`` counts
+                again from when it stops being one. False: ``timeout`` counts from the call.
 
         Returns:
             The closed round, with this worker's rank.
 
         Raises:
+            RendezvousEndedError: the rendezvous was ended for good (``end``); ``.spare``
+                says the worker was waiting as a spare then.
             RendezvousTimeoutError: no round closed with this worker within ``timeout``.
             RestartLimitError: failure restarts exceed ``max_restarts``.
             WorkerFailedError, WorkerLeftError, WorkerReplacedError,
@@ -155,13 +162,20 @@ class Rendezvous:
         deadline = time.monotonic() + self.timeout
         guess = self.current_round()
         ids = {"job_id": ctx.job_id, "worker_id": worker_id, "round": guess}
+        spare = False
         while True:
             reply = self.join_step(worker_id, incarnation, guess, leaving)
             if int(reply[0]) == Status.ROUND_MOVED:
                 guess = int(reply[1])
                 continue
-            payload = check(reply, {**ids, "round": guess})
+            payload = check(reply, {**ids, "round": guess, "spare": spare})
             kind = payload[0]
+            if kind == "waiting":
+                spare = spare_waits and bool(int(payload[3]))
+                if spare:  # no deadline while it cannot be admitted
+                    deadline = time.monotonic() + self.timeout
+            else:
+                spare = False
             if kind == "closed":
                 number, rank, world = map(int, payload[1:4])
                 members = self.members(number)
@@ -258,20 +272,35 @@ class Rendezvous:
 
     def end(self) -> None:
         """End the rendezvous for good, so that late or leftover agents stop (torchrun's
-        ``set_closed``, called when a run is over). Distinct from a round's ``closed``
-        state, which only means the round took its members."""
-        self.context.client.hset(self.context.keys.rendezvous, ENDED, "1")
+        ``set_closed`` and ``shutdown``, called when a run is over): every later ``join``,
+        and every one waiting now, raises ``RendezvousEndedError``. Distinct from a round's
+        ``closed`` state, which only means the round took its members. One MULTI: the
+        field, and an event that wakes the waiting joiners."""
+        ctx, k = self.context, self.context.keys
+        with ctx.client.pipeline(transaction=True) as pipe:
+            pipe.hset(k.rendezvous, ENDED, "1")
+            pipe.xadd(
+                k.rendezvous_events,
+                {"type": "end"},
+                maxlen=EVENTS_CAP,
+                approximate=True,
+            )
+            pipe.execute()
 
     def waiting(self, mine: int) -> int:
-        """Workers waiting for a round after round ``mine``: arrived while it ran, or in a
-        newer round that is collecting members (opened by a member that re-joined after a
-        failure). Two reads at most."""
+        """Workers that could join a round after round ``mine``: they arrived while it ran
+        and it has room (fewer than ``max_workers`` members), or they are in a newer round
+        that is collecting members (opened by a member that re-joined after a failure).
+        Spares, waiting behind a round at ``max_workers``, are not counted (torchrun's
+        redundancy list): a round cannot grow to admit them. Two reads at most."""
         ctx, k = self.context, self.context.keys
         with ctx.client.pipeline(transaction=False) as pipe:
             pipe.zcard(k.rendezvous_waiting)
-            pipe.hmget(k.rendezvous, "round", "state")
-            waiting, (number, state) = pipe.execute()
+            pipe.hmget(k.rendezvous, "round", "state", "world_size")
+            waiting, (number, state, world) = pipe.execute()
         count = int(waiting)
+        if state == "closed" and int(world or 0) >= self.max_workers:
+            count = 0  # full: the waiting are spares
         if number is not None and int(number) > mine and state == "joining":
             count += int(ctx.client.zcard(k.round_members(int(number))))
         return count

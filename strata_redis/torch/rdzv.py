@@ -23,6 +23,13 @@ agent replaces its previous incarnation at once instead of after the heartbeat t
 ``--rdzv-id`` is required: torchrun's default (``none``) would be one job shared by every
 launch that omits it.
 
+What torchrun's own (c10d) handler promises and this one keeps: an agent beyond max nodes
+while a round runs at max nodes is a spare: it waits (with no ``join_timeout``) uncounted by
+``num_nodes_waiting``, and takes the place of a member that is lost; ``shutdown`` (torchrun
+calls it when a run ends) ends the rendezvous, so a spare still waiting exits quietly
+(``RendezvousGracefulExitError``) and an agent started later with the same ``--rdzv-id``
+gets ``RendezvousClosedError``; ``set_closed``/``is_closed`` set and read that same state.
+
 Registered for torchrun by the ``torchrun.handlers`` entry point ``strata``: torch loads
 ``handler_creator`` and calls it with no arguments to get ``create_handler``.
 """
@@ -39,6 +46,7 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
+    RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -50,8 +58,8 @@ from .. import identity
 from ..context import JobContext
 from ..coordination.rendezvous import Rendezvous, Round
 from ..coordination.workers import Worker, register_worker
+from ..errors import RendezvousEndedError, StrataError
 from ..errors import RendezvousTimeoutError as StrataRendezvousTimeoutError
-from ..errors import StrataError
 from .distributed import RedisStore
 
 __all__ = ["BACKEND", "StrataRendezvousHandler", "create_handler", "handler_creator"]
@@ -161,7 +169,13 @@ class StrataRendezvousHandler(RendezvousHandler):  # type: ignore[misc]
         worker = self._live_worker()
         leaving = self.round.number if self.round is not None else 0
         try:
-            round_ = self.rendezvous.join(self.worker_id, worker.incarnation, leaving=leaving)
+            round_ = self.rendezvous.join(
+                self.worker_id, worker.incarnation, leaving=leaving, spare_waits=True
+            )
+        except RendezvousEndedError as exc:
+            if exc.spare:  # the job finished without this spare: torchrun exits quietly
+                raise RendezvousGracefulExitError(str(exc)) from exc
+            raise RendezvousClosedError(str(exc)) from exc
         except StrataRendezvousTimeoutError as exc:
             raise RendezvousTimeoutError(str(exc)) from exc
         except (StrataError, redis_py.RedisError) as exc:
@@ -184,15 +198,27 @@ class StrataRendezvousHandler(RendezvousHandler):  # type: ignore[misc]
         self.rendezvous.end()
 
     def num_nodes_waiting(self) -> int:
-        """Agents waiting for a round after ours: arrived while it ran, or in a newer round
-        that is collecting members (opened by an agent that re-joined after a failure)."""
+        """Agents that could join a round after ours: arrived while it ran and it is below
+        max nodes, or in a newer round that is collecting members (opened by an agent that
+        re-joined after a failure). Spares behind a round at max nodes are not counted
+        (torch's redundancy list): counting them would restart the members' workers over and
+        over for a round that cannot admit them."""
         return self.rendezvous.waiting(self.round.number if self.round is not None else 0)
 
     def shutdown(self) -> bool:
-        """This agent's worker leaves the job (the rendezvous stays open for others)."""
+        """The run is over: end the rendezvous for good (a later agent with this run id gets
+        ``RendezvousClosedError``, a waiting spare exits), and this agent's worker leaves the
+        job. False if Redis could not be told (as torch's handlers, it does not raise)."""
         worker, self.worker = self.worker, None
-        if worker is not None:
-            worker.leave()
+        try:
+            self.rendezvous.end()
+        except redis_py.RedisError as exc:
+            log.warning("strata rendezvous: job %r: could not end the rendezvous: %s",
+                        self.context.job_id, exc)  # fmt: skip
+            return False
+        finally:
+            if worker is not None:
+                worker.leave()
         return True
 
     # -- plumbing ---------------------------------------------------------------------------
