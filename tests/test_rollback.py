@@ -158,6 +158,7 @@ def test_three_workers_stop_on_a_rollback_and_train_no_shard_twice(
     for worker_id, (_, error) in reports.items():
         assert error.startswith("StateRolledBackError: "), (worker_id, error)
     assert took < 30, took
+    print(f"every loop stopped {took:.2f} s after the rollback")  # for the README's figure
     trained = [item for samples, _ in reports.values() for item in samples]
     assert trained and len(trained) == len(set(trained)), "a sample was trained twice"
 
