@@ -10,7 +10,9 @@
 -- ARGV[4] = step   ARGV[5] = rank   ARGV[6] = worker id   ARGV[7] = the rank's files, JSON
 -- ARGV[8] = time-to-live of the checkpoint's keys, ms   ARGV[9] = records cap (approximate)
 -- ARGV[10] = bytes   ARGV[11] = seconds taken   ARGV[12] = MB/s
--- returns {0, 1, acked_ms, rank, files, rank, files, ...}: the caller leads the commit
+-- returns {0, 1, acked_ms, acked_clock, rank, files, rank, files, ...}: the caller leads the
+--       commit (acked_clock: the job's clock at the last ack, CLOCK of the era prelude; the
+--       checkpoint's metadata records it, so a resume can tell Redis went back)
 --       | {0, 0}: acked, wait for the others (or the commit) | {44} COMMITTED
 --       | {40, newest committed member} STALE | {41, culprit, reason} ABORTED
 --       | {43, holder}: the rank is not the caller's (another worker's, or it expired)
@@ -21,8 +23,8 @@ local holder = redis.call('HGET', KEYS[1], 'r:' .. ARGV[5])
 if holder ~= ARGV[6] then return {S.RANK_NOT_HELD, holder or ''} end
 if state[1] == 'committing' then
   if state[3] == ARGV[6] then
-    local acked_ms = redis.call('HGET', KEYS[1], 'acked_ms')
-    local reply = {S.OK, 1, tonumber(acked_ms)}
+    local acked = redis.call('HMGET', KEYS[1], 'acked_ms', 'acked_clock')
+    local reply = {S.OK, 1, tonumber(acked[1]), tonumber(acked[2] or '0')}
     for _, v in ipairs(redis.call('HGETALL', KEYS[2])) do reply[#reply + 1] = v end
     return reply
   end
@@ -46,7 +48,8 @@ redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[9], '*', 'step', ARGV[4], 'epoch
   'run', ARGV[2], 'rank', ARGV[5], 'worker', ARGV[6], 'bytes', ARGV[10], 'seconds', ARGV[11],
   'mb_s', ARGV[12], 'outcome', 'uploaded', 'at_ms', now)
 if redis.call('HLEN', KEYS[2]) < tonumber(state[2]) then return {S.OK, 0} end
-redis.call('HSET', KEYS[1], 'state', 'committing', 'leader', ARGV[6], 'acked_ms', now)
-local reply = {S.OK, 1, now}
+redis.call('HSET', KEYS[1], 'state', 'committing', 'leader', ARGV[6], 'acked_ms', now,
+  'acked_clock', CLOCK)
+local reply = {S.OK, 1, now, CLOCK}
 for _, v in ipairs(redis.call('HGETALL', KEYS[2])) do reply[#reply + 1] = v end
 return reply

@@ -214,6 +214,7 @@ class LoopHarness:
             self.state[i] = 1
             return
         if self.state[i] == 0:  # the arrival's reply: block as Barrier._await does
+            reply = self.scripts.unwrap(reply)  # the clock tick off, refusals raised
             code, gen, _index, _now, outcome, wake_id, events_id = reply
             if code != 0 or outcome:
                 raise RuntimeError(f"unexpected arrival reply {reply!r}")

@@ -79,7 +79,8 @@ def bench_heartbeat_tick(loops: int, url: str) -> float:
 
 # -- the era A/B -----------------------------------------------------------------------------
 def no_era_source(name: str) -> str:
-    """Script ``name`` as Redis would run it without the era check (this benchmark only)."""
+    """Script ``name`` as Redis would run it without the era and clock check (this benchmark
+    only)."""
     head = status.prelude()
     if status.ERA_CHECK not in head:
         raise RuntimeError("status.prelude() no longer ends with ERA_CHECK: update this bench")
@@ -101,7 +102,7 @@ def era_pair(job: strata_redis.Job, worker: Any) -> tuple[Any, Any]:
 
     def era() -> Any:
         k, a = job.scripts.stamp(keys, args)  # the library's own stamping, every call
-        return client.evalsha(with_era.sha, len(k), *k, *a)
+        return job.scripts.unwrap(client.evalsha(with_era.sha, len(k), *k, *a))
 
     def plain() -> Any:
         return client.evalsha(without.sha, len(keys), *keys, *args)

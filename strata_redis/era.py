@@ -1,4 +1,4 @@
-"""The job's era: state loss in Redis is detected, never papered over.
+"""The job's era and clock: state loss and rollback in Redis are detected, never papered over.
 
 Each job's state in Redis carries an era, ``strata:{<job>}:era``: a random id the job's
 first script call creates (``SET NX``: one era, whoever comes first). A context learns it
@@ -11,49 +11,122 @@ context never adopts a new era, so a fencing token, a barrier ticket or a checkp
 from before the loss can never act on state made after it. Start a new process (or a new
 context) to join the job's new era; ``TrainingOrchestrator`` then resumes from the newest
 checkpoint in storage.
+
+State can also go *back* while the era stands: a failover to a replica that lagged, a
+restart from an older snapshot. So the prelude also ticks the job's clock
+(``strata:{<job>}:clock``) on every call and returns the tick with the reply; a context
+remembers the highest tick it saw (its ``mark``) and sends it with every call. Redis
+holding a lower clock answers ``STATE_ROLLED_BACK`` before the script touches anything,
+and marks the era rolled back, so every other process of the job (and any new one) stops
+with ``StateRolledBackError`` too. Committed checkpoints record the era and the mark, so a
+relaunch after a rollback that no live process saw is caught by the first rank that
+resumes (``resume.py``).
+
+``min_replicas`` (``WAIT``) narrows what a failover can lose; it cannot stop it (``WAIT`` is
+no consensus: a replica that had the write may still not be the one promoted). What it
+cannot prevent, the clock detects at the next call of a process that saw the lost writes.
+
+A ``maxmemory-policy`` that evicts keys can drop a lease record or the epoch, which trains
+samples twice: the first script call checks the policy (``check_eviction``) and refuses it
+with ``RedisConfigError`` unless ``STRATA_ALLOW_EVICTION=1`` opts out (a warning then).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from redis.exceptions import MovedError
+from redis.exceptions import MovedError, NoPermissionError, ResponseError
 
-from .errors import Context, StateLostError
+from .errors import (
+    ROLLED_BACK_MARK,
+    Context,
+    RedisConfigError,
+    StateLostError,
+    StateRolledBackError,
+)
 from .scripts import Call, Scripts, check
 from .status import Status
 
-__all__ = ["DURABLE_SCRIPTS", "Era", "EraScripts"]
+__all__ = ["ALLOW_EVICTION_ENV", "DURABLE_SCRIPTS", "Era", "EraScripts", "check_eviction"]
 
 log = logging.getLogger("strata_redis.era")
 
-#: what the prelude puts after the status code of a ``STATE_LOST`` reply
+#: what the prelude answers in place of a clock tick when it refused the call
+_REFUSED: Final = 0
 _LOST: Final = int(Status.STATE_LOST)
+_ROLLED_BACK: Final = int(Status.STATE_ROLLED_BACK)
 #: the scripts whose writes ``min_replicas`` waits for: lease grants, renewals, hand-backs and
 #: completions, and checkpoint commits
 DURABLE_SCRIPTS: Final = frozenset(
     {"acquire_shard", "renew_shard", "release_shard", "commit_checkpoint"}
 )
+#: set to 1 to run on a Redis whose ``maxmemory-policy`` may evict the job's keys
+ALLOW_EVICTION_ENV: Final = "STRATA_ALLOW_EVICTION"
+
+
+def check_eviction(client: Any, job_id: str) -> str | None:
+    """Refuse a Redis whose ``maxmemory-policy`` may evict keys (``INFO memory``).
+
+    Returns:
+        The policy (None: Redis did not say: ``INFO`` is not allowed to this user, or a
+        Redis Cluster client, which asks every node: then nothing is checked).
+
+    Raises:
+        RedisConfigError: a policy other than ``noeviction`` with a ``maxmemory`` set,
+            unless ``$STRATA_ALLOW_EVICTION`` is ``1`` (then one WARNING).
+    """
+    try:
+        info = client.info("memory")
+    except (NoPermissionError, ResponseError) as exc:
+        log.debug("job %r: maxmemory-policy not checked: %s", job_id, exc)
+        return None
+    if not isinstance(info, dict) or "maxmemory_policy" not in info:
+        return None  # a cluster client answers per node: not checked
+    policy = str(info["maxmemory_policy"])
+    limit = int(info.get("maxmemory", 0) or 0)
+    if policy == "noeviction":
+        return policy
+    allowed = os.environ.get(ALLOW_EVICTION_ENV, "") == "1"
+    what = (
+        f"Redis' maxmemory-policy is {policy!r}"
+        + (f" with maxmemory {limit} bytes" if limit else " (no maxmemory yet)")
+        + ": at the memory limit Redis evicts keys, and an evicted lease record, epoch or "
+        "checkpoint step can train samples twice or hang the job"
+    )
+    if limit and not allowed:
+        raise RedisConfigError(
+            f"job {job_id!r}: {what}. Set `maxmemory-policy noeviction` (at the limit, calls "
+            f"then fail with a clear error instead), or set {ALLOW_EVICTION_ENV}=1 to run "
+            "anyway without the exactly-once guarantee",
+            setting="maxmemory-policy", value=policy,
+        )  # fmt: skip
+    log.warning("job %r: %s (use `maxmemory-policy noeviction`)", job_id, what)
+    return policy
 
 
 class Era:
-    """One job's era as one context knows it (learned at the first script call, then fixed).
+    """One job's era as one context knows it (learned at the first script call, then fixed),
+    and the highest tick of the job's clock this process has seen.
 
     Args:
         client: the job's Redis client.
         key: the era key (``Keys.era``).
         job_id: the job, for the error.
+        clock_key: the clock key (``Keys.clock``).
     """
 
-    def __init__(self, client: Any, key: str, job_id: str) -> None:
+    def __init__(self, client: Any, key: str, job_id: str, clock_key: str) -> None:
         self._client = client
         self.key = key
+        self.clock_key = clock_key
         self.job_id = job_id
         self._value: str | None = None
+        self._mark = 0
         self._lock = threading.Lock()
 
     @property
@@ -61,8 +134,24 @@ class Era:
         """The era this context works in, or None before its first script call."""
         return self._value
 
+    @property
+    def mark(self) -> int:
+        """The highest tick of the job's clock this process has seen (0: none yet)."""
+        return self._mark
+
+    def seen(self, clock: int) -> None:
+        """Raise the mark to ``clock`` (a tick Redis answered, or a checkpoint recorded)."""
+        if clock > self._mark:
+            with self._lock:
+                self._mark = max(self._mark, clock)
+
     def value(self) -> str:
-        """The era: learned once (created if the job has none yet), then always the same."""
+        """The era: learned once (created if the job has none yet), then always the same.
+
+        Raises:
+            StateRolledBackError: the job's era is marked rolled back.
+            RedisConfigError: Redis may evict the job's keys (``check_eviction``).
+        """
         if self._value is None:
             with self._lock:
                 if self._value is None:
@@ -72,12 +161,27 @@ class Era:
                         old = self._client.set(self.key, fresh, nx=True, get=True)
                     except MovedError as exc:
                         raise _moved(self.job_id, exc) from None
-                    self._value = fresh if old is None else _text(old)
+                    era = fresh if old is None else _text(old)
+                    if ROLLED_BACK_MARK in era:
+                        raise StateRolledBackError.from_mark(self.job_id, "", era)
+                    check_eviction(self._client, self.job_id)
+                    self._value = era
         return self._value
 
     def lost(self, found: object) -> StateLostError:
         """The error for a ``STATE_LOST`` reply (``found``: the stored era, "" if none)."""
-        return StateLostError.because(self.job_id, self._value or "", _text(found) or None)
+        text = _text(found)
+        if ROLLED_BACK_MARK in text:
+            return StateRolledBackError.from_mark(self.job_id, self._value or "", text)
+        return StateLostError.because(self.job_id, self._value or "", text or None)
+
+    def rolled_back(self, clock: object) -> StateRolledBackError:
+        """The error for a ``STATE_ROLLED_BACK`` reply (``clock``: the clock Redis held)."""
+        return StateRolledBackError.detected(
+            self.job_id, self._value or "", int(_text(clock) or 0), self._mark,
+            by="this process (from Redis, or from the newest checkpoint)",
+            found=f"{self._value}{ROLLED_BACK_MARK}{_text(clock)}<{self._mark}",
+        )  # fmt: skip
 
     def check(self) -> None:
         """Raise ``StateLostError`` if this context has an era and Redis no longer holds it.
@@ -131,9 +235,11 @@ class EraScripts:
         return self._scripts[name]
 
     def stamp(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[list[str], list[Any]]:
-        """A script call's keys and arguments with the era appended (for a caller that sends
-        EVALSHA itself, as perf/bench_barrier.py does on raw sockets)."""
-        return [*keys, self._era.key], [*args, self._era.value()]
+        """A script call's keys and arguments with the era and the clock appended (for a
+        caller that sends EVALSHA itself, as perf/bench_barrier.py does on raw sockets: it
+        passes the raw reply to ``unwrap``)."""
+        era = self._era.value()
+        return [*keys, self._era.key, self._era.clock_key], [*args, era, self._era.mark]
 
     def _send(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -141,10 +247,25 @@ class EraScripts:
         except MovedError as exc:
             raise _moved(self._era.job_id, exc) from None
 
-    def _checked(self, reply: Any) -> Any:
-        if isinstance(reply, list) and len(reply) == 2 and reply[0] == _LOST:
-            raise self._era.lost(reply[1])
-        return reply
+    def unwrap(self, reply: Any) -> Any:
+        """A script's reply as the script returned it: the prelude's clock tick taken off
+        (and remembered), its refusals raised.
+
+        Raises:
+            StateLostError: the job's state in Redis is not this context's era's.
+            StateRolledBackError: it went back (Redis' clock is below this process's mark).
+        """
+        if isinstance(reply, Exception):
+            return reply
+        tick = int(reply[0])
+        inner: Any = reply[1] if len(reply) > 1 else None
+        if tick == _REFUSED:
+            if inner[0] == _ROLLED_BACK:
+                raise self._era.rolled_back(inner[1])
+            if inner[0] == _LOST:
+                raise self._era.lost(inner[1])
+        self._era.seen(tick)
+        return inner
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run one script with the era; its raw reply (status unchecked, but never lost).
@@ -154,7 +275,7 @@ class EraScripts:
         """
         keys, args = self.stamp(keys, args)
         if not self.min_replicas or name not in DURABLE_SCRIPTS:
-            return self._checked(self._send(self._scripts.call, name, keys, args))
+            return self.unwrap(self._send(self._scripts.call, name, keys, args))
         timeout_ms = max(1, round(self.replica_timeout * 1000))
         reply, acked = self._scripts.call_and_wait(name, keys, args, self.min_replicas, timeout_ms)
         if acked < self.min_replicas:
@@ -164,7 +285,7 @@ class EraScripts:
                 "could lose them)", self._era.job_id, name, acked, self.min_replicas,
                 self.replica_timeout,
             )  # fmt: skip
-        return self._checked(reply)
+        return self.unwrap(reply)
 
     def run(
         self,
@@ -176,10 +297,19 @@ class EraScripts:
         """Run one script with the era, map its status code, return the payload after it."""
         return check(self.call(name, keys, args), context)
 
+    def check(self) -> None:
+        """Run the era and clock check alone (``check_era``): after raising the era's mark
+        from elsewhere (a checkpoint's clock), learn now whether Redis went back.
+
+        Raises:
+            StateLostError: as ``call``; ``StateRolledBackError`` when Redis went back.
+        """
+        self.run("check_era", [], [], {"job_id": self._era.job_id})
+
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """Run several scripts with the era in one round trip; their raw replies."""
         stamped: list[Call] = [(name, *self.stamp(keys, args)) for name, keys, args in calls]
-        return [self._checked(reply) for reply in self._send(self._scripts.run_many, stamped)]
+        return [self.unwrap(reply) for reply in self._send(self._scripts.run_many, stamped)]
 
 
 def _moved(job_id: str, exc: MovedError) -> ValueError:

@@ -24,6 +24,8 @@ The tree::
     ├── LeaseError                  .job_id, .dataset, .epoch, .shard_id
     │   └── LeaseLostError              the lease expired, was taken over, or its token is stale
     ├── StateLostError              .job_id, .era, .found: the job's state in Redis was lost
+    │   └── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
+    ├── RedisConfigError            Redis is set up so that it could break a guarantee
     ├── StorageError                .backend, .path (never credentials)
     │   ├── StorageNotFoundError        the object does not exist
     │   └── StorageExistsError          a create-only write found the object already there
@@ -63,12 +65,14 @@ __all__ = [
     "EpochUnfinishedError",
     "LeaseError",
     "LeaseLostError",
+    "RedisConfigError",
     "RendezvousEndedError",
     "RendezvousError",
     "RendezvousTimeoutError",
     "RestartLimitError",
     "RoundBrokenError",
     "StateLostError",
+    "StateRolledBackError",
     "StepNotForwardError",
     "StorageError",
     "StorageExistsError",
@@ -538,7 +542,98 @@ class StateLostError(StrataError):
     def refused(cls, c: Context) -> StateLostError:
         """A ``STATE_LOST`` reply seen without the era at hand."""
         found = str(c["payload"][0]) if c.get("payload") else ""
+        if ROLLED_BACK_MARK in found:
+            return StateRolledBackError.from_mark(c.get("job_id", "?"), "?", found)
         return cls.because(c.get("job_id", "?"), "?", found or None)
+
+
+#: how a rolled-back era is marked in Redis (``status.ERA_CHECK``):
+#: ``<era>!rolled-back:<clock it held><<clock a process had seen>``
+ROLLED_BACK_MARK = "!rolled-back:"
+
+#: what to do after a rollback, for the messages
+_ROLLBACK_REMEDY = (
+    "Leases, completions, epochs and checkpoint steps recorded since may be gone, so going "
+    "on could train samples twice: nothing more is done on this state, and every process of "
+    "the job stops with this error. Stop the job's processes, remove its state from Redis "
+    "with `strata jobs rm {job} --yes --force` (checkpoints in storage are kept), and start "
+    "the job again: it resumes from the newest checkpoint in storage"
+)
+
+
+class StateRolledBackError(StateLostError):
+    """The job's state in Redis went back: Redis holds less than a process had seen.
+
+    Every script call ticks the job's clock (``strata:{<job>}:clock``) and every process
+    remembers the highest tick it saw (checkpoints record it too); a clock below that means
+    Redis lost recent writes while keeping older ones: a failover to a replica that lagged,
+    a restart from an older snapshot, an evicted key. The first process to see it marks the
+    era rolled back, so every other process of the job (and any new one) stops too.
+
+    Attributes:
+        clock: the clock Redis held (None: not known to this process).
+        seen: the highest clock a process (or a checkpoint) had seen (None: not known).
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str, era: str, found: str | None,
+        clock: int | None, seen: int | None,
+    ) -> None:  # fmt: skip
+        super().__init__(message, job_id=job_id, era=era, found=found)
+        self.clock = clock
+        self.seen = seen
+
+    @classmethod
+    def detected(
+        cls, job_id: str, era: str, clock: int | None, seen: int | None, *, by: str = "",
+        found: str | None = None,
+    ) -> StateRolledBackError:  # fmt: skip
+        """The state of ``job_id`` went back to ``clock`` after ``seen`` had been seen."""
+        if clock is not None and seen is not None:
+            what = (
+                f"Redis holds its clock at {clock}, {seen - clock} script calls behind the "
+                f"{seen} {by or 'another process of the job'} had seen"
+            )
+        else:
+            what = "another process of the job found Redis behind what it had seen"
+        return cls(
+            f"the state of job {job_id!r} in Redis went back (a failover to a replica that "
+            f"lagged, a restart from an older snapshot, or evicted keys): {what}. "
+            + _ROLLBACK_REMEDY.format(job=job_id),
+            job_id=job_id, era=era, found=found, clock=clock, seen=seen,
+        )  # fmt: skip
+
+    @classmethod
+    def from_mark(cls, job_id: str, era: str, found: str) -> StateRolledBackError:
+        """The error for an era marked rolled back (``found``: the era key's value)."""
+        clock: int | None = None
+        seen: int | None = None
+        tail = found.split(ROLLED_BACK_MARK, 1)[1] if ROLLED_BACK_MARK in found else ""
+        low, _, high = tail.partition("<")
+        if low.isdigit() and high.isdigit():
+            clock, seen = int(low), int(high)
+        return cls.detected(job_id, era, clock, seen, found=found)
+
+    @classmethod
+    def refused(cls, c: Context) -> StateRolledBackError:
+        """A ``STATE_ROLLED_BACK`` reply seen without the era at hand."""
+        clock = int(c["payload"][0]) if c.get("payload") else None
+        return cls.detected(c.get("job_id", "?"), "?", clock, None)
+
+
+class RedisConfigError(StrataError):
+    """Redis is configured so that it could break a guarantee (for example a
+    ``maxmemory-policy`` that evicts keys: an evicted lease record trains a shard twice).
+
+    Attributes:
+        setting: the Redis setting, e.g. ``"maxmemory-policy"``.
+        value: its value.
+    """
+
+    def __init__(self, message: str, *, setting: str, value: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.value = value
 
 
 class StorageError(StrataError):
@@ -706,6 +801,7 @@ _BY_STATUS: dict[Status, Callable[[Context], StrataError]] = {
     Status.ROUND_BROKEN: RoundBrokenError.refused,
     Status.RENDEZVOUS_ENDED: RendezvousEndedError.refused,
     Status.STATE_LOST: StateLostError.refused,
+    Status.STATE_ROLLED_BACK: StateRolledBackError.refused,
 }
 
 

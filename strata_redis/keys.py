@@ -61,8 +61,16 @@ class Keys:
     @property
     def era(self) -> str:
         """STRING the job's era: a random id set once (SET NX) by the job's first script
-        call; every script checks it first (``era.py``). Gone or changed: the state was lost."""
+        call; every script checks it first (``era.py``). Gone or changed: the state was lost;
+        ``<era>!rolled-back:<clock><<seen>``: the state went back (``clock``)."""
         return f"{self.base}:era"
+
+    @property
+    def clock(self) -> str:
+        """STRING the job's clock: +1 per script call (the era check in front of every script);
+        never expires while the era stands, never goes back. A process remembers the highest
+        value it saw (checkpoints record it): Redis holding less means its state went back."""
+        return f"{self.base}:clock"
 
     @property
     def events(self) -> str:
@@ -221,7 +229,8 @@ class Keys:
 
     def checkpoint_step(self, label: str) -> str:
         """HASH a checkpoint being saved, by label: state (open/committing/committed/aborted),
-        world_size, run, epoch, step, opened_ms, leader, acked_ms, committed_ms, culprit,
+        world_size, run, epoch, step, opened_ms, leader, acked_ms, acked_clock (the job's
+        clock at the last ack), committed_ms, culprit,
         reason, aborted_ms, r:<rank> -> worker."""
         return f"{self.base}:checkpoint_step:{label}"
 

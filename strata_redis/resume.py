@@ -100,6 +100,11 @@ class Resume:
             self._saved = [p for ps, _ in decoded for p in ps]
             self.info, self.meta = info, decoded[0][1]
             break
+        if self.info is not None and self.info.clock and self.info.era == ctx.era.value():
+            # the checkpoint saw the job's clock at info.clock: Redis holding less means it
+            # went back since (a failover or an older snapshot that no live process saw)
+            ctx.era.seen(self.info.clock)
+            retry(ctx.scripts.check)
         if self.info is not None and self.info.id not in held:
             age_s = max(0.0, time.time() - self.info.acked_ms / 1000)
             log.warning(

@@ -21,7 +21,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from .errors import Context, from_status
-from .status import Status, prelude
+from .status import EPILOGUE, Status, prelude
 
 #: one script call: (script name, keys, args)
 Call = tuple[str, Sequence[str], Sequence[Any]]
@@ -56,10 +56,15 @@ def library(name: str) -> str:
 @cache
 def compiled() -> dict[str, str]:
     """Every script as Redis runs it: the status prelude and the shared pieces it names on a
-    ``-- uses: lib/<name>.lua`` line, then the file (all on its first line: line numbers kept)."""
+    ``-- uses: lib/<name>.lua`` line, then the file (all on its first line: line numbers kept),
+    then the epilogue after its last line (the reply with the job's clock: ``status.py``)."""
     head = prelude()
     return {
-        name: head + "".join(library(lib) for lib in USES.findall(src)) + src
+        name: head
+        + "".join(library(lib) for lib in USES.findall(src))
+        + src
+        + ("" if src.endswith("\n") else "\n")
+        + EPILOGUE
         for name, src in sources().items()
     }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["ERA_CHECK", "Acquire", "Status", "prelude"]
+__all__ = ["EPILOGUE", "ERA_CHECK", "Acquire", "Status", "prelude"]
 
 
 class Status(IntEnum):
@@ -45,8 +45,9 @@ class Status(IntEnum):
     ROUND_MOVED = 50
     ROUND_BROKEN = 51
     RENDEZVOUS_ENDED = 52
-    # 60-69: the job's era (``era.py``): every script checks it first
+    # 60-69: the job's era and clock (``era.py``): every script checks them first
     STATE_LOST = 60
+    STATE_ROLLED_BACK = 61
 
 
 class Acquire(IntEnum):
@@ -57,19 +58,34 @@ class Acquire(IntEnum):
     REFUSED = -3  # the worker may not lease (the reply carries its Status)
 
 
-#: the era check in front of every script (one line): the caller appends the era key to
-#: KEYS and the era it works in to ARGV; a script reads ``NKEYS``/``NARGV`` for its own
-#: counts. A missing or other era answers ``{S.STATE_LOST, stored era or ""}`` before the
-#: script touches anything.
+#: the era and clock check in front of every script (one line). The caller appends the era
+#: key and the clock key to KEYS, and the era it works in and the highest clock it has seen
+#: to ARGV; a script reads ``NKEYS``/``NARGV`` for its own counts. A missing or other era
+#: answers ``{0, {S.STATE_LOST, stored era or ""}}`` before the script touches anything. A
+#: clock below the caller's means the job's state went back (a failover to a lagging
+#: replica, a restart from an older snapshot, an evicted clock): the era is marked rolled
+#: back (``<era>!rolled-back:<clock><<seen>``: every other process then sees a lost era) and
+#: the answer is ``{0, {S.STATE_ROLLED_BACK, clock}}``. Otherwise the clock ticks
+#: (``CLOCK``: this call's tick) and ``EPILOGUE`` answers ``{CLOCK, the script's reply}``.
 ERA_CHECK = (
-    "local NKEYS, NARGV = #KEYS - 1, #ARGV - 1 "
-    "local ERA_NOW = redis.call('GET', KEYS[#KEYS]) "
-    "if ERA_NOW ~= ARGV[#ARGV] then return {S.STATE_LOST, ERA_NOW or ''} end "
+    "local NKEYS, NARGV = #KEYS - 2, #ARGV - 2 "
+    "local ERA_NOW = redis.call('GET', KEYS[#KEYS - 1]) "
+    "if ERA_NOW ~= ARGV[#ARGV - 1] then return {0, {S.STATE_LOST, ERA_NOW or ''}} end "
+    "local CLOCK = tonumber(redis.call('GET', KEYS[#KEYS]) or '0') "
+    "if CLOCK < tonumber(ARGV[#ARGV]) then "
+    "redis.call('SET', KEYS[#KEYS - 1], ERA_NOW .. '!rolled-back:' .. CLOCK .. '<' .. ARGV[#ARGV]) "
+    "return {0, {S.STATE_ROLLED_BACK, CLOCK}} end "
+    "CLOCK = redis.call('INCR', KEYS[#KEYS]) "
+    "local function BODY() "
 )
+
+#: what follows every script's last line: the script's reply, with this call's clock tick
+EPILOGUE = " end return {CLOCK, BODY()}"
 
 
 def prelude() -> str:
-    """The enums as Lua tables and the era check, on one line: ``local S = {...} ...``."""
+    """The enums as Lua tables and the era and clock check, on one line: ``local S = {...}
+    ...``; it opens the function the script's body runs in (``EPILOGUE`` closes it)."""
     tables = []
     for var, enum in (("S", Status), ("A", Acquire)):
         fields = ", ".join(f"{m.name} = {m.value}" for m in enum)

@@ -107,11 +107,12 @@ class StepProtocol:
 
     def ack(
         self, cid: CheckpointId, files: dict[str, FileEntry], nbytes: int, seconds: float
-    ) -> tuple[int, dict[int, dict[str, Any]]] | None:
+    ) -> tuple[Acked, dict[int, dict[str, Any]]] | None:
         """Ack this rank's uploaded ``files``; also records the save (bytes, seconds, MB/s).
 
         Returns:
-            ``(acked_ms, every rank's ack)`` if this call made the caller the leader, else None.
+            ``(when the last rank acked, every rank's ack)`` if this call made the caller the
+            leader, else None.
 
         Raises:
             CheckpointError, CheckpointAbortedError: as ``begin``, or the step was superseded.
@@ -133,7 +134,7 @@ class StepProtocol:
         )  # fmt: skip
         if int(reply[0]) != 1:
             return None
-        return int(reply[1]), _acks(reply[2:])
+        return Acked(int(reply[1]), int(reply[2])), _acks(reply[3:])
 
     def abort(self, cid: CheckpointId, reason: str, nbytes: int = 0, seconds: float = 0.0) -> bool:
         """Abort checkpoint ``cid`` naming this worker as the culprit; wake its waiters at once.
@@ -156,7 +157,7 @@ class StepProtocol:
 
     # -- leading -----------------------------------------------------------------------------
     def commit(
-        self, cid: CheckpointId, acked_ms: int, acks: dict[int, dict[str, Any]],
+        self, cid: CheckpointId, acked: Acked, acks: dict[int, dict[str, Any]],
         *, takeover: bool = False,
     ) -> CheckpointInfo:  # fmt: skip
         """Write metadata.json (create-only), then mark ``cid`` committed in Redis.
@@ -167,7 +168,7 @@ class StepProtocol:
             CheckpointError: a different metadata.json is already there (never overwritten).
         """
         job_id = self.context.job_id
-        info = located(build_info(job_id, cid, acked_ms, acks), self.storage)
+        info = located(build_info(self.context, cid, acked, acks), self.storage)
         raw = encode_metadata(info)
         path = f"{checkpoint_dir(job_id, cid)}/{METADATA}"
         try:
@@ -249,17 +250,18 @@ class StepProtocol:
         )  # fmt: skip
         return str(state), str(who), str(reason)
 
-    def _acks(self, cid: CheckpointId) -> tuple[int, dict[int, dict[str, Any]]]:
+    def _acks(self, cid: CheckpointId) -> tuple[Acked, dict[int, dict[str, Any]]]:
         k = self.context.keys
         with self.context.client.pipeline(transaction=True) as pipe:
-            pipe.hget(k.checkpoint_step(cid.label), "acked_ms")
+            pipe.hmget(k.checkpoint_step(cid.label), "acked_ms", "acked_clock")
             pipe.hgetall(k.checkpoint_acks(cid.label))
-            acked_ms, raw_acks = pipe.execute()
-        return int(acked_ms or 0), {int(r): orjson.loads(v) for r, v in raw_acks.items()}
+            (acked_ms, clock), raw_acks = pipe.execute()
+        acked = Acked(int(acked_ms or 0), int(clock or 0))
+        return acked, {int(r): orjson.loads(v) for r, v in raw_acks.items()}
 
     def _take_over(self, cid: CheckpointId) -> CheckpointInfo:
-        acked_ms, acks = self._acks(cid)
-        return self.commit(cid, acked_ms, acks, takeover=True)
+        acked, acks = self._acks(cid)
+        return self.commit(cid, acked, acks, takeover=True)
 
     def _committed_info(self, cid: CheckpointId) -> CheckpointInfo:
         try:
@@ -267,8 +269,8 @@ class StepProtocol:
         except CheckpointError:
             # Retention already dropped it from the index (a newer checkpoint committed and
             # keep_count is small): the acks say the same as its metadata.json did.
-            acked_ms, acks = self._acks(cid)
-            return located(build_info(self.context.job_id, cid, acked_ms, acks), self.storage)
+            acked, acks = self._acks(cid)
+            return located(build_info(self.context, cid, acked, acks), self.storage)
 
     def info(self, cid: CheckpointId) -> CheckpointInfo:
         """The committed checkpoint ``cid``'s info from the Redis index.
@@ -285,10 +287,20 @@ class StepProtocol:
         return located(decode_metadata(raw, self.context.job_id, cid), self.storage)
 
 
+@dataclass(frozen=True)
+class Acked:
+    """When a checkpoint's last rank acked: ``ms`` on Redis' clock, and the job's ``clock``
+    then (``era.py``; 0 for a step acked before the clock existed)."""
+
+    ms: int
+    clock: int
+
+
 def build_info(
-    job_id: str, cid: CheckpointId, acked_ms: int, acks: dict[int, dict[str, Any]]
+    ctx: JobContext, cid: CheckpointId, acked: Acked, acks: dict[int, dict[str, Any]]
 ) -> CheckpointInfo:
-    """The checkpoint's info from every rank's ack: what metadata.json will say."""
+    """The checkpoint's info from every rank's ack: what metadata.json will say (the same
+    for every leader: the era and the clock are the job's, read from the step's record)."""
     files: dict[str, FileEntry] = {}
     workers: dict[int, str] = {}
     for rank, ack in sorted(acks.items()):
@@ -296,8 +308,9 @@ def build_info(
         for path, f in ack["files"].items():
             files[path] = FileEntry(path, str(f["name"]), rank, int(f["size"]), str(f["checksum"]))
     return CheckpointInfo(
-        job_id, cid.step, cid.epoch, len(acks), workers, files, acked_ms, run=cid.run
-    )
+        ctx.job_id, cid.step, cid.epoch, len(acks), workers, files, acked.ms, run=cid.run,
+        era=ctx.era.value() if acked.clock else "", clock=acked.clock,
+    )  # fmt: skip
 
 
 def step_workers(ctx: JobContext, cid: CheckpointId) -> tuple[set[str], set[str]]:

@@ -77,6 +77,9 @@ class CheckpointInfo:
         files: path inside the checkpoint directory -> the file's entry.
         acked_ms: when the last rank acked, ms on Redis' clock.
         run: the job's launch that saved it (0: the first; see ``ids.py``).
+        era, clock: the job's era and clock when its last rank acked (``era.py``): a resume
+            in the same era that finds Redis' clock below it knows Redis went back. ("", 0:
+            saved before the clock existed.)
         location: where it lives (``s3://bucket/prefix/job/checkpoints/epoch_2_step_5000``).
     """
 
@@ -88,6 +91,8 @@ class CheckpointInfo:
     files: dict[str, FileEntry]
     acked_ms: int
     run: int = 0
+    era: str = ""
+    clock: int = 0
     location: str = field(default="", compare=False)
 
     @property
@@ -174,6 +179,8 @@ def encode_metadata(info: CheckpointInfo) -> bytes:
         "epoch": info.epoch,
         "world_size": info.world_size,
         "acked_ms": info.acked_ms,
+        "era": info.era,
+        "clock": info.clock,
         "workers": {str(rank): worker for rank, worker in sorted(info.workers.items())},
         "files": {
             path: {"name": f.name, "rank": f.rank, "size": f.size, "checksum": f.checksum}
@@ -220,6 +227,8 @@ def decode_metadata(raw: bytes | str, job_id: str, cid: CheckpointId) -> Checkpo
             files=files,
             acked_ms=_int(doc["acked_ms"], 0),
             run=cid.run,
+            era=str(doc.get("era", "")),
+            clock=_int(doc.get("clock", 0), 0),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed metadata ({type(exc).__name__}: {exc})") from None

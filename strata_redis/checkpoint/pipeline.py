@@ -232,8 +232,8 @@ class SavePipeline:
             future.phase = "waiting"
             return self.protocol.wait(cid, self.commit_timeout)
         future.phase = "committing"
-        acked_ms, acks = led
-        info = self.protocol.commit(cid, acked_ms, acks)
+        acked, acks = led
+        info = self.protocol.commit(cid, acked, acks)
         total = time.monotonic() - started
         log.info(
             "checkpoint %s of job %r committed: %d files, %.1f MB in %.2f s (%.0f MB/s)",
