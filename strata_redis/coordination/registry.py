@@ -54,6 +54,7 @@ __all__ = [
     "queue_events",
     "queue_generation",
     "queue_heartbeats",
+    "queue_liveness",
     "queue_registered",
     "queue_statuses",
     "queue_worker_infos",
@@ -64,6 +65,7 @@ __all__ = [
     "take_events",
     "take_generation",
     "take_heartbeats",
+    "take_liveness",
     "take_registered",
     "take_statuses",
     "take_worker_infos",
@@ -394,6 +396,23 @@ def take_heartbeats(replies: Replies, client: Any, job_id: str) -> dict[str, flo
     first = score_pairs(take_reply(replies))
     beats = zrange_pages(client, Keys(job_id).heartbeats, LIVE_PAGE, first=first, withscores=True)
     return {str(w): float(s) for w, s in beats}
+
+
+def queue_liveness(pipe: Any, job_id: str, since_ms: int) -> None:
+    """Queue a count of the live workers, of those that heartbeated at or after
+    ``since_ms`` (Redis' clock), and a read of the newest heartbeat (three O(log N) reads)."""
+    beats = Keys(job_id).heartbeats
+    pipe.zcard(beats)
+    pipe.zcount(beats, since_ms, "+inf")
+    pipe.zrange(beats, -1, -1, withscores=True)
+
+
+def take_liveness(replies: Replies) -> tuple[int, int, int | None]:
+    """``(live workers, those fresh since the time asked, the newest heartbeat ms or None)``
+    from ``queue_liveness``."""
+    live, fresh = int(take_reply(replies)), int(take_reply(replies))
+    newest = take_reply(replies)
+    return live, fresh, int(float(newest[0][1])) if newest else None
 
 
 def queue_registered(pipe: Any, job_id: str) -> None:
