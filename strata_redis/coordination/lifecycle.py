@@ -184,6 +184,7 @@ class JobState:
         last_activity_ms: the newest heartbeat or membership event, else the record's
             end or creation, ms on Redis' clock; None if none of them.
         record: the job's record, if it has one.
+        now_ms: Redis' time of the read, ms.
     """
 
     job_id: str
@@ -194,6 +195,7 @@ class JobState:
     heartbeat_timeout_s: float
     last_activity_ms: int | None
     record: JobRecord | None
+    now_ms: int
 
 
 def read_states(
@@ -250,7 +252,7 @@ def read_states(
         )  # fmt: skip
         out.append(JobState(
             job_id, state, fresh, registered, live - fresh, timeout,
-            max(activity) if activity else None, record,
+            max(activity) if activity else None, record, now_ms,
         ))  # fmt: skip
     return out
 
