@@ -16,6 +16,7 @@ import pytest
 
 import strata_redis
 from strata_redis.coordination import lifecycle
+from strata_redis.dashboard.metrics import render_metrics
 from strata_redis.dashboard.state import DashboardState
 
 from .conftest import decoding_client
@@ -87,6 +88,10 @@ def _stale_within_timeout(proc: Any, redis_url: str, job_id: str, raw: Any) -> N
     assert w["status"] == "stale" and w["stale"] is True
     assert doc["metrics"]["jobs"][0]["workers"]["stale"] == 1
     assert doc["metrics"]["jobs"][0]["workers"]["training"] == 0
+    text = render_metrics(doc)[0].decode()
+    assert f'strata_workers{{job="{job_id}",status="stale"}} 1.0' in text
+    assert f'strata_job_state{{job="{job_id}",state="stale"}} 1.0' in text
+    assert f'strata_job_heartbeat_timeout_seconds{{job="{job_id}"}} 2.0' in text
     # nobody reaped it: the registry still says training
     assert raw.hget(reader.keys.status, "doomed") == "training"
     out = strata("jobs", "--json", "--redis-url", redis_url, "--heartbeat-timeout", "60")
