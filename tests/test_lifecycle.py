@@ -272,6 +272,9 @@ def test_jobs_lists_every_job_with_its_state_and_newest_checkpoint(
     assert by_job["run-1"][1:4] == ["running", "1/2", "1"]
     assert by_job["ckpt-only"][1] == "idle" and by_job["ckpt-only"][-2:] == ["e2", "s500"]
     assert any(j.startswith("finished-x") and j.endswith("~") for j in by_job)
+    # strata status lists them all too, the checkpoint-only one included
+    listed = strata("status", "--redis-url", redis_url)
+    assert listed.stdout.split() == sorted(rows), listed.stderr
     running.close()
     ended.close()
 

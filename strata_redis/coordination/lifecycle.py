@@ -31,10 +31,11 @@ from typing import Any, Final
 
 from ..connection import Replies, is_cluster, run_read, server_time, take_reply
 from ..context import DEFAULT_RETENTION_S, MAX_RETENTION_S, RETENTION_ENV, JobContext
-from ..keys import JOBS_KEYS_PATTERN, Keys, job_of
+from ..keys import Keys
 from ..scripts import check
 from ..validate import check_seconds
 from .registry import (
+    list_jobs,
     queue_events,
     queue_liveness,
     queue_registered,
@@ -379,14 +380,9 @@ def delete_job(client: Any, job_id: str) -> int:
 
 def discover_jobs(client: Any) -> list[str]:
     """Every job with a key in this Redis (every primary of a cluster), sorted: a ``SCAN``
-    over ``strata:{*}:*`` in bounded steps (for operators, not hot paths). Finds jobs that
-    only have checkpoints, too."""
-    found: set[str] = set()
-    for key in client.scan_iter(match=JOBS_KEYS_PATTERN, count=1000):
-        job = job_of(_text(key))
-        if job:
-            found.add(job)
-    return sorted(found)
+    over ``strata:{*}:*`` in bounded steps (``registry.list_jobs``; for operators, not hot
+    paths). Finds jobs that only have checkpoints, too."""
+    return list_jobs(client)
 
 
 def _text(value: Any) -> str:

@@ -32,7 +32,7 @@ from ..connection import (
     zrange_pages,
 )
 from ..context import JobContext
-from ..keys import PREFIX, Keys
+from ..keys import JOBS_KEYS_PATTERN, Keys, job_of
 from ..scripts import Call, check
 from ..validate import check_int
 
@@ -294,17 +294,24 @@ def events(ctx: JobContext, count: int = 100) -> list[dict[str, str]]:
     return [event.fields() for _, event in reversed(page.entries)]
 
 
-#: the keys a ``SCAN`` for jobs matches: every job with state has a membership generation
-JOBS_PATTERN = f"{PREFIX}:{{*}}:generation"
+#: the keys a ``SCAN`` for jobs matches: every key of every job (so a job with checkpoints
+#: only, or whose membership keys are gone, is found too)
+JOBS_PATTERN = JOBS_KEYS_PATTERN
 
 
-def _job_of(key: str) -> str:
-    return key[key.index("{") + 1 : key.rindex("}")]
+def _jobs_of(keys: Iterable[Any]) -> set[str]:
+    found = set()
+    for key in keys:
+        job = job_of(key.decode() if isinstance(key, bytes) else str(key))
+        if job:
+            found.add(job)
+    return found
 
 
 def list_jobs(client: Any) -> list[str]:
-    """The ids of every job with state in this Redis (a ``SCAN``: for operators, not hot paths)."""
-    return sorted({_job_of(key) for key in client.scan_iter(match=JOBS_PATTERN, count=1000)})
+    """The ids of every job with a key in this Redis (every primary of a cluster): a ``SCAN``
+    in bounded steps, for operators, not hot paths."""
+    return sorted(_jobs_of(client.scan_iter(match=JOBS_PATTERN, count=1000)))
 
 
 def scan_jobs(client: Any, cursor: int = 0, count: int = 1000) -> tuple[int, list[str]]:
@@ -320,7 +327,7 @@ def scan_jobs(client: Any, cursor: int = 0, count: int = 1000) -> tuple[int, lis
         cursor is 0 (a job may be found by more than one step).
     """
     cursor, keys = client.scan(cursor, match=JOBS_PATTERN, count=count)
-    return int(cursor), [_job_of(str(key)) for key in keys]
+    return int(cursor), sorted(_jobs_of(keys))
 
 
 def job_clock(client: Any, job_id: str | None = None) -> tuple[int, int]:
