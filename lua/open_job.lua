@@ -2,7 +2,8 @@
 -- creates its record: created_ms, state "running", and the heartbeat timeout and retention
 -- of the process that created it (readers judge staleness by that timeout). A job that was
 -- ended is opened again: state "running", the registering process's timeout and retention;
--- the caller then clears the expiry the end gave the job's keys (persist_keys, in steps).
+-- the caller then clears the expiry the end gave the job's keys (persist_keys, in steps);
+-- that expiry is kept as "reopened_from", so an end racing that walk moves what it missed.
 -- KEYS[1] = job record HASH
 -- ARGV[1] = heartbeat timeout, ms   ARGV[2] = retention once ended, s
 -- returns {0, reopened (1 or 0), the job's heartbeat timeout ms, the end's expires_ms or ''}
@@ -18,6 +19,7 @@ if r[1] == 'ended' then
   redis.call('HSET', KEYS[1], 'state', 'running', 'heartbeat_timeout_ms', ARGV[1],
     'retention_s', ARGV[2])
   redis.call('HDEL', KEYS[1], 'ended_ms', 'expires_ms')
+  if r[3] then redis.call('HSET', KEYS[1], 'reopened_from', r[3]) end
   redis.call('HINCRBY', KEYS[1], 'reopened', 1)
   redis.call('PERSIST', KEYS[1])
   return {S.OK, 1, ARGV[1], r[3] or ''}

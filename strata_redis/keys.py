@@ -69,7 +69,7 @@ class Keys:
         ``ended``), ``ended_ms``, ``expires_ms`` (while ended: when its keys expire),
         ``retention_s`` (how long an ended job's keys are kept), ``heartbeat_timeout_ms``
         (the job's: readers judge staleness by it), ``reopened`` (times an ended job was
-        joined again)."""
+        joined again), ``reopened_from`` (the expiry the last reopening cleared)."""
         return f"{self.base}:job"
 
     # -- worker registry ---------------------------------------------------------------

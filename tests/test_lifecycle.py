@@ -147,6 +147,23 @@ def test_end_expires_every_key_and_a_new_worker_opens_the_job_again(
     other.close()
 
 
+def test_an_end_racing_a_reopening_moves_the_keys_it_had_not_cleared(
+    job: strata_redis.Job, raw: Any
+) -> None:
+    job.register_worker("w", heartbeat_interval=None).deregister()
+    first = job.end(retention=100)
+    keys = sorted(_job_keys(raw, job.job_id))
+    # a reopening whose persist walk has not reached the keys yet: only its script ran
+    reply = job.scripts.call("open_job", [job.keys.job], [2000, 50])
+    assert reply[:2] == [0, 1]
+    at = _expiries(raw, job.job_id)
+    assert at.pop(job.keys.job) == -1 and set(at.values()) == {first}  # the record: running
+    second = job.end(retention=50)
+    assert second != first
+    at = _expiries(raw, job.job_id)
+    assert sorted(at) == keys and set(at.values()) == {second}, at
+
+
 def test_an_ended_jobs_keys_are_gone_after_its_retention(job: strata_redis.Job, raw: Any) -> None:
     job.register_worker("w", heartbeat_interval=None).deregister()
     assert _job_keys(raw, job.job_id)
