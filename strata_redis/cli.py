@@ -157,7 +157,7 @@ def _jobs_table(rows: list[dict[str, object]]) -> str:
         job = c[0] if len(c[0]) <= widths[0] else c[0][: widths[0] - 1] + "~"
         parts = [job.ljust(widths[0])] + [
             v.rjust(w) if i in (2, 3) else v.ljust(w)
-            for i, (v, w) in enumerate(zip(c[1:], widths[1:], strict=True), start=2)
+            for i, (v, w) in enumerate(zip(c[1:], widths[1:], strict=True), start=1)
         ]
         lines.append("  ".join(parts).rstrip()[:TABLE_WIDTH])
     return "\n".join(lines)

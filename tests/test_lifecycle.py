@@ -286,6 +286,11 @@ def test_jobs_lists_every_job_with_its_state_and_newest_checkpoint(
     assert lines[0].split() == ["JOB", "STATE", "LIVE/ALL", "EPOCH", "ACTIVE", "CHECKPOINT"]
     assert all(len(line) <= 80 for line in lines), lines
     by_job = {line.split()[0]: line.split() for line in lines[1:]}
+    # columns line up: each state starts under STATE, each epoch ends under EPOCH
+    state_at, epoch_end = lines[0].index("STATE"), lines[0].index("EPOCH") + len("EPOCH")
+    for line in lines[1:]:
+        words = line.split()
+        assert line[state_at:].startswith(words[1]) and line[:epoch_end].endswith(words[3])
     assert by_job["run-1"][1:4] == ["running", "1/2", "1"]
     assert by_job["ckpt-only"][1] == "idle" and by_job["ckpt-only"][-2:] == ["e2", "s500"]
     assert any(j.startswith("finished-x") and j.endswith("~") for j in by_job)
