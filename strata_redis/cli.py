@@ -1,4 +1,5 @@
-"""The ``strata`` command: ``demo``, ``status``, ``dashboard`` (``python -m strata_redis``)."""
+"""The ``strata`` command: ``demo``, ``status``, ``jobs``, ``dashboard``
+(``python -m strata_redis``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import orjson
 import redis
 from redis.exceptions import RedisClusterException
 
-from .connection import make_client, redact
+from .checkpoint import index
+from .connection import describe, make_client, redact
+from .coordination import epochs, lifecycle
+from .coordination.lifecycle import JobState
 from .coordination.registry import list_jobs
 from .demo import run_demo
 from .job import Job
@@ -66,6 +70,127 @@ def _frame(state: DashboardState, args: argparse.Namespace) -> str:
 
     doc = state.read(args.job, limit=args.limit)
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() if args.json else render(doc)
+
+
+#: the widest a ``strata jobs`` table gets (a job id longer than fits is cut, marked ``~``)
+TABLE_WIDTH = 80
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    if args.jobs_command == "rm":
+        return _jobs_rm(args)
+    client = make_client(args.redis_url)
+    ids = lifecycle.discover_jobs(client)
+    states = lifecycle.read_states(client, ids, args.heartbeat_timeout)
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            epochs.queue_epoch(pipe, job_id)
+            index.queue_newest_steps(pipe, job_id, 1)
+        replies = iter(pipe.execute())
+    rows = []
+    for st in states:
+        epoch = epochs.take_epoch(replies)
+        newest = index.take_newest_steps(replies)
+        rows.append(_job_row(st, epoch, newest[0].as_dict() if newest else None))
+    if args.json:
+        doc = {"redis": describe(client), "jobs": rows}
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    elif not rows:
+        print("no strata jobs in this Redis")
+    else:
+        print(_jobs_table(rows))
+    return 0
+
+
+def _job_row(st: JobState, epoch: int, checkpoint: dict[str, object] | None) -> dict[str, object]:
+    """One job of ``strata jobs --json``."""
+    rec = st.record
+    return {
+        "job_id": st.job_id,
+        "state": st.state,
+        "workers": {"live": st.live, "silent": st.silent, "total": st.registered},
+        "epoch": epoch,
+        "last_activity_ms": st.last_activity_ms,
+        "idle_s": None if st.last_activity_ms is None
+        else max(0.0, (st.now_ms - st.last_activity_ms) / 1000),
+        "checkpoint": checkpoint,
+        "heartbeat_timeout_s": st.heartbeat_timeout_s,
+        "ended_ms": rec.ended_ms if rec else None,
+        "expires_ms": rec.expires_ms if rec else None,
+    }  # fmt: skip
+
+
+def _ago(seconds: object) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+def _jobs_table(rows: list[dict[str, object]]) -> str:
+    """The rows as a table that fits ``TABLE_WIDTH`` columns."""
+    cells = []
+    for row in rows:
+        workers = row["workers"]
+        assert isinstance(workers, dict)
+        ckpt = row["checkpoint"]
+        if isinstance(ckpt, dict):
+            point = (
+                f"s{ckpt['step']}" if ckpt["epoch"] is None else f"e{ckpt['epoch']} s{ckpt['step']}"
+            )
+            if ckpt["run"]:
+                point = f"r{ckpt['run']} {point}"
+        else:
+            point = "-"
+        cells.append([
+            str(row["job_id"]), str(row["state"]), f"{workers['live']}/{workers['total']}",
+            str(row["epoch"]), _ago(row["idle_s"]), point,
+        ])  # fmt: skip
+    head = ["JOB", "STATE", "LIVE/ALL", "EPOCH", "ACTIVE", "CHECKPOINT"]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
+    room = TABLE_WIDTH - (sum(widths[1:]) + 2 * (len(head) - 1))
+    widths[0] = max(8, min(widths[0], room))
+    lines = []
+    for c in [head, *cells]:
+        job = c[0] if len(c[0]) <= widths[0] else c[0][: widths[0] - 1] + "~"
+        parts = [job.ljust(widths[0])] + [
+            v.rjust(w) if i in (2, 3) else v.ljust(w)
+            for i, (v, w) in enumerate(zip(c[1:], widths[1:], strict=True), start=1)
+        ]
+        lines.append("  ".join(parts).rstrip()[:TABLE_WIDTH])
+    return "\n".join(lines)
+
+
+def _jobs_rm(args: argparse.Namespace) -> int:
+    client = make_client(args.redis_url)
+    job_id = args.job
+    Job(client, job_id)  # validates the id: a clear error (exit 2) for a bad one
+    if next(lifecycle.job_keys(client, job_id), None) is None:
+        print(f"strata: no key of job {job_id!r} in this Redis: nothing to delete", file=sys.stderr)
+        return 1
+    (st,) = lifecycle.read_states(client, [job_id], args.heartbeat_timeout)
+    if st.live and not args.force:
+        print(
+            f"strata: job {job_id!r} has {st.live} live worker(s) (heartbeats within "
+            f"{st.heartbeat_timeout_s:g}s): refusing to delete it; stop them first, or pass "
+            "--force (they then fail with StateLostError)", file=sys.stderr,
+        )  # fmt: skip
+        return 1
+    what = f"every Redis key of job {job_id!r} ({st.state}; checkpoints in storage are kept)"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(f"strata: not deleting {what}: pass --yes (stdin is not a terminal to "
+                  "ask on)", file=sys.stderr)  # fmt: skip
+            return 1
+        answer = input(f"delete {what}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("strata: nothing deleted", file=sys.stderr)
+            return 1
+    deleted = lifecycle.delete_job(client, job_id)
+    print(f"deleted {deleted} keys of job {job_id!r}; its checkpoints in storage are kept")
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -199,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=10.0,
         metavar="SECONDS",
-        help="the job's heartbeat timeout: live workers silent for longer are marked (default 10)",
+        help="heartbeat timeout of a job that has none stored (jobs store their own, and it is "
+        "used: live workers silent for longer read stale); default 10",
     )
     status.add_argument(
         "--limit",
@@ -209,6 +335,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="list at most N workers (default 1000)",
     )
     status.set_defaults(func=_status)
+
+    jobs = sub.add_parser(
+        "jobs",
+        help="list every job in this Redis with its state; 'jobs rm JOB' deletes one",
+        description="List every job in this Redis (found by SCAN, checkpoint-only ones too): "
+        "its state (running, stale, ended, lost, idle), live/all workers, epoch, last "
+        "activity and newest committed checkpoint (epoch, step). 'strata jobs rm JOB --yes' "
+        "deletes every Redis key of one job (never its checkpoints in storage).",
+    )
+    jobs.add_argument("--redis-url", help=redis_help)
+    jobs.add_argument("--json", action="store_true", help="print the rows as JSON")
+    timeout_help = (
+        "heartbeat timeout of a job that has none stored (jobs store their own; default 10)"
+    )
+    jobs.add_argument(
+        "--heartbeat-timeout", type=_seconds, default=10.0, metavar="SECONDS", help=timeout_help
+    )
+    jobs.set_defaults(func=_jobs, jobs_command=None)
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION")
+    rm = jobs_sub.add_parser(
+        "rm",
+        help="delete every Redis key of a job (its checkpoints in storage are kept)",
+        description="Delete every Redis key of JOB, in bounded SCAN + UNLINK steps, and "
+        "nothing of any other job; its checkpoints in storage are kept (a relaunch rebuilds "
+        "the index from them). Refuses a job with live workers unless --force. Without --yes "
+        "it asks on a terminal, and refuses when stdin is not one. Exit 0: deleted; 1: "
+        "refused (or no such job); 2: bad usage.",
+    )
+    rm.add_argument("job", metavar="JOB", help="the job's id")
+    rm.add_argument("--yes", action="store_true", help="do not ask")
+    rm.add_argument("--force", action="store_true", help="delete it even with live workers")
+    rm.add_argument("--redis-url", default=argparse.SUPPRESS, help=redis_help)
+    rm.add_argument(
+        "--heartbeat-timeout", type=_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
+        help=timeout_help,
+    )  # fmt: skip
 
     dash = sub.add_parser(
         "dashboard",
@@ -241,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=10.0,
         metavar="SECONDS",
-        help="the jobs' heartbeat timeout: live workers silent for longer are marked (default 10)",
+        help="heartbeat timeout of a job that has none stored (jobs store their own, and it is "
+        "used: live workers silent for longer read stale); default 10",
     )
     dash.add_argument(
         "--threads", type=_int_in(1, 256), default=8, help="request threads (1..256, default 8)"

@@ -29,7 +29,16 @@ from .keys import Keys
 from .scripts import Scripts
 from .validate import check_id, check_int, check_seconds
 
-__all__ = ["DEFAULT_JOB", "JOB_ENV", "HasContext", "JobContext", "as_context"]
+__all__ = [
+    "DEFAULT_JOB",
+    "DEFAULT_RETENTION_S",
+    "JOB_ENV",
+    "MAX_RETENTION_S",
+    "RETENTION_ENV",
+    "HasContext",
+    "JobContext",
+    "as_context",
+]
 
 #: the low-level API's job when none is named (``TrainingOrchestrator`` derives one instead:
 #: ``identity.job_id``)
@@ -71,11 +80,13 @@ class JobContext:
             it (default: the shared context's, else 0 — no wait; see ``era.EraScripts``).
         replica_timeout: the longest one such wait lasts, seconds (default: the shared
             context's, else 1).
+        retention: seconds an ended job's keys are kept (``coordination/lifecycle.py``;
+            default: the shared context's, else ``$STRATA_JOB_RETENTION``, else 3 days).
 
     Attributes:
         job_id, keys (the key schema), client, scripts (every call carries the job's era),
         era (``era.Era``: a loss of the job's state raises ``StateLostError``),
-        heartbeat_timeout, events_cap,
+        heartbeat_timeout, events_cap, retention,
         heartbeat_scripts (the scripts on the heartbeat client), max_block (seconds one
         blocking command may block).
     """
@@ -90,6 +101,7 @@ class JobContext:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
+        retention: float | None = None,
     ) -> None:
         shared = as_context(redis) if isinstance(redis, (JobContext, HasContext)) else None
         # not given: the shared context's settings (a CheckpointManager made from a job
@@ -102,6 +114,8 @@ class JobContext:
             min_replicas = shared.min_replicas if shared is not None else 0
         if replica_timeout is None:
             replica_timeout = shared.replica_timeout if shared is not None else 1.0
+        if retention is None:
+            retention = shared.retention if shared is not None else _default_retention()
         if job_id is None:
             job_id = shared.job_id if shared is not None else os.environ.get(JOB_ENV)
             job_id = job_id or DEFAULT_JOB
@@ -109,6 +123,7 @@ class JobContext:
         self.heartbeat_timeout: float = check_seconds(
             "heartbeat_timeout", heartbeat_timeout, high=86400
         )
+        self.retention: float = check_seconds("retention", retention, high=MAX_RETENTION_S)
         self.events_cap: int = check_int("events_cap", events_cap, low=100, high=10_000_000)
         self.keys: Keys = Keys(self.job_id)
         if shared is not None:
@@ -188,6 +203,25 @@ class JobContext:
         with self._heartbeat_lock:
             for scripts in self._heartbeat:
                 scripts.client.close()
+
+
+#: how long an ended job's keys are kept by default (``coordination/lifecycle.py``): 3 days
+DEFAULT_RETENTION_S = 3 * 86400.0
+#: the longest retention of an ended job's keys: a year
+MAX_RETENTION_S = 365 * 86400.0
+#: the environment variable of the default retention of an ended job's keys, seconds
+RETENTION_ENV = "STRATA_JOB_RETENTION"
+
+
+def _default_retention() -> float:
+    """``$STRATA_JOB_RETENTION`` seconds, else 3 days."""
+    raw = os.environ.get(RETENTION_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RETENTION_S
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"${RETENTION_ENV} must be a number of seconds, got {raw!r}") from None
 
 
 def as_context(obj: JobContext | HasContext) -> JobContext:

@@ -9,7 +9,7 @@ import redis
 
 from .connection import DEFAULT_MAX_CONNECTIONS, describe
 from .context import HasContext, JobContext
-from .coordination import epochs, latency, registry
+from .coordination import epochs, latency, lifecycle, registry
 from .coordination.barrier import Barrier
 from .coordination.latency import BarrierLatency
 from .coordination.registry import WorkerInfo
@@ -43,6 +43,8 @@ class Job:
         min_replicas, replica_timeout: the durability knob for leases and commits: ``WAIT``
             for this many replicas after each (default 0: no wait, or the shared job's). See
             ``JobContext``.
+        retention: seconds an ended job's keys are kept (default: the shared job's, else
+            ``$STRATA_JOB_RETENTION``, else 3 days; see ``end``).
 
     Attributes:
         context: the ``JobContext`` the features work on (ids, client, keys, scripts).
@@ -58,11 +60,12 @@ class Job:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
+        retention: float | None = None,
     ) -> None:
         self.context = JobContext(
             redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap,
             max_connections=max_connections, min_replicas=min_replicas,
-            replica_timeout=replica_timeout,
+            replica_timeout=replica_timeout, retention=retention,
         )  # fmt: skip
 
     @property
@@ -107,6 +110,33 @@ class Job:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- the job's lifecycle -------------------------------------------------------------
+    def end(self, retention: float | None = None) -> int:
+        """End the job: it reads ``ended``, and every key of it expires ``retention``
+        seconds from now (default: the job's ``retention``, 3 days unless set).
+
+        The expiry is set in bounded steps over the job's keys. Checkpoints in storage are
+        kept (a relaunch rebuilds the index from them). A worker that registers in an ended
+        job opens it again (``running``, its keys' expiry cleared). Ending an ended job keeps
+        its end and expiry. See ``strata_redis.coordination.lifecycle``.
+
+        Returns:
+            When the job's keys expire, ms on Redis' clock.
+
+        Raises:
+            StateLostError: the job's state in Redis is gone.
+            ValueError, TypeError: a bad ``retention``.
+        """
+        expires = lifecycle.end_job(self.context, retention)
+        assert expires is not None
+        return expires
+
+    def state(self) -> str:
+        """The job's state: ``running``, ``stale``, ``ended``, ``lost`` or ``idle`` (see
+        ``strata_redis.coordination.lifecycle``), judged by the job's own heartbeat timeout."""
+        (state,) = lifecycle.read_states(self.client, [self.job_id], self.heartbeat_timeout)
+        return state.state
 
     # -- workers ---------------------------------------------------------------------------
     def register_worker(

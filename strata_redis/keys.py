@@ -17,6 +17,30 @@ from .validate import check_id
 PREFIX = "strata"
 
 
+#: the ``SCAN`` ``MATCH`` pattern of every key of every job (``job_of`` reads the job back)
+JOBS_KEYS_PATTERN = f"{PREFIX}:{{*}}:*"
+_GLOB = frozenset("*?[]\\")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with the glob characters of a ``MATCH`` pattern (``* ? [ ] \\``) escaped."""
+    return "".join("\\" + c if c in _GLOB else c for c in text)
+
+
+def job_of(key: str) -> str | None:
+    """The job id of a key of the schema (``strata:{<job>}:...``), None for another key.
+
+    A job id holds no brace, so the tag ends at the first ``}`` (a barrier or dataset name
+    later in the key may hold braces of its own)."""
+    head = f"{PREFIX}:{{"
+    if not key.startswith(head):
+        return None
+    end = key.find("}", len(head))
+    if end <= len(head) or not key.startswith(":", end + 1):
+        return None
+    return key[len(head) : end]
+
+
 @dataclass(frozen=True)
 class Keys:
     """The keys of one job."""
@@ -30,6 +54,23 @@ class Keys:
     def base(self) -> str:
         """``strata:{<job>}``: the prefix of every key of this job."""
         return f"{PREFIX}:{{{self.job_id}}}"
+
+    @property
+    def pattern(self) -> str:
+        """The ``SCAN``/``KEYS`` ``MATCH`` pattern of every key of this job (and no other's):
+        ``strata:{<job>}:*`` with the glob characters of the job id escaped."""
+        return f"{PREFIX}:{{{glob_escape(self.job_id)}}}:*"
+
+    # -- the job's lifecycle -----------------------------------------------------------------
+    @property
+    def job(self) -> str:
+        """HASH the job's record, read and written only by ``coordination/lifecycle.py`` and
+        its scripts: ``created_ms`` (the first registration), ``state`` (``running`` or
+        ``ended``), ``ended_ms``, ``expires_ms`` (while ended: when its keys expire),
+        ``retention_s`` (how long an ended job's keys are kept), ``heartbeat_timeout_ms``
+        (the job's: readers judge staleness by it), ``reopened`` (times an ended job was
+        joined again), ``reopened_from`` (the expiry the last reopening cleared)."""
+        return f"{self.base}:job"
 
     # -- worker registry ---------------------------------------------------------------
     @property

@@ -40,6 +40,8 @@ from .checkpoint.rounds import RoundCheckpoints, loop_parts
 from .context import HasContext, JobContext
 from .coordination.barrier import Barrier
 from .coordination.epochs import current_epoch, round_epoch_barrier
+from .coordination.lifecycle import end_job
+from .coordination.registry import reap
 from .coordination.rendezvous import Rendezvous, Round, RoundWatch
 from .coordination.workers import Worker, register_worker
 from .data.datasets import get_dataset
@@ -85,6 +87,7 @@ class _Host:
         return self._o._watch.broken is not None or self._o.worker.lost is not None
 
     def begin_epoch(self) -> int:
+        self._o._between_epochs = False
         epoch = self._o._job_epoch = self._o._retry(current_epoch, self._o.context)
         return epoch
 
@@ -131,6 +134,9 @@ class TrainingOrchestrator:
             process). None: only when torchrun says this process is a restart
             (``TORCHELASTIC_RESTART_COUNT`` > 0); otherwise a live registration of the id
             raises ``WorkerExistsError`` naming its host and pid, and leaves it untouched.
+        job_retention: seconds the job's keys are kept in Redis once it ended (default
+            ``$STRATA_JOB_RETENTION``, else 3 days). The job ends when its last rank closes
+            after the loop's last epoch (see ``close``).
 
     Raises:
         TypeError, ValueError: a bad argument, named in the message (nothing is written).
@@ -163,6 +169,7 @@ class TrainingOrchestrator:
         lease_ttl: float = 30.0,
         redis_retry: float = 60.0,
         replace: bool | None = None,
+        job_retention: float | None = None,
     ) -> None:
         # Every argument is checked before anything is written to Redis or storage.
         if worker_id is None:
@@ -196,7 +203,9 @@ class TrainingOrchestrator:
         self.on_round = on_round
         if job_id is None and not isinstance(coordinator_url, (JobContext, HasContext)):
             job_id = identity.job_id()  # never the low-level API's shared "default"
-        self.context = JobContext(coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout)
+        self.context = JobContext(
+            coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout, retention=job_retention
+        )
         self.job_id = self.context.job_id
         if "/" in self.job_id:
             raise ValueError(f"job_id must not contain '/' (it names a directory), got {job_id!r}")
@@ -223,6 +232,9 @@ class TrainingOrchestrator:
         self._job_epoch = 0  # the job's epoch as this worker last saw it
         self._epoch_warned = False
         self._closed = False
+        # the loop's last call was advance_epoch (no walk began since): a clean close ends
+        # the job when this is its last live worker
+        self._between_epochs = False
         self._resume: Resume | None = None  # a fresh round's (resume.py)
 
         self.worker: Worker = register_worker(
@@ -522,6 +534,7 @@ class TrainingOrchestrator:
         epoch = release.epoch
         assert epoch is not None
         self._job_epoch = epoch
+        self._between_epochs = True
         self._rounds.fill(
             self.round.number, epoch - 1, lambda cid: self._position(cid, epoch - 1, filled=True)
         )
@@ -566,8 +579,18 @@ class TrainingOrchestrator:
                 time.sleep(delay)
                 delay = min(1.0, delay * 2)
 
-    def close(self) -> None:
-        """Leave cleanly: wait for the saves in flight, stop heartbeats, deregister."""
+    def close(self, *, end: bool | None = None) -> None:
+        """Leave cleanly: wait for the saves in flight, stop heartbeats, deregister.
+
+        Then, if this was the job's last live worker, end the job (its keys expire after
+        ``job_retention``; ``Job.end``): by default when the loop's last call was
+        ``advance_epoch`` (the loop finished its epochs) and the worker was not lost; never
+        when leaving a ``with`` block by an exception. A relaunch opens the job again.
+
+        Args:
+            end: True: end the job if this is its last live worker, whatever the loop did;
+                False: never end it; None: as above.
+        """
         if self._closed:
             return
         self._closed = True
@@ -578,10 +601,29 @@ class TrainingOrchestrator:
         if worker is not None:
             worker.on_generation = None
             worker.leave()
+            if end is None:
+                end = self._between_epochs
+            if end and lost is None and worker.lost is None:
+                self._end_if_last()
         if self._owns_storage:
             self.storage.close()
         if self._owns_client:
             self.context.close()
+
+    def _end_if_last(self) -> None:
+        """End the job if no worker is live now (this one has left; silent ones are reaped
+        first, as any live worker's heartbeat thread would)."""
+        try:
+            reap(self.context)
+            expires = end_job(self.context, only_if_idle=True)
+        except (StrataError, redis_py.RedisError) as exc:
+            log.warning("job %r: not ended on close: %s", self.job_id, exc)
+            return
+        if expires is not None:
+            log.info(
+                "job %r ended: its last worker closed after the loop; its keys expire in %gs",
+                self.job_id, self.context.retention,
+            )  # fmt: skip
 
     def __enter__(self) -> TrainingOrchestrator:
         return self
@@ -592,4 +634,4 @@ class TrainingOrchestrator:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(end=False if exc_type is not None else None)

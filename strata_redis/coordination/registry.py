@@ -32,7 +32,7 @@ from ..connection import (
     zrange_pages,
 )
 from ..context import JobContext
-from ..keys import PREFIX, Keys
+from ..keys import JOBS_KEYS_PATTERN, Keys, job_of
 from ..scripts import Call, check
 from ..validate import check_int
 
@@ -54,6 +54,7 @@ __all__ = [
     "queue_events",
     "queue_generation",
     "queue_heartbeats",
+    "queue_liveness",
     "queue_registered",
     "queue_statuses",
     "queue_worker_infos",
@@ -64,6 +65,7 @@ __all__ = [
     "take_events",
     "take_generation",
     "take_heartbeats",
+    "take_liveness",
     "take_registered",
     "take_statuses",
     "take_worker_infos",
@@ -292,17 +294,24 @@ def events(ctx: JobContext, count: int = 100) -> list[dict[str, str]]:
     return [event.fields() for _, event in reversed(page.entries)]
 
 
-#: the keys a ``SCAN`` for jobs matches: every job with state has a membership generation
-JOBS_PATTERN = f"{PREFIX}:{{*}}:generation"
+#: the keys a ``SCAN`` for jobs matches: every key of every job (so a job with checkpoints
+#: only, or whose membership keys are gone, is found too)
+JOBS_PATTERN = JOBS_KEYS_PATTERN
 
 
-def _job_of(key: str) -> str:
-    return key[key.index("{") + 1 : key.rindex("}")]
+def _jobs_of(keys: Iterable[Any]) -> set[str]:
+    found = set()
+    for key in keys:
+        job = job_of(key.decode() if isinstance(key, bytes) else str(key))
+        if job:
+            found.add(job)
+    return found
 
 
 def list_jobs(client: Any) -> list[str]:
-    """The ids of every job with state in this Redis (a ``SCAN``: for operators, not hot paths)."""
-    return sorted({_job_of(key) for key in client.scan_iter(match=JOBS_PATTERN, count=1000)})
+    """The ids of every job with a key in this Redis (every primary of a cluster): a ``SCAN``
+    in bounded steps, for operators, not hot paths."""
+    return sorted(_jobs_of(client.scan_iter(match=JOBS_PATTERN, count=1000)))
 
 
 def scan_jobs(client: Any, cursor: int = 0, count: int = 1000) -> tuple[int, list[str]]:
@@ -318,7 +327,7 @@ def scan_jobs(client: Any, cursor: int = 0, count: int = 1000) -> tuple[int, lis
         cursor is 0 (a job may be found by more than one step).
     """
     cursor, keys = client.scan(cursor, match=JOBS_PATTERN, count=count)
-    return int(cursor), [_job_of(str(key)) for key in keys]
+    return int(cursor), sorted(_jobs_of(keys))
 
 
 def job_clock(client: Any, job_id: str | None = None) -> tuple[int, int]:
@@ -394,6 +403,23 @@ def take_heartbeats(replies: Replies, client: Any, job_id: str) -> dict[str, flo
     first = score_pairs(take_reply(replies))
     beats = zrange_pages(client, Keys(job_id).heartbeats, LIVE_PAGE, first=first, withscores=True)
     return {str(w): float(s) for w, s in beats}
+
+
+def queue_liveness(pipe: Any, job_id: str, since_ms: int) -> None:
+    """Queue a count of the live workers, of those that heartbeated at or after
+    ``since_ms`` (Redis' clock), and a read of the newest heartbeat (three O(log N) reads)."""
+    beats = Keys(job_id).heartbeats
+    pipe.zcard(beats)
+    pipe.zcount(beats, since_ms, "+inf")
+    pipe.zrange(beats, -1, -1, withscores=True)
+
+
+def take_liveness(replies: Replies) -> tuple[int, int, int | None]:
+    """``(live workers, those fresh since the time asked, the newest heartbeat ms or None)``
+    from ``queue_liveness``."""
+    live, fresh = int(take_reply(replies)), int(take_reply(replies))
+    newest = take_reply(replies)
+    return live, fresh, int(float(newest[0][1])) if newest else None
 
 
 def queue_registered(pipe: Any, job_id: str) -> None:

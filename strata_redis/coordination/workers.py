@@ -19,6 +19,7 @@ from ..errors import StateLostError, StrataError, WorkerError
 from ..scripts import check
 from ..status import Status
 from ..validate import check_id, check_int, check_seconds
+from .lifecycle import open_job
 from .registry import SETTABLE_STATUSES, RedisClock, holder, reap_call, reaped
 
 __all__ = ["Worker", "register_worker"]
@@ -72,6 +73,8 @@ def register_worker(
     }
     if heartbeat_interval is not None:
         check_seconds("heartbeat_interval", heartbeat_interval, high=ctx.heartbeat_timeout)
+    # the job's record: made by its first registration; an ended job is opened again
+    open_job(ctx)
     k = ctx.keys
     reply = ctx.scripts.call(
         "register_worker",

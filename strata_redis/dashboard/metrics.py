@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from strata_redis.coordination.lifecycle import JOB_STATES
 from strata_redis.coordination.registry import STATUSES
 
 from .state import LATENCIES_READ, RECORDS_READ
@@ -41,7 +42,8 @@ class _DocumentCollector(Collector):
         workers = GaugeMetricFamily(
             "strata_workers",
             "Workers by status: live ones, and those that failed or left within the "
-            "dashboard's gone window; 'stale' counts live workers past the heartbeat timeout",
+            "dashboard's gone window; 'stale' counts live workers past the job's heartbeat "
+            "timeout (not also under the status they last set)",
             labels=["job", "status"],
         )
         for job_id, m in per_job.items():
@@ -77,11 +79,27 @@ class _DocumentCollector(Collector):
             labels=["job"],
         )
         epoch = GaugeMetricFamily("strata_epoch", "The job's epoch", labels=["job"])
+        state = GaugeMetricFamily(
+            "strata_job_state",
+            "1 for the job's lifecycle state (running, stale, ended, lost, idle), else 0",
+            labels=["job", "state"],
+        )
+        timeout = GaugeMetricFamily(
+            "strata_job_heartbeat_timeout_seconds",
+            "The job's heartbeat timeout (stored with the job): live workers silent for "
+            "longer are stale",
+            labels=["job"],
+        )
         for j in jobs:
             changes.add_metric([j["job_id"]], j["membership_generation"])
             epoch.add_metric([j["job_id"]], j["epoch"])
+            for name in JOB_STATES:
+                state.add_metric([j["job_id"], name], 1 if j["state"] == name else 0)
+            timeout.add_metric([j["job_id"]], j["heartbeat_timeout_s"])
         yield changes
         yield epoch
+        yield state
+        yield timeout
 
         grants = CounterMetricFamily(
             "strata_lease_grants", "Shard leases granted (the fencing-token counter)",

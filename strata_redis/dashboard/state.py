@@ -54,8 +54,9 @@ from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.checkpoint.manifest import CheckpointInfo
 from strata_redis.checkpoint.records import SaveRecord
 from strata_redis.connection import Replies, StreamPage, describe, is_cluster, take_reply
-from strata_redis.coordination import epochs, latency, registry
+from strata_redis.coordination import epochs, latency, lifecycle, registry
 from strata_redis.coordination.latency import BarrierLatency
+from strata_redis.coordination.lifecycle import JobRecord
 from strata_redis.coordination.registry import (
     SETTABLE_STATUSES,
     STATUSES,
@@ -222,7 +223,9 @@ class DashboardState:
     Args:
         client: a decoding redis-py client (``strata_redis.connection.make_client``).
         heartbeat_timeout: seconds without a heartbeat after which a live worker is shown
-            as ``stale`` (not yet declared failed by any reaper). Use the job's own timeout.
+            as ``stale`` (not yet declared failed by any reaper), for a job that has no
+            timeout stored with it (``coordination/lifecycle.py``: jobs store their own,
+            and it is the one used).
         gone_window: seconds during which a worker that failed or left is still listed
             (and exported to Prometheus); older ones drop out.
     """
@@ -312,6 +315,7 @@ class DashboardState:
             stats = self._stats(next(rest))
         for j in jobs:
             j.take_heads(rest, self.client)
+            j.settle(now_ms, self.heartbeat_timeout)
         if job is not None and not jobs[0].exists:
             raise JobNotFoundError(
                 f"no job {job!r} in this Redis ({self.redis_description}): it has no "
@@ -332,7 +336,7 @@ class DashboardState:
         for j in jobs:
             j.take_details(rest, now_ms, self)
 
-        workers = [w for j in jobs for w in j.worker_rows(now_ms, self.heartbeat_timeout)]
+        workers = [w for j in jobs for w in j.worker_rows(now_ms)]
         doc: dict[str, Any] = {
             "schema": SCHEMA,
             "redis": self.redis_description,
@@ -347,7 +351,7 @@ class DashboardState:
             "checkpoints": [c for j in jobs for c in j.checkpoints_out()],
             "metrics": {
                 "redis": self._redis_metrics(now_ms, stats, commands),
-                "jobs": [j.metrics(now_ms, self.heartbeat_timeout) for j in jobs],
+                "jobs": [j.metrics(now_ms) for j in jobs],
             },
             "read": {
                 "commands": commands,
@@ -456,6 +460,10 @@ class _JobRead:
         self.committed_steps: list[CheckpointId] = []
         self.records: list[tuple[str, SaveRecord]] = []
         self.exists = False
+        self.record: JobRecord | None = None
+        self.era = False
+        self.timeout_s = 10.0
+        self.state = "idle"
         self.status: dict[str, str | None] = {}
         self.info: dict[str, WorkerInfo] = {}
         self.progress: dict[str, dict[str, Any]] = {}
@@ -484,6 +492,8 @@ class _JobRead:
         index.queue_newest_steps(pipe, job, CHECKPOINTS_READ)
         records.queue_save_records(pipe, job, RECORDS_READ, self._record_tail.after)
         leases.queue_lease_grants(pipe, job)
+        lifecycle.queue_record(pipe, job)
+        lifecycle.queue_era_exists(pipe, job)
 
     def take_heads(self, replies: Replies, client: Any) -> None:
         self.beats = registry.take_heartbeats(replies, client, self.job_id)
@@ -499,9 +509,28 @@ class _JobRead:
         saves = records.take_save_records(replies)
         self.records = self._record_tail.take(saves)
         self.fence = leases.take_lease_grants(replies)
+        self.record = lifecycle.take_record(replies)
+        self.era = lifecycle.take_era_exists(replies)
         self.exists = bool(
             self.registered or self.generation or self.dataset_params or self.committed_steps
             or saves.length or events.length or self.epoch or self.fence
+            or self.record is not None
+        )  # fmt: skip
+
+    def settle(self, now_ms: int, default_timeout: float) -> None:
+        """The job's heartbeat timeout (stored with the job, else ``default_timeout``) and
+        its lifecycle state, from round 1's reads."""
+        rec = self.record
+        self.timeout_s = (
+            rec.heartbeat_timeout_s if rec is not None and rec.heartbeat_timeout_s
+            else default_timeout
+        )  # fmt: skip
+        cutoff = now_ms - self.timeout_s * 1000
+        fresh = sum(1 for seen in self.beats.values() if seen >= cutoff)
+        last = self.events[0][1].type if self.events else None
+        self.state = lifecycle.job_state(
+            rec, era=self.era, live=len(self.beats), fresh=fresh, registered=self.registered,
+            last_event=last,
         )  # fmt: skip
 
     def candidates(self, gone_since_ms: int) -> list[str]:
@@ -572,8 +601,11 @@ class _JobRead:
             self.step_state[step] = commit.take_step_state(replies)
 
     # -- the document's parts -----------------------------------------------------------------
-    def worker_rows(self, now_ms: int, timeout_s: float) -> list[dict[str, Any]]:
-        """The rows of this job's workers on the requested page."""
+    def worker_rows(self, now_ms: int) -> list[dict[str, Any]]:
+        """The rows of this job's workers on the requested page: a live worker silent past
+        the job's heartbeat timeout shows status ``stale`` (whatever it last set), even if
+        no reaper declared it failed."""
+        timeout_s = self.timeout_s
         held: dict[str, list[dict[str, Any]]] = {}
         for name, holders in self.holders.items():
             for h in holders.values():
@@ -588,11 +620,12 @@ class _JobRead:
         for w in self._page:
             info = self.info[w]
             seen = info.last_seen_s
+            stale = seen is not None and seen > timeout_s and info.status in LIVE_STATUSES
             rows.append({
                 "job_id": self.job_id,
                 "worker_id": w,
-                "status": info.status,
-                "stale": seen is not None and seen > timeout_s,
+                "status": "stale" if stale else info.status,
+                "stale": stale,
                 "last_seen_s": seen,
                 "host": info.host,
                 "address": info.address,
@@ -603,14 +636,18 @@ class _JobRead:
             })  # fmt: skip
         return rows
 
-    def counts(self, now_ms: int, timeout_s: float) -> dict[str, int]:
+    def counts(self, now_ms: int) -> dict[str, int]:
+        """Workers by status; a live one silent past the job's timeout counts as ``stale``
+        only (not under the status it last set)."""
         counts = dict.fromkeys((*STATUSES, "stale"), 0)
+        timeout_ms = self.timeout_s * 1000
         for w in self._candidates:
             status = self.status.get(w)
-            if status in counts:
+            seen = self.beats.get(w)
+            if seen is not None and now_ms - seen > timeout_ms and status in LIVE_STATUSES:
+                counts["stale"] += 1
+            elif status in counts:
                 counts[status] += 1
-        timeout_ms = timeout_s * 1000
-        counts["stale"] = sum(1 for seen in self.beats.values() if now_ms - seen > timeout_ms)
         return counts
 
     def summary(self) -> dict[str, Any]:
@@ -618,6 +655,8 @@ class _JobRead:
         newest = self.committed_steps[0].as_dict() if self.committed_steps else None
         return {
             "job_id": self.job_id,
+            "state": self.state,
+            "heartbeat_timeout_s": self.timeout_s,
             "epoch": self.epoch,
             "membership_generation": self.generation,
             "live_workers": live,
@@ -701,10 +740,10 @@ class _JobRead:
             out.append(row)
         return out
 
-    def metrics(self, now_ms: int, timeout_s: float) -> dict[str, Any]:
+    def metrics(self, now_ms: int) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
-            "workers": self.counts(now_ms, timeout_s),
+            "workers": self.counts(now_ms),
             "membership_generation": self.generation,
             "lease_grants_total": self.fence,
             "shards": {

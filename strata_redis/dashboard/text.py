@@ -35,12 +35,18 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
     counts = m["workers"]
     stale = counts["stale"]
     lines = [
-        f"job {job_id!r}: membership generation {job['membership_generation']}, "
+        f"job {job_id!r} ({job['state']}): membership generation "
+        f"{job['membership_generation']}, "
         f"{job['live_workers']} live of {job['registered_workers']} workers; "
         f"epoch {job['epoch']}",
         f"  workers: {counts['training']} training, {counts['checkpointing']} checkpointing, "
         f"{counts['idle']} idle, {counts['failed']} failed and {counts['left']} left in the "
-        f"last 10 min" + (f", {stale} silent past the heartbeat timeout" if stale else ""),
+        f"last 10 min"
+        + (
+            f", {stale} silent past the job's {job['heartbeat_timeout_s']:g}s timeout"
+            if stale
+            else ""
+        ),
     ]
     b = m["barrier"]
     if b["releases"]:
@@ -103,7 +109,7 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
         )
     for w in workers:
         seen = "-" if w["last_seen_s"] is None else f"{w['last_seen_s']:.1f}s"
-        status = w["status"] + ("!" if w["stale"] else "")
+        status = w["status"]
         shard = ", ".join(f"{s['dataset']}#{s['shard_id']}" for s in w["shards"])
         lines.append(
             f"{w['worker_id']:<24} {status:<14} {seen:>10}  {w['host'] or '-':<16} "
@@ -113,7 +119,7 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
     if page["total"] > len(doc["workers"]):
         lines.append(f"... {page['total'] - len(doc['workers'])} more workers not shown")
     if any(w["stale"] for w in workers):
-        lines.append("(!: no heartbeat for longer than the heartbeat timeout; not yet reaped)")
+        lines.append("(stale: no heartbeat for longer than the job's timeout; not yet reaped)")
     return lines
 
 
