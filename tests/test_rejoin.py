@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import redis
 
 import strata_redis
 from strata_redis.checkpoint.ids import CheckpointId
+from strata_redis.checkpoint.rounds import RoundCheckpoints
+from strata_redis.context import JobContext
+from strata_redis.errors import CheckpointAbortedError
 from strata_redis.data.sharding import DatasetParams
 
 from .procs import join_all, kill9, spawn, wait_for
@@ -115,6 +119,7 @@ def test_a_rank_relaunched_mid_epoch_under_its_id_commits_its_next_save(
         why=lambda: [i.label for i in ckpt.list()],
     )  # fmt: skip
     kill9(procs[1])
+    killed_at = time.time()
     done_at_kill = raw.hgetall(f"strata:{{{JOB}}}:shards_done:0:{DATASET}")
     assert len(done_at_kill) < params.num_shards - 10, "the kill came too late in the epoch"
     victim = json.loads((logs / "joined-0-1").read_text())["worker"]
@@ -141,7 +146,8 @@ def test_a_rank_relaunched_mid_epoch_under_its_id_commits_its_next_save(
     assert all(s["outcome"] == "committed" for s in made), saves
     print(
         f"relaunched rank: next save {lined_up} (its loop's step {first['step']}) committed "
-        f"{took:.2f} s after it rejoined (round {rejoined['round']})"
+        f"{took:.2f} s after it rejoined round {rejoined['round']} "
+        f"({rejoined['t'] - killed_at:.2f} s after the kill, its start included)"
     )
     # the others: none of their saves waited out commit_timeout (those open at the kill
     # were aborted at once), and from that checkpoint on every one committed
@@ -171,3 +177,44 @@ def test_a_rank_relaunched_mid_epoch_under_its_id_commits_its_next_save(
     for epoch in (0, 1):
         assert survived[epoch] == Counter(range(params.total_samples)), epoch
     ckpt.close()
+
+
+def test_a_mid_epoch_joiner_takes_the_step_of_the_round_before(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """``RoundCheckpoints.line_up``, step by step: the base is the epoch's newest checkpoint
+    opened in the round before or committed (never one opened in the joiner's own round),
+    the loop's steps of that epoch count from it, and the round before's open checkpoints
+    are aborted, so a member that saves one again fails at once."""
+    ctx = JobContext(redis_url, "lineup")
+    storage = strata_redis.LocalStorage(tmp_path)
+    old = RoundCheckpoints(ctx, storage, worker_id="a", commit_timeout=30.0)
+    old.join(1, True, 0, 1)  # round 1 (fresh): "a" alone
+    committed = old.save(1, CheckpointId(100, 0), 0, {"model.bin": b"100"}).result(30)
+    assert committed.id == CheckpointId(100, 0)
+    old.announce(1, CheckpointId(200, 0), 0)  # opened by a member that died before its commit
+    old.announce(1, CheckpointId(900, 1), 1)  # (another epoch's: not this one's)
+    old.close()
+
+    new = RoundCheckpoints(ctx, storage, worker_id="b", commit_timeout=30.0)
+    new.join(2, False, 1, 2)  # round 2, not fresh: "b" joins it mid-epoch 0
+    new.announce(2, CheckpointId(300, 0), 0)  # "a" saved in round 2 before "b" lined up
+    assert new.line_up(2, 0) == CheckpointId(200, 0)
+    assert new.base == new.last == CheckpointId(200, 0)
+    assert new.checkpoint(0, 0) is None  # its step 0 is the base: saved by the others
+    assert new.checkpoint(100, 0) == CheckpointId(300, 0)  # round 2's: it takes part
+    assert new.checkpoint(0, 1) == CheckpointId(0, 1)  # the next epoch: the loop's own steps
+
+    survivor = RoundCheckpoints(ctx, storage, worker_id="a", commit_timeout=30.0)
+    survivor.join(2, False, 0, 2)
+    with pytest.raises(CheckpointAbortedError, match="joined round 2 mid-epoch"):
+        survivor.save(2, CheckpointId(200, 0), 0, {"model.bin": b"200"}).result(10)
+    survivor.close()
+    new.close()
+    # a joiner in an epoch with no checkpoint yet counts from the loop's step 0, like all
+    late = RoundCheckpoints(ctx, storage, worker_id="c", commit_timeout=30.0)
+    late.join(2, False, 2, 3)
+    assert late.line_up(2, 2) is None and late.base is None
+    assert late.checkpoint(0, 2) == CheckpointId(0, 2)
+    late.close()
+    ctx.close()

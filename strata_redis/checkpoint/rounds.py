@@ -23,9 +23,11 @@ step 0 while the others' loops are far on: it **takes the round's step** (``line
 newest checkpoint of the epoch opened or committed in the run (the round before's
 announcements, the index) is its **base**: this worker's loop step ``s`` of that epoch is
 checkpoint step ``base + s`` (its step 0, the base itself, was saved by the others already
-and is skipped), so its next save is the others' next one and commits with them. From the
-next epoch on every loop counts from 0 alike and the base is dropped. A committed checkpoint
-still holds every rank's state at the same point of the epoch's checkpoint count.
+and is skipped), so its next save is the others' next one and commits with them. The round
+before's checkpoints that did not commit are aborted then (their parts were saved in a round
+that is over), so none waits out ``commit_timeout``. From the next epoch on every loop
+counts from 0 alike and the base is dropped. A committed checkpoint still holds every rank's
+state at the same point of the epoch's checkpoint count, all saved in one round.
 """
 
 from __future__ import annotations
@@ -168,30 +170,37 @@ class RoundCheckpoints:
     def line_up(self, round_: int, job_epoch: int) -> CheckpointId | None:
         """This process joined its run in round ``round_``, not fresh, during the job's epoch
         ``job_epoch``: take the round's step. The newest checkpoint of ``job_epoch`` in this
-        run, announced in round ``round_`` or the one before or committed, becomes ``base``
-        (and ``last``): the loop's step ``s`` of that epoch is checkpoint step ``base + s``.
+        run, opened in the round before or committed, becomes ``base`` (and ``last``): the
+        loop's step ``s`` of that epoch is checkpoint step ``base + s``. The round before's
+        checkpoints that did not commit are aborted: they can never commit now (the member
+        this process replaces, or the dead one it stands in for, saved its part in a round
+        that is over), so a member that saves one of them again fails at once instead of
+        waiting out ``commit_timeout``. Checkpoints opened in ``round_`` itself (the others
+        may save before this call) are left alone: this worker takes part in them.
         Call it once, after the process's first ``join``, before its first save.
 
         Returns:
             The base, or None when the epoch has no checkpoint in this run yet (the loop's
             steps are the checkpoint steps, as the others' are).
         """
-        keys, found = self.context.keys, []
-        with self.context.client.pipeline(transaction=False) as pipe:
-            for number in {max(round_ - 1, 0), round_}:
-                pipe.zrevrangebyscore(
-                    keys.round_checkpoints(number), job_epoch, job_epoch, start=0, num=1
-                )
-            announced = [m for members in pipe.execute() for m in members]
-        for member in announced:
+        assert self.manager is not None
+        index = CheckpointIndex(self.context)
+        committed = set(index.ids())
+        before = self.context.keys.round_checkpoints(max(round_ - 1, 0))
+        opened = []
+        for member in self.context.client.zrangebyscore(before, job_epoch, job_epoch):
             try:
-                found.append(CheckpointId.from_member(member))
+                opened.append(CheckpointId.from_member(member))
             except ValueError:
                 continue
-        newest = CheckpointIndex(self.context).newest()
-        if newest is not None:
-            found.append(newest)
-        here = [c for c in found if c.run == self.run and c.epoch == job_epoch]
+        opened = [c for c in opened if c.run == self.run and c.epoch == job_epoch]
+        for cid in opened:
+            if cid not in committed:
+                self.manager.protocol.abort(
+                    cid, f"worker {self.worker_id!r} joined round {round_} mid-epoch: round "
+                    f"{round_ - 1}, which opened the checkpoint, is over",
+                )  # fmt: skip
+        here = opened + [c for c in committed if c.run == self.run and c.epoch == job_epoch]
         if not here:
             return None
         self.base = max(here)
