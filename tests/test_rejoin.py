@@ -21,8 +21,8 @@ import strata_redis
 from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.checkpoint.rounds import RoundCheckpoints
 from strata_redis.context import JobContext
-from strata_redis.errors import CheckpointAbortedError
 from strata_redis.data.sharding import DatasetParams
+from strata_redis.errors import CheckpointAbortedError
 
 from .procs import join_all, kill9, spawn, wait_for
 
