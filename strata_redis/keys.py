@@ -206,8 +206,9 @@ class Keys:
     def round_checkpoints(self, round_: int) -> str:
         """ZSET the checkpoints opened in a round: index member (as in ``checkpoints``) -> the
         job's epoch it was opened in, so ranks whose epoch ended early fill them in at the
-        epoch barrier (``checkpoint/rounds.py``); trimmed as epochs pass, expires a day after
-        its last write."""
+        epoch barrier, and a rank joining mid-epoch takes the round's step from them
+        (``checkpoint/rounds.py``); trimmed as epochs pass, expires a day after its last
+        write."""
         return f"{self.base}:round_checkpoints:{round_}"
 
     def torch_store(self, round_: int) -> str:

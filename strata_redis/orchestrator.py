@@ -250,6 +250,10 @@ class TrainingOrchestrator:
                 self._job_epoch = self._resume.restore_all()
             else:
                 self._job_epoch = self._retry(current_epoch, self.context)
+                if not self.round.fresh:
+                    # joined a running job (relaunched under its id, or in a dead member's
+                    # place) mid-epoch: its loop counts from 0, the others' are far on
+                    self._retry(self._rounds.line_up, self.round.number, self._job_epoch)
         except BaseException:
             self.close()
             raise
@@ -415,6 +419,13 @@ class TrainingOrchestrator:
         relaunched and resumes, so a loop that counts from step 0 again saves after the
         checkpoints of the launch before.
 
+        A worker that joined the running job mid-epoch (a rank relaunched under its old id,
+        or a replacement for a dead member) takes the round's step: in that epoch its loop's
+        step ``s`` is checkpoint step ``B + s``, ``B`` being the epoch's newest checkpoint
+        when it joined (its step 0 is ``B`` itself, saved by the others already: None is
+        returned), so its next save is the others' next one and commits with theirs
+        (``checkpoint/rounds.py``). From the next epoch on, steps are the loop's own again.
+
         Args:
             step: the loop's step (it may restart every epoch), ``0 <= step <= 2**53``.
             epoch: the loop's epoch, ``0 <= epoch <= 2**53`` (a warning once if it is not the
@@ -424,7 +435,8 @@ class TrainingOrchestrator:
 
         Returns:
             The save's future (``result()`` waits for the commit), or None when (epoch, step)
-            is not after this worker's previous checkpoint in this run (a warning says so).
+            is not after this worker's previous checkpoint in this run (a warning says so),
+            or is the step a mid-epoch joiner took from the round (see above).
 
         Raises:
             TypeError, ValueError: a bad argument.
@@ -444,6 +456,13 @@ class TrainingOrchestrator:
                 self.worker_id, epoch, job_epoch,
             )  # fmt: skip
         cid = self._rounds.checkpoint(step, epoch)
+        base = self._rounds.base
+        if cid is None and step == 0 and base is not None and base.epoch == epoch:
+            log.info(
+                "worker %r: its loop's step 0 of epoch %d is checkpoint %s, which the others "
+                "saved before it joined; not saved", self.worker_id, epoch, base,
+            )  # fmt: skip
+            return None
         if cid is None:
             log.warning(
                 "worker %r: checkpoint (epoch=%d, step=%d) is not after its previous one %s; "

@@ -16,6 +16,18 @@ and owns two keys:
   job's epoch they were opened in). A rank whose epoch ended before another rank's
   checkpoint (it had fewer batches) saves its part of it after the epoch barrier
   (``missed``), so the checkpoint can commit.
+
+A process that joins its run mid-epoch (a rank relaunched under its old worker id, or a
+replacement for a dead member, in a round that is not fresh) has a loop that counts from
+step 0 while the others' loops are far on: it **takes the round's step** (``line_up``). The
+newest checkpoint of the epoch opened or committed in the run (the round before's
+announcements, the index) is its **base**: this worker's loop step ``s`` of that epoch is
+checkpoint step ``base + s`` (its step 0, the base itself, was saved by the others already
+and is skipped), so its next save is the others' next one and commits with them. The round
+before's checkpoints that did not commit are aborted then (their parts were saved in a round
+that is over), so none waits out ``commit_timeout``. From the next epoch on every loop
+counts from 0 alike and the base is dropped. A committed checkpoint still holds every rank's
+state at the same point of the epoch's checkpoint count, all saved in one round.
 """
 
 from __future__ import annotations
@@ -84,6 +96,8 @@ class RoundCheckpoints:
     Attributes:
         run: the job's run this worker saves in.
         last: the newest checkpoint this worker saved (or filled in) in this run.
+        base: when this process joined its run mid-epoch, the round's checkpoint its loop's
+            step 0 of that epoch stands for (``line_up``); None otherwise.
         held: at a fresh round, the committed checkpoints Redis held before the index was
             rebuilt from storage (a resume from one not in it came from storage alone).
     """
@@ -106,6 +120,7 @@ class RoundCheckpoints:
         self.state_provider = state_provider
         self.run = 0
         self.last: CheckpointId | None = None
+        self.base: CheckpointId | None = None
         self.held: set[CheckpointId] = set()
         self.manager: CheckpointManager | None = None  # the current round's
         self._old: list[CheckpointManager] = []
@@ -148,13 +163,66 @@ class RoundCheckpoints:
             run = self._retry(self.context.client.hget, keys.checkpoint_run, "run") or 0
         run = int(run)
         if run != self.run:
-            self.last = None  # a new run: the loop counts from its start again
+            self.last = self.base = None  # a new run: the loop counts from its start again
         self.run = run
         return run
 
+    def line_up(self, round_: int, job_epoch: int) -> CheckpointId | None:
+        """This process joined its run in round ``round_``, not fresh, during the job's epoch
+        ``job_epoch``: take the round's step. The newest checkpoint of ``job_epoch`` in this
+        run, opened in the round before or committed, becomes ``base`` (and ``last``): the
+        loop's step ``s`` of that epoch is checkpoint step ``base + s``. The round before's
+        checkpoints that did not commit are aborted: they can never commit now (the member
+        this process replaces, or the dead one it stands in for, saved its part in a round
+        that is over), so a member that saves one of them again fails at once instead of
+        waiting out ``commit_timeout``. Checkpoints opened in ``round_`` itself (the others
+        may save before this call) are left alone: this worker takes part in them.
+        Call it once, after the process's first ``join``, before its first save.
+
+        Returns:
+            The base, or None when the epoch has no checkpoint in this run yet (the loop's
+            steps are the checkpoint steps, as the others' are).
+        """
+        assert self.manager is not None
+        index = CheckpointIndex(self.context)
+        committed = set(index.ids())
+        before = self.context.keys.round_checkpoints(max(round_ - 1, 0))
+        opened = []
+        for member in self.context.client.zrangebyscore(before, job_epoch, job_epoch):
+            try:
+                opened.append(CheckpointId.from_member(member))
+            except ValueError:
+                continue
+        opened = [c for c in opened if c.run == self.run and c.epoch == job_epoch]
+        for cid in opened:
+            if cid not in committed:
+                self.manager.protocol.abort(
+                    cid, f"worker {self.worker_id!r} joined round {round_} mid-epoch: round "
+                    f"{round_ - 1}, which opened the checkpoint, is over",
+                )  # fmt: skip
+        here = opened + [c for c in committed if c.run == self.run and c.epoch == job_epoch]
+        if not here:
+            return None
+        self.base = max(here)
+        if self.last is None or self.base > self.last:
+            self.last = self.base
+        log.info(
+            "worker %r joined run %d mid-epoch: its loop's step 0 of epoch %d is checkpoint %s",
+            self.worker_id, self.run, job_epoch, self.base,
+        )  # fmt: skip
+        return self.base
+
     def checkpoint(self, step: int, epoch: int) -> CheckpointId | None:
-        """The id of the loop's (epoch, step) in this run, or None when it is not after this
-        worker's last checkpoint (it must not be saved again)."""
+        """The id of the loop's (epoch, step) in this run (in the epoch it lined up in, from
+        ``base`` on), or None when it is not after this worker's last checkpoint (it must not
+        be saved again).
+
+        Raises:
+            ValueError: ``base`` + ``step`` is past ``MAX_NUMBER``.
+        """
+        base = self.base
+        if base is not None and epoch == base.epoch:
+            step += base.step
         cid = CheckpointId(step, epoch, self.run)
         return None if self.last is not None and cid <= self.last else cid
 
