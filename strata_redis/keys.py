@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .status import ANCHORS
 from .validate import check_id
 
 PREFIX = "strata"
@@ -67,10 +68,17 @@ class Keys:
 
     @property
     def clock(self) -> str:
-        """STRING the job's clock: +1 per script call (the era check in front of every script);
-        never expires while the era stands, never goes back. A process remembers the highest
-        value it saw (checkpoints record it): Redis holding less means its state went back."""
+        """HASH the job's clock: ``tick`` +1 per script call (the era check in front of every
+        script), never going back: a process remembers the highest tick it saw (checkpoints
+        record it), and Redis holding less means its state went back; ``made``: the numbers
+        (1-based, in ``status.ANCHORS``' order) of the anchors made so far."""
         return f"{self.base}:clock"
+
+    @property
+    def anchors(self) -> tuple[str, ...]:
+        """The job's anchor keys (``status.ANCHORS``: fence, generation, epoch): once made,
+        they exist for as long as the era stands; every script checks those made."""
+        return tuple(getattr(self, name) for name in ANCHORS)
 
     @property
     def events(self) -> str:

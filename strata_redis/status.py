@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["EPILOGUE", "ERA_CHECK", "Acquire", "Status", "prelude"]
+__all__ = ["ANCHORS", "EPILOGUE", "ERA_CHECK", "Acquire", "Status", "prelude"]
 
 
 class Status(IntEnum):
@@ -58,29 +58,55 @@ class Acquire(IntEnum):
     REFUSED = -3  # the worker may not lease (the reply carries its Status)
 
 
-#: the era and clock check in front of every script (one line). The caller appends the era
-#: key and the clock key to KEYS, and the era it works in and the highest clock it has seen
-#: to ARGV; a script reads ``NKEYS``/``NARGV`` for its own counts. A missing or other era
-#: answers ``{0, {S.STATE_LOST, stored era or ""}}`` before the script touches anything. A
-#: clock below the caller's means the job's state went back (a failover to a lagging
-#: replica, a restart from an older snapshot, an evicted clock): the era is marked rolled
-#: back (``<era>!rolled-back:<clock><<seen>``: every other process then sees a lost era) and
-#: the answer is ``{0, {S.STATE_ROLLED_BACK, clock}}``. Otherwise the clock ticks
-#: (``CLOCK``: this call's tick) and ``EPILOGUE`` answers ``{CLOCK, the script's reply}``.
+#: the job's anchors: keys that, once made, exist for as long as the era stands (a job's
+#: fencing counter, membership generation and epoch); the caller appends them, in this
+#: order, before the era key (``era.py``)
+ANCHORS = ("fence", "generation", "epoch")
+
+#: the era, clock and anchor check in front of every script (one line). The caller appends
+#: the anchor keys, the era key and the clock key to KEYS, and the era it works in and the
+#: highest clock it has seen to ARGV; a script reads ``NKEYS``/``NARGV`` for its own counts.
+#: - A missing or other era answers ``{0, {S.STATE_LOST, stored era or ""}}`` before the
+#:   script touches anything.
+#: - A clock below the caller's means the job's state went back (a failover to a replica
+#:   that lagged, a restart from an older snapshot, an evicted clock): the era is marked
+#:   rolled back (``<era>!rolled-back:<clock><<seen>``: every other process then sees a lost
+#:   era) and the answer is ``{0, {S.STATE_ROLLED_BACK, clock}}``.
+#: - An anchor that was made (the clock's ``made`` field lists their numbers) and is gone
+#:   means part of the state was lost while the era stands (evicted, expired or deleted by
+#:   hand): the era is marked (``<era>!lost:<anchor>``) and the answer is
+#:   ``{0, {S.STATE_LOST, marked era}}``.
+#: Otherwise the clock ticks (``CLOCK``: this call's tick), the script runs, and
+#: ``EPILOGUE`` notes anchors made meanwhile and answers ``{CLOCK, the script's reply}``.
 ERA_CHECK = (
-    "local NKEYS, NARGV = #KEYS - 2, #ARGV - 2 "
+    f"local NKEYS, NARGV = #KEYS - {len(ANCHORS) + 2}, #ARGV - 2 "
     "local ERA_NOW = redis.call('GET', KEYS[#KEYS - 1]) "
     "if ERA_NOW ~= ARGV[#ARGV - 1] then return {0, {S.STATE_LOST, ERA_NOW or ''}} end "
-    "local CLOCK = tonumber(redis.call('GET', KEYS[#KEYS]) or '0') "
+    "local CLOCKED = redis.call('HMGET', KEYS[#KEYS], 'tick', 'made') "
+    "local CLOCK, MADE = tonumber(CLOCKED[1] or '0'), CLOCKED[2] or '' "
     "if CLOCK < tonumber(ARGV[#ARGV]) then "
     "redis.call('SET', KEYS[#KEYS - 1], ERA_NOW .. '!rolled-back:' .. CLOCK .. '<' .. ARGV[#ARGV]) "
     "return {0, {S.STATE_ROLLED_BACK, CLOCK}} end "
-    "CLOCK = redis.call('INCR', KEYS[#KEYS]) "
+    "for i = 1, #MADE do local n = tonumber(string.sub(MADE, i, i)) "
+    f"if redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 2} + n]) == 0 then "
+    "local lost = ERA_NOW .. '!lost:' .. ({" + ", ".join(f"'{name}'" for name in ANCHORS) + "})[n] "
+    "redis.call('SET', KEYS[#KEYS - 1], lost) return {0, {S.STATE_LOST, lost}} end end "
+    "CLOCK = redis.call('HINCRBY', KEYS[#KEYS], 'tick', 1) "
     "local function BODY() "
 )
 
-#: what follows every script's last line: the script's reply, with this call's clock tick
-EPILOGUE = " end return {CLOCK, BODY()}"
+#: what follows every script's last line: anchors made by this call (or by plain commands
+#: since) join ``made``; the reply goes out with this call's clock tick
+EPILOGUE = (
+    " end local REPLY = BODY() "
+    f"if #MADE < {len(ANCHORS)} then local now = '' "
+    f"for n = 1, {len(ANCHORS)} do "
+    "if string.find(MADE, n, 1, true) "
+    f"or redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 2} + n]) == 1 then "
+    "now = now .. n end end "
+    "if now ~= MADE then redis.call('HSET', KEYS[#KEYS], 'made', now) end end "
+    "return {CLOCK, REPLY}"
+)
 
 
 def prelude() -> str:
