@@ -68,10 +68,11 @@ class Keys:
 
     @property
     def clock(self) -> str:
-        """HASH the job's clock: ``tick`` +1 per script call (the era check in front of every
-        script), never going back: a process remembers the highest tick it saw (checkpoints
-        record it), and Redis holding less means its state went back; ``made``: the numbers
-        (1-based, in ``status.ANCHORS``' order) of the anchors made so far."""
+        """STRING the job's clock, ``tick * 8 + made``: the tick +1 per script call (the era
+        check in front of every script), never going back — a process remembers the highest
+        tick it saw (checkpoints record it), and Redis holding less means its state went back;
+        ``made``'s bits: the anchors made so far (bit 0 fence, 1 generation, 2 epoch:
+        ``status.ANCHORS``), which every script checks still exist."""
         return f"{self.base}:clock"
 
     @property
