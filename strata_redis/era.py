@@ -43,6 +43,7 @@ from typing import Any, Final
 from redis.exceptions import MovedError, NoPermissionError, ResponseError
 
 from .errors import (
+    PARTLY_LOST_MARK,
     ROLLED_BACK_MARK,
     Context,
     RedisConfigError,
@@ -118,12 +119,16 @@ class Era:
         key: the era key (``Keys.era``).
         job_id: the job, for the error.
         clock_key: the clock key (``Keys.clock``).
+        anchors: the job's anchor keys, in ``status.ANCHORS``' order (``Keys.anchors``).
     """
 
-    def __init__(self, client: Any, key: str, job_id: str, clock_key: str) -> None:
+    def __init__(
+        self, client: Any, key: str, job_id: str, clock_key: str, anchors: Sequence[str]
+    ) -> None:
         self._client = client
         self.key = key
         self.clock_key = clock_key
+        self.anchors = tuple(anchors)
         self.job_id = job_id
         self._value: str | None = None
         self._mark = 0
@@ -162,18 +167,15 @@ class Era:
                     except MovedError as exc:
                         raise _moved(self.job_id, exc) from None
                     era = fresh if old is None else _text(old)
-                    if ROLLED_BACK_MARK in era:
-                        raise StateRolledBackError.from_mark(self.job_id, "", era)
+                    if ROLLED_BACK_MARK in era or PARTLY_LOST_MARK in era:
+                        raise StateLostError.of(self.job_id, "", era)
                     check_eviction(self._client, self.job_id)
                     self._value = era
         return self._value
 
     def lost(self, found: object) -> StateLostError:
         """The error for a ``STATE_LOST`` reply (``found``: the stored era, "" if none)."""
-        text = _text(found)
-        if ROLLED_BACK_MARK in text:
-            return StateRolledBackError.from_mark(self.job_id, self._value or "", text)
-        return StateLostError.because(self.job_id, self._value or "", text or None)
+        return StateLostError.of(self.job_id, self._value or "", _text(found) or None)
 
     def rolled_back(self, clock: object) -> StateRolledBackError:
         """The error for a ``STATE_ROLLED_BACK`` reply (``clock``: the clock Redis held)."""
@@ -237,9 +239,11 @@ class EraScripts:
     def stamp(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[list[str], list[Any]]:
         """A script call's keys and arguments with the era and the clock appended (for a
         caller that sends EVALSHA itself, as perf/bench_barrier.py does on raw sockets: it
-        passes the raw reply to ``unwrap``)."""
+        passes the raw reply to ``unwrap``). The job's anchor keys go first (the prelude
+        checks that those once made still exist: ``status.ANCHORS``)."""
         era = self._era.value()
-        return [*keys, self._era.key, self._era.clock_key], [*args, era, self._era.mark]
+        era_keys = [*self._era.anchors, self._era.key, self._era.clock_key]
+        return [*keys, *era_keys], [*args, era, self._era.mark]
 
     def _send(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:

@@ -539,17 +539,42 @@ class StateLostError(StrataError):
         )  # fmt: skip
 
     @classmethod
+    def partly(cls, job_id: str, era: str, found: str) -> StateLostError:
+        """Part of the state of ``job_id`` is gone: ``found`` is the era marked
+        ``<era>!lost:<anchor>`` (``status.ANCHORS``)."""
+        what = found.split(PARTLY_LOST_MARK, 1)[1] if PARTLY_LOST_MARK in found else "?"
+        return cls(
+            f"part of the state of job {job_id!r} in Redis was lost: its {what} key "
+            f"(strata:{{{job_id}}}:{what}) is gone while its era stands (evicted by a "
+            "maxmemory-policy, expired, or deleted by hand). "
+            + _ROLLBACK_REMEDY.format(job=job_id),
+            job_id=job_id, era=era, found=found,
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, job_id: str, era: str, found: str | None) -> StateLostError:
+        """The error for an era that is not ``era``: Redis holds ``found`` (None: none),
+        which may be ``era`` marked rolled back or partly lost."""
+        if found and ROLLED_BACK_MARK in found:
+            return StateRolledBackError.from_mark(job_id, era, found)
+        if found and PARTLY_LOST_MARK in found:
+            return cls.partly(job_id, era, found)
+        return cls.because(job_id, era, found)
+
+    @classmethod
     def refused(cls, c: Context) -> StateLostError:
         """A ``STATE_LOST`` reply seen without the era at hand."""
         found = str(c["payload"][0]) if c.get("payload") else ""
-        if ROLLED_BACK_MARK in found:
-            return StateRolledBackError.from_mark(c.get("job_id", "?"), "?", found)
-        return cls.because(c.get("job_id", "?"), "?", found or None)
+        return cls.of(c.get("job_id", "?"), "?", found or None)
 
 
 #: how a rolled-back era is marked in Redis (``status.ERA_CHECK``):
 #: ``<era>!rolled-back:<clock it held><<clock a process had seen>``
 ROLLED_BACK_MARK = "!rolled-back:"
+
+#: how an era is marked in Redis when part of its state is gone (``status.ERA_CHECK``):
+#: ``<era>!lost:<anchor>``
+PARTLY_LOST_MARK = "!lost:"
 
 #: what to do after a rollback, for the messages
 _ROLLBACK_REMEDY = (

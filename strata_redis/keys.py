@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .status import ANCHORS
 from .validate import check_id
 
 PREFIX = "strata"
@@ -108,10 +109,18 @@ class Keys:
 
     @property
     def clock(self) -> str:
-        """STRING the job's clock: +1 per script call (the era check in front of every script);
-        never expires while the era stands, never goes back. A process remembers the highest
-        value it saw (checkpoints record it): Redis holding less means its state went back."""
+        """STRING the job's clock, ``tick * 8 + made``: the tick +1 per script call (the era
+        check in front of every script), never going back — a process remembers the highest
+        tick it saw (checkpoints record it), and Redis holding less means its state went back;
+        ``made``'s bits: the anchors made so far (bit 0 fence, 1 generation, 2 epoch:
+        ``status.ANCHORS``), which every script checks still exist."""
         return f"{self.base}:clock"
+
+    @property
+    def anchors(self) -> tuple[str, ...]:
+        """The job's anchor keys (``status.ANCHORS``: fence, generation, epoch): once made,
+        they exist for as long as the era stands; every script checks those made."""
+        return tuple(getattr(self, name) for name in ANCHORS)
 
     @property
     def events(self) -> str:

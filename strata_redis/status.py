@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["EPILOGUE", "ERA_CHECK", "Acquire", "Status", "prelude"]
+__all__ = ["ANCHORS", "EPILOGUE", "ERA_CHECK", "Acquire", "Status", "prelude"]
 
 
 class Status(IntEnum):
@@ -58,29 +58,64 @@ class Acquire(IntEnum):
     REFUSED = -3  # the worker may not lease (the reply carries its Status)
 
 
-#: the era and clock check in front of every script (one line). The caller appends the era
-#: key and the clock key to KEYS, and the era it works in and the highest clock it has seen
-#: to ARGV; a script reads ``NKEYS``/``NARGV`` for its own counts. A missing or other era
-#: answers ``{0, {S.STATE_LOST, stored era or ""}}`` before the script touches anything. A
-#: clock below the caller's means the job's state went back (a failover to a lagging
-#: replica, a restart from an older snapshot, an evicted clock): the era is marked rolled
-#: back (``<era>!rolled-back:<clock><<seen>``: every other process then sees a lost era) and
-#: the answer is ``{0, {S.STATE_ROLLED_BACK, clock}}``. Otherwise the clock ticks
-#: (``CLOCK``: this call's tick) and ``EPILOGUE`` answers ``{CLOCK, the script's reply}``.
+#: the job's anchors: keys that, once made, exist for as long as the era stands (a job's
+#: fencing counter, membership generation and epoch); the caller appends them, in this
+#: order, before the era key (``era.py``)
+ANCHORS = ("fence", "generation", "epoch")
+
+#: the era, clock and anchor check in front of every script (one line). The caller appends
+#: the anchor keys, the era key and the clock key to KEYS, and the era it works in and the
+#: highest clock tick it has seen to ARGV; a script reads ``NKEYS``/``NARGV`` for its own
+#: counts. The clock key holds ``tick * 8 + made``: ``made``'s bits are the anchors made so
+#: far (bit n-1 for ``ANCHORS[n]``), so one ``INCRBY 8`` ticks it and reads both.
+#: - A missing or other era answers ``{0, {S.STATE_LOST, stored era or ""}}`` before the
+#:   script touches anything.
+#: - A tick below the caller's means the job's state went back (a failover to a replica
+#:   that lagged, a restart from an older snapshot, an evicted clock): the era is marked
+#:   rolled back (``<era>!rolled-back:<tick><<seen>``: every other process then sees a lost
+#:   era) and the answer is ``{0, {S.STATE_ROLLED_BACK, tick}}``.
+#: - An anchor that was made and is gone means part of the state was lost while the era
+#:   stands (evicted, expired or deleted by hand): the era is marked
+#:   (``<era>!lost:<anchor>``) and the answer is ``{0, {S.STATE_LOST, marked era}}``.
+#: Otherwise the script runs (``CLOCK``: this call's tick), and ``EPILOGUE`` notes anchors
+#: made meanwhile and answers ``{CLOCK, the script's reply}``.
 ERA_CHECK = (
-    "local NKEYS, NARGV = #KEYS - 2, #ARGV - 2 "
+    f"local NKEYS, NARGV = #KEYS - {len(ANCHORS) + 2}, #ARGV - 2 "
     "local ERA_NOW = redis.call('GET', KEYS[#KEYS - 1]) "
     "if ERA_NOW ~= ARGV[#ARGV - 1] then return {0, {S.STATE_LOST, ERA_NOW or ''}} end "
-    "local CLOCK = tonumber(redis.call('GET', KEYS[#KEYS]) or '0') "
-    "if CLOCK < tonumber(ARGV[#ARGV]) then "
-    "redis.call('SET', KEYS[#KEYS - 1], ERA_NOW .. '!rolled-back:' .. CLOCK .. '<' .. ARGV[#ARGV]) "
-    "return {0, {S.STATE_ROLLED_BACK, CLOCK}} end "
-    "CLOCK = redis.call('INCR', KEYS[#KEYS]) "
+    "local CLOCKED = redis.call('INCRBY', KEYS[#KEYS], 8) "
+    "local CLOCK, MADE = math.floor(CLOCKED / 8), CLOCKED % 8 "
+    "if CLOCK - 1 < tonumber(ARGV[#ARGV]) then "
+    "redis.call('SET', KEYS[#KEYS - 1], "
+    "ERA_NOW .. '!rolled-back:' .. (CLOCK - 1) .. '<' .. ARGV[#ARGV]) "
+    "return {0, {S.STATE_ROLLED_BACK, CLOCK - 1}} end "
+    # one EXISTS of every anchor against how many were made; the slow path names the lost one
+    # (an anchor made and not noted yet hides a lost one for one call, until it is noted)
+    "if MADE > 0 and redis.call('EXISTS', "
+    + ", ".join(f"KEYS[#KEYS - {len(ANCHORS) + 1 - n}]" for n in range(len(ANCHORS)))
+    + ") < ({"
+    + ", ".join(str(bin(m).count("1")) for m in range(2 ** len(ANCHORS)))
+    + "})[MADE + 1] then "
+    f"for n = 1, {len(ANCHORS)} do "
+    "if bit.band(MADE, 2 ^ (n - 1)) > 0 "
+    f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 2} + n]) == 0 then "
+    "local lost = ERA_NOW .. '!lost:' .. ({" + ", ".join(f"'{name}'" for name in ANCHORS) + "})[n] "
+    "redis.call('SET', KEYS[#KEYS - 1], lost) return {0, {S.STATE_LOST, lost}} end end end "
     "local function BODY() "
 )
 
-#: what follows every script's last line: the script's reply, with this call's clock tick
-EPILOGUE = " end return {CLOCK, BODY()}"
+#: what follows every script's last line: anchors made by this call (or by plain commands
+#: since) join ``made``; the reply goes out with this call's clock tick
+EPILOGUE = (
+    " end local REPLY = BODY() "
+    f"if MADE < {2 ** len(ANCHORS) - 1} then local add = 0 "
+    f"for n = 1, {len(ANCHORS)} do "
+    "if bit.band(MADE, 2 ^ (n - 1)) == 0 "
+    f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 2} + n]) == 1 then "
+    "add = add + 2 ^ (n - 1) end end "
+    "if add > 0 then redis.call('INCRBY', KEYS[#KEYS], add) end end "
+    "return {CLOCK, REPLY}"
+)
 
 
 def prelude() -> str:

@@ -69,9 +69,9 @@ def test_no_restore_call_carries_more_than_a_chunk(
     entries = raw.slowlog_get(100_000)
     evals = [e for e in entries if e["command"][:8].upper() in (b"EVALSHA ", "EVALSHA ")]
     assert len(evals) >= shards // position.RESTORE_CHUNK
-    # EVALSHA sha numkeys, 14 keys + the era and clock keys, 6 fixed arguments, 2 counts, the
-    # era and the clock: 29 words; then at most 2 per entry
-    assert max(_args(e) for e in evals) <= 2 * position.RESTORE_CHUNK + 29
+    # EVALSHA sha numkeys, 14 keys + the 3 anchors, the era and the clock keys, 6 fixed
+    # arguments, 2 counts, the era and the clock: 32 words; then at most 2 per entry
+    assert max(_args(e) for e in evals) <= 2 * position.RESTORE_CHUNK + 32
     state = _state(raw, "big", "ds")
     done, offsets = _inputs(shards)
     assert state["epoch"] == "0" and state["swept"] == "-1"

@@ -105,7 +105,7 @@ def train_epochs(url: str, path: str, worker_id: str, epochs: int, out: Queue[An
             last_call=0.5, heartbeat_timeout=3.0, checkpoint_path=path, resume=False,
         ) as orch:  # fmt: skip
             strata_redis.ShardManager(orch).register_dataset_params(
-                "ds", total_samples=1500, samples_per_shard=10, shuffle=True, seed=1
+                "ds", total_samples=6000, samples_per_shard=10, shuffle=True, seed=1
             )
             stream = orch.get_shards("ds", batch_size=10)
             for epoch in range(epochs):
@@ -240,3 +240,33 @@ def test_noeviction_and_no_limit_pass_without_a_word(
     with caplog.at_level(logging.WARNING, logger="strata_redis.era"):
         _job(unlimited.url).close()
     assert [r for r in caplog.records if "no maxmemory yet" in r.getMessage()]
+
+
+@pytest.mark.parametrize("anchor", ["fence", "generation", "epoch"])
+def test_an_anchor_gone_while_the_era_stands_is_a_lost_state(
+    redis_factory: Callable[..., RedisServer], anchor: str
+) -> None:
+    """Part of the state gone (evicted under STRATA_ALLOW_EVICTION, expired, deleted by hand):
+    the job's fencing counter, generation or epoch missing is seen by the next script call of
+    every process, never papered over (a fencing counter made again would hand out tokens
+    that old leases hold)."""
+    server = redis_factory()
+    a, b = _job(server.url, shards=4), _job(server.url, shards=4)
+    a.register_worker("a", heartbeat_interval=None)
+    b.register_worker("b", heartbeat_interval=None)
+    a.context.client.set(a.keys.epoch, 0)  # what a restore does: a plain SET
+    leases = a.leases("ds", 0, "a")
+    lease = leases.acquire()
+    assert lease is not None and leases.complete(lease)  # every anchor made and noted
+    with redis.Redis.from_url(server.url) as raw:
+        raw.delete(getattr(a.keys, anchor))
+    with pytest.raises(strata_redis.StateLostError) as info:
+        leases.acquire()
+    assert not isinstance(info.value, strata_redis.StateRolledBackError)
+    assert f"its {anchor} key" in str(info.value) and "era stands" in str(info.value)
+    with pytest.raises(strata_redis.StateLostError, match=f"its {anchor} key"):
+        b.leases("ds", 0, "b").acquire()
+    with pytest.raises(strata_redis.StateLostError, match=f"its {anchor} key"):
+        _job(server.url)  # a new process is told too
+    a.close()
+    b.close()
