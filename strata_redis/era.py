@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from redis.exceptions import MovedError, NoPermissionError, ResponseError
 
+from .connection import Replies, take_reply
 from .errors import (
     PARTLY_LOST_MARK,
     ROLLED_BACK_MARK,
@@ -50,10 +51,19 @@ from .errors import (
     StateLostError,
     StateRolledBackError,
 )
+from .keys import Keys
 from .scripts import Call, Scripts, check
 from .status import Status
 
-__all__ = ["ALLOW_EVICTION_ENV", "DURABLE_SCRIPTS", "Era", "EraScripts", "check_eviction"]
+__all__ = [
+    "ALLOW_EVICTION_ENV",
+    "DURABLE_SCRIPTS",
+    "Era",
+    "EraScripts",
+    "check_eviction",
+    "queue_era_state",
+    "take_era_state",
+]
 
 log = logging.getLogger("strata_redis.era")
 
@@ -196,6 +206,19 @@ class Era:
         found = self._client.get(self.key)
         if found is None or _text(found) != self._value:
             raise self.lost("" if found is None else found)
+
+
+def queue_era_state(pipe: Any, job_id: str) -> None:
+    """Queue a read of the job's era (for a reader that shows whether its state is usable:
+    ``lifecycle.job_state``'s ``lost``)."""
+    pipe.get(Keys(job_id).era)
+
+
+def take_era_state(replies: Replies) -> bool:
+    """Whether the job's state is intact, from ``queue_era_state``'s reply: its era exists
+    and is not marked rolled back or partly lost."""
+    era = _text(take_reply(replies))
+    return bool(era) and ROLLED_BACK_MARK not in era and PARTLY_LOST_MARK not in era
 
 
 class EraScripts:

@@ -89,6 +89,7 @@ def test_a_restart_from_an_older_snapshot_stops_every_process_and_marks_the_era(
     fresh = redis.Redis.from_url(server.url, decode_responses=True)
     era = fresh.get(a.keys.era)
     assert era is not None and era.startswith(a.context.era.value() + "!rolled-back:")
+    assert a.state() == "lost"  # what `strata jobs`, status and the dashboard show
     for job in (a, b):
         job.close()
     fresh.close()
@@ -268,5 +269,6 @@ def test_an_anchor_gone_while_the_era_stands_is_a_lost_state(
         b.leases("ds", 0, "b").acquire()
     with pytest.raises(strata_redis.StateLostError, match=f"its {anchor} key"):
         _job(server.url)  # a new process is told too
+    assert a.state() == "lost"
     a.close()
     b.close()

@@ -9,8 +9,9 @@ States (``JOB_STATES``), as ``job_state`` derives them from what Redis holds:
   them: every worker died at once), or the last of them was declared failed;
 - ``ended``: ended explicitly (``Job.end()``, or ``TrainingOrchestrator`` when its last
   rank closes after the loop), or every worker left (the last one deregistered);
-- ``lost``: the job's era key is gone while its record or workers remain (``era.py``:
-  Redis lost the job's state);
+- ``lost``: the job's era key is gone while its record or workers remain, or it is marked
+  rolled back or partly lost (``era.py``: Redis lost the job's state, or part of it, or went
+  back);
 - ``idle``: no worker ever registered (a job with checkpoints only).
 
 The record is made by the job's first registration (``open_job``) and holds the job's
@@ -31,6 +32,7 @@ from typing import Any, Final
 
 from ..connection import Replies, is_cluster, run_read, server_time, take_reply
 from ..context import DEFAULT_RETENTION_S, MAX_RETENTION_S, RETENTION_ENV, JobContext
+from ..era import queue_era_state, take_era_state
 from ..keys import Keys
 from ..scripts import check
 from ..validate import check_seconds
@@ -58,11 +60,9 @@ __all__ = [
     "job_keys",
     "job_state",
     "open_job",
-    "queue_era_exists",
     "queue_record",
     "read_record",
     "read_states",
-    "take_era_exists",
     "take_record",
 ]
 
@@ -128,17 +128,6 @@ def read_record(ctx: JobContext) -> JobRecord | None:
     return run_read(ctx.client, lambda pipe: queue_record(pipe, ctx.job_id), take_record)
 
 
-def queue_era_exists(pipe: Any, job_id: str) -> None:
-    """Queue a check that the job's era key exists (the key is ``era.py``'s; only its
-    existence is read here, for the ``lost`` state)."""
-    pipe.exists(Keys(job_id).era)
-
-
-def take_era_exists(replies: Replies) -> bool:
-    """Whether the era key ``queue_era_exists`` asked about exists."""
-    return bool(take_reply(replies))
-
-
 def job_state(
     record: JobRecord | None,
     *,
@@ -152,7 +141,7 @@ def job_state(
 
     Args:
         record: the job's record (``take_record``).
-        era: whether the job's era key exists.
+        era: whether the job's state is intact (``era.take_era_state``).
         live: workers in the live set (registered, not failed or left), fresh or silent.
         fresh: those of them that heartbeated within the job's heartbeat timeout.
         registered: every worker the job has seen.
@@ -230,14 +219,14 @@ def read_states(
     ]
     with client.pipeline(transaction=False) as pipe:
         for job_id, timeout in zip(job_ids, timeouts, strict=True):
-            queue_era_exists(pipe, job_id)
+            queue_era_state(pipe, job_id)
             queue_liveness(pipe, job_id, now_ms - int(timeout * 1000))
             queue_registered(pipe, job_id)
             queue_events(pipe, job_id, 1)
         replies = iter(pipe.execute())
     out = []
     for job_id, record, timeout in zip(job_ids, records, timeouts, strict=True):
-        era = take_era_exists(replies)
+        era = take_era_state(replies)
         live, fresh, newest = take_liveness(replies)
         registered = take_registered(replies)
         events = take_events(replies).entries

@@ -48,6 +48,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import redis
 
+from strata_redis import era
 from strata_redis.checkpoint import commit, index, records
 from strata_redis.checkpoint.commit import StepState
 from strata_redis.checkpoint.ids import CheckpointId
@@ -493,7 +494,7 @@ class _JobRead:
         records.queue_save_records(pipe, job, RECORDS_READ, self._record_tail.after)
         leases.queue_lease_grants(pipe, job)
         lifecycle.queue_record(pipe, job)
-        lifecycle.queue_era_exists(pipe, job)
+        era.queue_era_state(pipe, job)
 
     def take_heads(self, replies: Replies, client: Any) -> None:
         self.beats = registry.take_heartbeats(replies, client, self.job_id)
@@ -510,7 +511,7 @@ class _JobRead:
         self.records = self._record_tail.take(saves)
         self.fence = leases.take_lease_grants(replies)
         self.record = lifecycle.take_record(replies)
-        self.era = lifecycle.take_era_exists(replies)
+        self.era = era.take_era_state(replies)
         self.exists = bool(
             self.registered or self.generation or self.dataset_params or self.committed_steps
             or saves.length or events.length or self.epoch or self.fence
