@@ -71,11 +71,15 @@ class JobContext:
             it (default: the shared context's, else 0 — no wait; see ``era.EraScripts``).
         replica_timeout: the longest one such wait lasts, seconds (default: the shared
             context's, else 1).
+        redis_retry: seconds a blocking call (barrier, epoch, rendezvous and checkpoint
+            waits) keeps retrying while Redis is unreachable before it raises
+            ``RedisUnavailableError`` (default: the shared context's, else 60; see
+            ``outage.Outage``).
 
     Attributes:
         job_id, keys (the key schema), client, scripts (every call carries the job's era),
         era (``era.Era``: a loss of the job's state raises ``StateLostError``),
-        heartbeat_timeout, events_cap,
+        heartbeat_timeout, events_cap, redis_retry,
         heartbeat_scripts (the scripts on the heartbeat client), max_block (seconds one
         blocking command may block).
     """
@@ -90,6 +94,7 @@ class JobContext:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
+        redis_retry: float | None = None,
     ) -> None:
         shared = as_context(redis) if isinstance(redis, (JobContext, HasContext)) else None
         # not given: the shared context's settings (a CheckpointManager made from a job
@@ -102,6 +107,8 @@ class JobContext:
             min_replicas = shared.min_replicas if shared is not None else 0
         if replica_timeout is None:
             replica_timeout = shared.replica_timeout if shared is not None else 1.0
+        if redis_retry is None:
+            redis_retry = shared.redis_retry if shared is not None else 60.0
         if job_id is None:
             job_id = shared.job_id if shared is not None else os.environ.get(JOB_ENV)
             job_id = job_id or DEFAULT_JOB
@@ -110,6 +117,7 @@ class JobContext:
             "heartbeat_timeout", heartbeat_timeout, high=86400
         )
         self.events_cap: int = check_int("events_cap", events_cap, low=100, high=10_000_000)
+        self.redis_retry: float = check_seconds("redis_retry", redis_retry, high=86400)
         self.keys: Keys = Keys(self.job_id)
         if shared is not None:
             self.client: Any = shared.client

@@ -43,6 +43,9 @@ class Job:
         min_replicas, replica_timeout: the durability knob for leases and commits: ``WAIT``
             for this many replicas after each (default 0: no wait, or the shared job's). See
             ``JobContext``.
+        redis_retry: seconds blocking calls (barrier, epoch, rendezvous and checkpoint
+            waits) ride out an unreachable Redis before ``RedisUnavailableError`` (default
+            60, or the shared job's). See ``JobContext``.
 
     Attributes:
         context: the ``JobContext`` the features work on (ids, client, keys, scripts).
@@ -58,11 +61,12 @@ class Job:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
+        redis_retry: float | None = None,
     ) -> None:
         self.context = JobContext(
             redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap,
             max_connections=max_connections, min_replicas=min_replicas,
-            replica_timeout=replica_timeout,
+            replica_timeout=replica_timeout, redis_retry=redis_retry,
         )  # fmt: skip
 
     @property
