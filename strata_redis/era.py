@@ -21,9 +21,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from redis.exceptions import MovedError
+from redis.exceptions import MovedError, OutOfMemoryError
 
-from .errors import Context, StateLostError
+from .errors import Context, RedisMemoryFullError, StateLostError
 from .scripts import Call, Scripts, check
 from .status import Status
 
@@ -140,6 +140,8 @@ class EraScripts:
             return fn(*args)
         except MovedError as exc:
             raise _moved(self._era.job_id, exc) from None
+        except OutOfMemoryError as exc:  # the script wrote nothing: Redis refused its first write
+            raise RedisMemoryFullError.at(self._era.job_id, exc) from exc
 
     def _checked(self, reply: Any) -> Any:
         if isinstance(reply, list) and len(reply) == 2 and reply[0] == _LOST:
@@ -156,7 +158,9 @@ class EraScripts:
         if not self.min_replicas or name not in DURABLE_SCRIPTS:
             return self._checked(self._send(self._scripts.call, name, keys, args))
         timeout_ms = max(1, round(self.replica_timeout * 1000))
-        reply, acked = self._scripts.call_and_wait(name, keys, args, self.min_replicas, timeout_ms)
+        reply, acked = self._send(
+            self._scripts.call_and_wait, name, keys, args, self.min_replicas, timeout_ms
+        )
         if acked < self.min_replicas:
             self.shortfalls += 1
             log.warning(
