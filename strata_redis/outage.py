@@ -21,10 +21,10 @@ from collections.abc import Callable
 from typing import Final, TypeVar
 
 import redis
-from redis.exceptions import MaxConnectionsError
+from redis.exceptions import MaxConnectionsError, OutOfMemoryError
 
 from .context import JobContext
-from .errors import RedisUnavailableError
+from .errors import RedisMemoryFullError, RedisUnavailableError
 
 __all__ = ["LOST", "Outage", "ride_out"]
 
@@ -107,6 +107,8 @@ def ride_out(
 
     Raises:
         RedisUnavailableError: an outage outlasted ``context.redis_retry``.
+        RedisMemoryFullError: Redis refused a write at its memory limit (also a plain
+            command's: scripts raise it themselves).
     """
     outage = Outage(context, what)
     while True:
@@ -114,3 +116,7 @@ def ride_out(
             return fn(*args, **kwargs)
         except LOST as exc:
             outage.failed(exc)
+        except OutOfMemoryError as exc:
+            if isinstance(exc, RedisMemoryFullError):
+                raise
+            raise RedisMemoryFullError.at(context.job_id, exc) from exc

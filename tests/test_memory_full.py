@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import redis
@@ -108,3 +109,22 @@ def test_a_dead_worker_is_still_declared_failed_after_a_full_memory(
     assert live.heartbeating and live.lost is None
     live.stop_heartbeat()
     job.close()
+
+
+def test_the_training_loop_stops_on_one_clear_error_and_can_go_on(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    admin = redis.Redis(port=server.port)
+    with strata_redis.TrainingOrchestrator(
+        server.url, "w0", job_id="oom", checkpoint_path=str(tmp_path), last_call=0.1,
+        heartbeat_timeout=5.0,
+    ) as orch:  # fmt: skip
+        with memory_full(admin):
+            with pytest.raises(strata_redis.RedisMemoryFullError, match="memory limit"):
+                orch.save_checkpoint(step=1, epoch=0, state=b"model")
+            with pytest.raises(strata_redis.RedisMemoryFullError, match="memory limit"):
+                orch.advance_epoch()
+        # nothing was half-applied: the same step saves, the epoch moves once
+        future = orch.save_checkpoint(step=1, epoch=0, state=b"model")
+        assert future is not None and future.result(30).step == 1
+        assert orch.advance_epoch() == 1
