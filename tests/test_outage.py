@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,4 +143,27 @@ def test_an_outage_past_the_budget_is_a_clear_error(
     release = barrier.wait("w1")
     thread.join(10)
     assert results.get_nowait() == release and release.participants == 2
+    job.close()
+
+
+def test_a_checkpoint_wait_rides_out_a_restart(
+    redis_factory: Callable[..., RedisServer], tmp_path: Path
+) -> None:
+    server = redis_factory(aof=True)
+    job = strata_redis.connect(server.url, "outage", heartbeat_timeout=30.0)
+    ranks = [
+        strata_redis.CheckpointManager(
+            str(tmp_path), redis=job, worker_id=f"w{r}", rank=r, world_size=2, commit_timeout=30
+        )
+        for r in range(2)
+    ]
+    first = ranks[0].save(b"rank 0", step=1)
+    time.sleep(0.5)  # rank 0 acked and waits for rank 1 in Redis
+    assert not first.done()
+    _restart(server)
+    info = ranks[1].save(b"rank 1", step=1).result(30)
+    assert first.result(30) == info and sorted(info.workers.values()) == ["w0", "w1"]
+    assert ranks[0].load(step=1) == b"rank 0"
+    for r in ranks:
+        r.close()
     job.close()
