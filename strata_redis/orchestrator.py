@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis as redis_py
+from redis.exceptions import OutOfMemoryError
 
 from . import identity
 from .checkpoint.ids import MAX_NUMBER, CheckpointId
@@ -552,7 +553,8 @@ class TrainingOrchestrator:
         try:
             self.worker.set_status(status)
             self._status = status
-        except (redis_py.ConnectionError, redis_py.TimeoutError) as exc:
+        except (redis_py.ConnectionError, redis_py.TimeoutError, OutOfMemoryError) as exc:
+            # best effort: the call that needs Redis next says what is wrong, once
             log.info("worker %r: status %r not recorded: %s", self.worker_id, status, exc)
 
     def _retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
