@@ -82,11 +82,15 @@ class JobContext:
             context's, else 1).
         retention: seconds an ended job's keys are kept (``coordination/lifecycle.py``;
             default: the shared context's, else ``$STRATA_JOB_RETENTION``, else 3 days).
+        redis_retry: seconds a blocking call (barrier, epoch, rendezvous and checkpoint
+            waits) keeps retrying while Redis is unreachable before it raises
+            ``RedisUnavailableError`` (default: the shared context's, else 60; see
+            ``outage.Outage``).
 
     Attributes:
         job_id, keys (the key schema), client, scripts (every call carries the job's era),
         era (``era.Era``: a loss of the job's state raises ``StateLostError``),
-        heartbeat_timeout, events_cap, retention,
+        heartbeat_timeout, events_cap, retention, redis_retry,
         heartbeat_scripts (the scripts on the heartbeat client), max_block (seconds one
         blocking command may block).
     """
@@ -102,6 +106,7 @@ class JobContext:
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
         retention: float | None = None,
+        redis_retry: float | None = None,
     ) -> None:
         shared = as_context(redis) if isinstance(redis, (JobContext, HasContext)) else None
         # not given: the shared context's settings (a CheckpointManager made from a job
@@ -116,6 +121,8 @@ class JobContext:
             replica_timeout = shared.replica_timeout if shared is not None else 1.0
         if retention is None:
             retention = shared.retention if shared is not None else _default_retention()
+        if redis_retry is None:
+            redis_retry = shared.redis_retry if shared is not None else 60.0
         if job_id is None:
             job_id = shared.job_id if shared is not None else os.environ.get(JOB_ENV)
             job_id = job_id or DEFAULT_JOB
@@ -125,6 +132,7 @@ class JobContext:
         )
         self.retention: float = check_seconds("retention", retention, high=MAX_RETENTION_S)
         self.events_cap: int = check_int("events_cap", events_cap, low=100, high=10_000_000)
+        self.redis_retry: float = check_seconds("redis_retry", redis_retry, high=86400)
         self.keys: Keys = Keys(self.job_id)
         if shared is not None:
             self.client: Any = shared.client

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from redis.exceptions import MovedError, NoPermissionError, ResponseError
+from redis.exceptions import MovedError, NoPermissionError, OutOfMemoryError, ResponseError
 
 from .connection import Replies, take_reply
 from .errors import (
@@ -48,6 +48,7 @@ from .errors import (
     ROLLED_BACK_MARK,
     Context,
     RedisConfigError,
+    RedisMemoryFullError,
     StateLostError,
     StateRolledBackError,
 )
@@ -273,6 +274,8 @@ class EraScripts:
             return fn(*args)
         except MovedError as exc:
             raise _moved(self._era.job_id, exc) from None
+        except OutOfMemoryError as exc:  # the script wrote nothing: Redis refused its first write
+            raise RedisMemoryFullError.at(self._era.job_id, exc) from exc
 
     def unwrap(self, reply: Any) -> Any:
         """A script's reply as the script returned it: the prelude's clock tick taken off
@@ -304,7 +307,9 @@ class EraScripts:
         if not self.min_replicas or name not in DURABLE_SCRIPTS:
             return self.unwrap(self._send(self._scripts.call, name, keys, args))
         timeout_ms = max(1, round(self.replica_timeout * 1000))
-        reply, acked = self._scripts.call_and_wait(name, keys, args, self.min_replicas, timeout_ms)
+        reply, acked = self._send(
+            self._scripts.call_and_wait, name, keys, args, self.min_replicas, timeout_ms
+        )
         if acked < self.min_replicas:
             self.shortfalls += 1
             log.warning(

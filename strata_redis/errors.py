@@ -23,6 +23,10 @@ The tree::
     │   └── EpochUnfinishedError        .epoch, .remaining: shards left undone at an epoch's end
     ├── LeaseError                  .job_id, .dataset, .epoch, .shard_id
     │   └── LeaseLostError              the lease expired, was taken over, or its token is stale
+    ├── RedisUnavailableError       .job_id, .seconds: unreachable past ``redis_retry``
+    │                                   (also a ``redis.ConnectionError``)
+    ├── RedisMemoryFullError        .job_id: Redis is at ``maxmemory`` and evicts nothing
+    │                                   (also a ``redis.exceptions.OutOfMemoryError``)
     ├── StateLostError              .job_id, .era, .found: the job's state in Redis was lost
     │   └── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
     ├── RedisConfigError            Redis is set up so that it could break a guarantee
@@ -38,13 +42,19 @@ A refusal from a Lua script is a ``Status`` code; ``from_status`` turns it into 
 exception, each class building its own message from the caller's ids (``refused``).
 
 Bad arguments raise the builtin ``ValueError``/``TypeError`` naming the argument and the
-value, and errors from redis-py (``redis.exceptions.RedisError``) pass through unwrapped.
+value, and errors from redis-py (``redis.exceptions.RedisError``) pass through unwrapped,
+but for two faults of Redis itself that every caller must tell apart: an outage that
+outlasted the retry budget and a full memory. Each of their classes also subclasses the
+redis-py error it replaces, so handlers written for redis-py's classes still catch them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError
 
 from .status import Status
 
@@ -66,6 +76,8 @@ __all__ = [
     "LeaseError",
     "LeaseLostError",
     "RedisConfigError",
+    "RedisMemoryFullError",
+    "RedisUnavailableError",
     "RendezvousEndedError",
     "RendezvousError",
     "RendezvousTimeoutError",
@@ -497,6 +509,67 @@ class LeaseLostError(LeaseError):
             dataset=c["dataset"],
             epoch=c["epoch"],
             shard_id=c["shard_id"],
+        )
+
+
+class RedisUnavailableError(StrataError, RedisConnectionError):
+    """Redis stayed unreachable (refused, closed, timed out, loading) past the retry budget.
+
+    Blocking calls (barrier and epoch waits, rendezvous, checkpoint waits) and the training
+    loop ride out a Redis restart or failover shorter than the job's ``redis_retry``
+    seconds, re-issuing what they were doing; this is raised when the budget is spent.
+    Also a ``redis.ConnectionError``.
+
+    Attributes:
+        job_id: the job.
+        seconds: how long the call kept trying.
+        what: the call that gave up.
+    """
+
+    def __init__(self, message: str, *, job_id: str, seconds: float, what: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.seconds = seconds
+        self.what = what
+
+    @classmethod
+    def after(
+        cls, job_id: str, what: str, seconds: float, cause: BaseException
+    ) -> RedisUnavailableError:
+        """``what`` of job ``job_id`` gave up after ``seconds`` of ``cause``."""
+        return cls(
+            f"Redis stayed unreachable for {seconds:.3g}s (the redis_retry budget) while job "
+            f"{job_id!r} was in {what}: {type(cause).__name__}: {cause}. Nothing after the "
+            "last answered call was done; check that Redis is up and reachable, or raise "
+            "redis_retry to ride out longer outages",
+            job_id=job_id, seconds=seconds, what=what,
+        )  # fmt: skip
+
+
+class RedisMemoryFullError(StrataError, OutOfMemoryError):
+    """Redis refused a write: it is at its ``maxmemory`` limit and evicts nothing.
+
+    With ``maxmemory-policy noeviction`` (the only policy under which a job's state is
+    safe) a full Redis refuses every command that would grow it. Scripts check before they
+    write, so nothing was half-applied: the call can be repeated once memory is freed (or
+    ``maxmemory`` raised). Also a ``redis.exceptions.OutOfMemoryError``.
+
+    Attributes:
+        job_id: the job.
+    """
+
+    def __init__(self, message: str, *, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+    @classmethod
+    def at(cls, job_id: str, cause: BaseException) -> RedisMemoryFullError:
+        """The error for redis-py's ``OutOfMemoryError`` ``cause`` in a call of ``job_id``."""
+        return cls(
+            f"Redis is at its memory limit (maxmemory, with nothing it may evict): a write "
+            f"of job {job_id!r} was refused and not applied ({cause}). Free memory or raise "
+            "maxmemory (CONFIG SET maxmemory), then retry",
+            job_id=job_id,
         )
 
 

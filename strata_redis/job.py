@@ -45,6 +45,9 @@ class Job:
             ``JobContext``.
         retention: seconds an ended job's keys are kept (default: the shared job's, else
             ``$STRATA_JOB_RETENTION``, else 3 days; see ``end``).
+        redis_retry: seconds blocking calls (barrier, epoch, rendezvous and checkpoint
+            waits) ride out an unreachable Redis before ``RedisUnavailableError`` (default
+            60, or the shared job's). See ``JobContext``.
 
     Attributes:
         context: the ``JobContext`` the features work on (ids, client, keys, scripts).
@@ -61,11 +64,12 @@ class Job:
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
         retention: float | None = None,
+        redis_retry: float | None = None,
     ) -> None:
         self.context = JobContext(
             redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap,
             max_connections=max_connections, min_replicas=min_replicas,
-            replica_timeout=replica_timeout, retention=retention,
+            replica_timeout=replica_timeout, retention=retention, redis_retry=redis_retry,
         )  # fmt: skip
 
     @property

@@ -129,7 +129,8 @@ class Keys:
 
     @property
     def reaper(self) -> str:
-        """HASH the reaper's view of Redis stalls: ``last`` step, ``quiet``, ``grace`` (ms)."""
+        """HASH the reaper's view of Redis stalls and write outages: ``last`` stamped step,
+        ``quiet``, ``grace``, ``failed`` (the last step that declared a failure; ms)."""
         return f"{self.base}:reaper"
 
     # -- barriers and epochs -------------------------------------------------------------

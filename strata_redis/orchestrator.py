@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
 import redis as redis_py
+from redis.exceptions import OutOfMemoryError
 
 from . import identity
 from .checkpoint.ids import MAX_NUMBER, CheckpointId
@@ -53,6 +53,7 @@ from .errors import (
     RoundBrokenError,
     StrataError,
 )
+from .outage import ride_out
 from .resume import Resume
 from .storage import Storage, open_storage
 from .validate import check_id, check_int, check_seconds
@@ -204,8 +205,9 @@ class TrainingOrchestrator:
         if job_id is None and not isinstance(coordinator_url, (JobContext, HasContext)):
             job_id = identity.job_id()  # never the low-level API's shared "default"
         self.context = JobContext(
-            coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout, retention=job_retention
-        )
+            coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout,
+            retention=job_retention, redis_retry=self.redis_retry,
+        )  # fmt: skip
         self.job_id = self.context.job_id
         if "/" in self.job_id:
             raise ValueError(f"job_id must not contain '/' (it names a directory), got {job_id!r}")
@@ -581,22 +583,15 @@ class TrainingOrchestrator:
         try:
             self.worker.set_status(status)
             self._status = status
-        except (redis_py.ConnectionError, redis_py.TimeoutError) as exc:
+        except (redis_py.ConnectionError, redis_py.TimeoutError, OutOfMemoryError) as exc:
+            # best effort: the call that needs Redis next says what is wrong, once
             log.info("worker %r: status %r not recorded: %s", self.worker_id, status, exc)
 
     def _retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call ``fn``, retrying while Redis is unreachable (up to ``redis_retry`` seconds)."""
-        deadline = time.monotonic() + self.redis_retry
-        delay = 0.05
-        while True:
-            try:
-                return fn(*args, **kwargs)
-            except (redis_py.ConnectionError, redis_py.TimeoutError) as exc:
-                if time.monotonic() > deadline:
-                    raise
-                log.warning("worker %r: Redis unreachable (%s); retrying", self.worker_id, exc)
-                time.sleep(delay)
-                delay = min(1.0, delay * 2)
+        """Call ``fn``, calling it again once Redis answers after an outage (each outage up
+        to ``redis_retry`` seconds, then ``RedisUnavailableError``; ``outage.ride_out``)."""
+        what = f"worker {self.worker_id!r}: {getattr(fn, '__name__', 'a call')}"
+        return ride_out(self.context, what, fn, *args, **kwargs)
 
     def close(self, *, end: bool | None = None) -> None:
         """Leave cleanly: wait for the saves in flight, stop heartbeats, deregister.

@@ -130,26 +130,27 @@ def epoch_participant(
     epochs, retries = [], 0
     for r in range(rounds):
         fault = (index + r) % 4  # 1: arrival's reply lost, 2: connection lost while blocked
+        # each fault strikes once; ``wait`` rides it out itself (outage.py) and re-issues
+        # the step: the arrival again with its ticket, or the blocking read
         if fault == 1:
 
             def lost_reply(self: Barrier, *args: Any) -> Any:
+                Barrier._arrive = arrive  # type: ignore[method-assign]
                 arrive(self, *args)  # the script ran: the arrival is counted
                 raise redis.ConnectionError("reply lost (injected)")
 
             Barrier._arrive = lost_reply  # type: ignore[method-assign]
+            retries += 1
         elif fault == 2:
 
             def dropped(self: Barrier, *args: Any) -> Any:
+                Barrier._await = wait  # type: ignore[method-assign]
                 raise redis.ConnectionError("connection lost while blocked (injected)")
 
             Barrier._await = dropped  # type: ignore[method-assign]
-        try:
-            epoch = job.advance_epoch(worker_id, timeout=60.0)
-        except redis.ConnectionError:
-            Barrier._arrive, Barrier._await = arrive, wait  # type: ignore[method-assign]
             retries += 1
-            epoch = job.advance_epoch(worker_id, timeout=60.0)  # the retry
-        epochs.append(epoch)
+        epochs.append(job.advance_epoch(worker_id, timeout=60.0))
+        assert (Barrier._arrive, Barrier._await) == (arrive, wait)  # the fault struck
     out.put((worker_id, epochs, retries))
 
 
@@ -297,25 +298,41 @@ def test_retried_arrival_counted_once(
     register("a")
     register("b")
     barrier = job.barrier("retry", expected=2)
-    arrive = Barrier._arrive
+    arrive, wait = Barrier._arrive, Barrier._await
+
+    lost = []
 
     def lost_reply(self: Barrier, *args: Any) -> Any:
-        arrive(self, *args)
-        raise redis.ConnectionError("reply lost (injected)")
+        reply = arrive(self, *args)
+        if not lost:  # once: the retry's reply arrives
+            lost.append(reply)
+            raise redis.ConnectionError("reply lost (injected)")
+        return reply
 
     results: queue.Queue[Any] = queue.Queue()
     (thread,) = run_threads(collect(results, lambda: barrier.wait("a", timeout=10)))
     wait_for(lambda: barrier.state().arrived == ["a"], 10)
-    # the reply of the arrival that completed the generation is lost ...
+    # the reply of the arrival that completed the generation is lost, and ``wait`` sends
+    # the arrival again (the same ticket) ...
     monkeypatch.setattr(Barrier, "_arrive", lost_reply)
-    with pytest.raises(redis.ConnectionError, match="injected"):
-        barrier.wait("b", timeout=10)
-    monkeypatch.setattr(Barrier, "_arrive", arrive)
-    thread.join(10)
-    # ... and the retry is answered from that generation, not counted in the next one
     release = barrier.wait("b", timeout=10)
+    assert lost and lost[0].index == 2  # the lost arrival released the generation
+    thread.join(10)
+    # ... which is answered from that generation, not counted in the next one
     assert results.get_nowait() == release and release.participants == 2
     assert barrier.state().arrived == [] and barrier.generation() == release.generation + 1
+    # a caller's own retry (after a longer outage) is answered the same way
+    monkeypatch.setattr(Barrier, "_arrive", arrive)
+    (thread,) = run_threads(collect(results, lambda: barrier.wait("a", timeout=10)))
+    wait_for(lambda: barrier.state().arrived == ["a"], 10)
+    outage = redis.ConnectionError("unreachable (injected)")
+    monkeypatch.setattr(Barrier, "_await", lambda *a: (_ for _ in ()).throw(outage))
+    monkeypatch.setattr(job.context, "redis_retry", 0.0)  # no budget: the caller retries
+    with pytest.raises(strata_redis.RedisUnavailableError, match="injected"):
+        barrier.wait("b", timeout=10)
+    monkeypatch.setattr(Barrier, "_await", wait)
+    assert barrier.wait("b", timeout=10).participants == 2
+    thread.join(10)
 
 
 def test_unregistered_failed_and_left_workers_refused(job: strata_redis.Job) -> None:

@@ -5,9 +5,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -417,3 +423,52 @@ def test_streams_are_read_incrementally(redis_url: str, raw: redis.Redis) -> Non
         pass
     again = raw.xadd(key, {"n": "x"})
     assert read() == [again]
+
+
+@pytest.mark.timeout(120)
+def test_healthz_answers_during_a_redis_stall(redis_factory: Callable[..., RedisServer]) -> None:
+    server = redis_factory()
+    assert server.proc is not None
+    strata_redis.connect(server.url, "stalled").register_worker("w", heartbeat_interval=None)
+    code = (
+        "import sys; from strata_redis.dashboard import create_app; "
+        "from strata_redis.dashboard.serving import serve; "
+        "serve(create_app(sys.argv[1], job='stalled', min_interval=0), port=0, threads=3, "
+        "ready=lambda url: print(url, flush=True))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(strata_redis.__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", code, server.url], stdout=subprocess.PIPE,
+                            text=True, env=env)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert _get(url + "api/dashboard")[0] == 200
+        os.kill(server.proc.pid, signal.SIGSTOP)  # Redis stops answering
+        try:
+            # more API requests than the server has threads, every one stuck on Redis
+            pool = ThreadPoolExecutor(8)
+            stuck = [pool.submit(_get, url + "api/dashboard") for _ in range(8)]
+            time.sleep(0.5)
+            start = time.monotonic()
+            assert _get(url + "healthz") == (200, "ok\n")
+            assert time.monotonic() - start < 1.0  # not behind the stuck requests (10 s)
+            busy = [f.result(5) for f in stuck if f.done()]
+            assert busy and all(code == 503 and "slow to answer" in body for code, body in busy)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert {f.result(30)[0] for f in stuck} <= {200, 503}
+        pool.shutdown()
+        assert _get(url + "api/dashboard")[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()

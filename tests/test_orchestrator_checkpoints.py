@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
@@ -110,3 +111,20 @@ def test_the_resume_warning_reaches_stderr_of_a_plain_script(
     assert out.stdout.strip() == "epoch_2_step_300"
     assert out.stderr.count("found in storage only") == 1, out.stderr
     assert "checkpoint (epoch 2, step 300)" in out.stderr and " seconds ago" in out.stderr
+
+
+@pytest.mark.parametrize("as_part", [False, True], ids=["state", "dict-value"])
+def test_an_object_array_is_refused_like_checkpoint_manager_does(
+    redis_url: str, tmp_path: Path, as_part: bool
+) -> None:
+    objects = np.array([object(), object(), object()])
+    root = tmp_path / "ckpt"
+    with _orch(redis_url, root) as orch:
+        state: Any = {"weights": np.arange(4.0), "meta": objects} if as_part else objects
+        where = r"state\['meta'\]" if as_part else "state"
+        with pytest.raises(TypeError, match=rf"{where} must hold plain data.*dtype object"):
+            orch.save_checkpoint(step=5, epoch=0, state=state)
+        assert orch.checkpoints.list() == []  # nothing saved, and the step is still free
+        future = orch.save_checkpoint(step=5, epoch=0, state=b"model")
+        assert future is not None and future.result(30).step == 5
+    assert _dirs(root) == ["epoch_0_step_5"]

@@ -32,6 +32,7 @@ from ..errors import (
     StorageExistsError,
 )
 from ..keys import Keys
+from ..outage import LOST, Outage
 from ..storage import Storage
 from .ids import CheckpointId
 from .index import CheckpointIndex
@@ -213,17 +214,24 @@ class StepProtocol:
                 wait timed out while acks were missing (then this waiter aborted it).
             CheckpointError: its keys expired, or it stayed committing past the timeout and
                 could not be finished here.
+            RedisUnavailableError: Redis stayed unreachable past the job's ``redis_retry``
+                (a shorter outage is ridden out).
         """
         wake = self.context.keys.checkpoint_wake(cid.label)
         deadline = time.monotonic() + timeout
+        outage = Outage(self.context, f"checkpoint {cid} wait of {self.worker_id!r}")
         while True:
             remaining = deadline - time.monotonic()
             block = max(0.001, min(CHECK_EVERY_S, as_context(self.context).max_block, remaining))
-            popped = self.context.client.blpop([wake], timeout=block)
-            if popped is not None and popped[1] == "committed":  # final: no check needed
-                return self._committed_info(cid)
-            timed_out = popped is None and remaining <= CHECK_EVERY_S
-            state, who, reason = self._check(cid, timed_out)
+            try:
+                popped = self.context.client.blpop([wake], timeout=block)
+                if popped is not None and popped[1] == "committed":  # final: no check needed
+                    return self._committed_info(cid)
+                timed_out = popped is None and remaining <= CHECK_EVERY_S
+                state, who, reason = self._check(cid, timed_out)
+            except LOST as exc:
+                outage.failed(exc)  # Redis answers again: look again (the reads repeat)
+                continue
             if state == "committed":
                 return self._committed_info(cid)
             if state == "aborted":

@@ -13,6 +13,7 @@ import redis
 from ..connection import SCAN_STEP
 from ..context import JobContext, as_context
 from ..errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
+from ..outage import LOST, Outage
 from ..scripts import Call, check
 from ..status import Status
 from ..validate import check_id, check_int, check_seconds
@@ -191,9 +192,11 @@ class Barrier:
     def wait(self, worker_id: str, timeout: float | None = None) -> Release:
         """Arrive, and block (inside Redis) until this generation releases.
 
-        A retry after a connection error (by redis-py or by calling ``wait`` again from the
-        same process and job) is counted once: it is answered from the generation the first
-        attempt was counted in. While it waits, the caller runs the reaper step every
+        A Redis restart or failover shorter than the job's ``redis_retry`` is ridden out:
+        the wait re-issues its blocking read once Redis answers again (``outage.Outage``).
+        A retry after a connection error (by ``wait`` itself, or by calling ``wait`` again
+        from the same process and job) is counted once: it is answered from the generation
+        the first attempt was counted in. While it waits, the caller runs the reaper step every
         ``heartbeat_timeout / 2`` seconds, so a dead member is detected even when every
         live worker is blocked here.
 
@@ -209,6 +212,8 @@ class Barrier:
             BarrierBrokenError: a member failed or aborted (``.culprit``, ``.reason``).
             WorkerNotRegisteredError, WorkerFailedError, WorkerLeftError: refused arrival.
             BarrierError: ``expected`` differs from the generation's, or its record expired.
+            RedisUnavailableError: Redis stayed unreachable past ``redis_retry`` (calling
+                ``wait`` again is a retry of the same arrival).
             ValueError, TypeError: a bad argument.
         """
         check_id("worker_id", worker_id)
@@ -219,9 +224,17 @@ class Barrier:
         memo = _memo(self.context)
         key = (self.name, worker_id)
         ticket = memo.tickets.setdefault(key, uuid.uuid4().hex)
+        outage = Outage(self.context, f"barrier {self.name!r} wait of {worker_id!r}")
+        arrival: _Arrival | None = None
         try:
-            arrival = self._arrive(worker_id, ticket, timeout)
-            release = self._await(worker_id, arrival, deadline, timeout)
+            while True:
+                try:
+                    if arrival is None:  # a repeated arrival (same ticket) counts once
+                        arrival = self._arrive(worker_id, ticket, timeout)
+                    release = self._await(worker_id, arrival, deadline, timeout)
+                    break
+                except LOST as exc:
+                    outage.failed(exc)  # Redis answers again: re-issue the blocking read
         except (redis.ConnectionError, redis.TimeoutError):
             raise  # the ticket stays: calling again is a retry of this arrival
         except BaseException:

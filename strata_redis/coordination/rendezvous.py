@@ -23,6 +23,7 @@ from typing import Any, Final
 from ..connection import zrange_pages
 from ..context import JobContext
 from ..errors import RendezvousTimeoutError, RestartLimitError, RoundBrokenError
+from ..outage import LOST, Outage, ride_out
 from ..scripts import check
 from ..status import Status
 from ..validate import check_int, check_seconds
@@ -160,11 +161,16 @@ class Rendezvous:
         """
         ctx = self.context
         deadline = time.monotonic() + self.timeout
-        guess = self.current_round()
+        outage = Outage(ctx, f"rendezvous join of {worker_id!r}")
+        guess = ride_out(ctx, outage.what, self.current_round)
         ids = {"job_id": ctx.job_id, "worker_id": worker_id, "round": guess}
         spare = False
         while True:
-            reply = self.join_step(worker_id, incarnation, guess, leaving)
+            try:
+                reply = self.join_step(worker_id, incarnation, guess, leaving)
+            except LOST as exc:
+                outage.failed(exc)  # Redis answers again: the step repeats (it is idempotent)
+                continue
             if int(reply[0]) == Status.ROUND_MOVED:
                 guess = int(reply[1])
                 continue
@@ -178,7 +184,7 @@ class Rendezvous:
                 spare = False
             if kind == "closed":
                 number, rank, world = map(int, payload[1:4])
-                members = self.members(number)
+                members = ride_out(ctx, outage.what, self.members, number)
                 if len(members) == world and members[rank] == worker_id:
                     return self._closed(payload, members)
                 # the round's keys changed under us (its state lost): the next call says so
@@ -198,7 +204,10 @@ class Rendezvous:
             if kind == "joining" and int(payload[3]):
                 block = min(block, max(5, int(payload[3]) - int(payload[4]) + 5))
             # Block until something happens in the rendezvous (or the window closes).
-            ctx.client.xread({ctx.keys.rendezvous_events: payload[-1]}, block=block, count=16)
+            try:
+                ctx.client.xread({ctx.keys.rendezvous_events: payload[-1]}, block=block, count=16)
+            except LOST as exc:
+                outage.failed(exc)
 
     def join_step(self, worker_id: str, incarnation: int, guess: int, leaving: int) -> Any:
         """One call of the join script (no waiting): its raw reply, status code first.

@@ -96,6 +96,7 @@ class ReleasePops:
     def _run(self) -> None:
         client = self.context.client
         block = max(0.05, self.context.max_block)
+        failing = False  # logged once per outage, not once per attempt
         while True:
             with self._lock:
                 keys = list(self._slots)
@@ -105,6 +106,9 @@ class ReleasePops:
                 self._listening = frozenset(keys)
             try:
                 popped = client.blpop([*keys, self.doorbell], timeout=block)
+                if failing:
+                    failing = False
+                    log.info("job %r: shared release pop works again", self.context.job_id)
                 if popped is None:
                     continue
                 key, token = popped
@@ -117,8 +121,11 @@ class ReleasePops:
                 if more:
                     self._deliver(key, client.lpop(key, more) or [])
             except redis.RedisError as exc:
-                # the waiters' slices end and they read the barrier's record themselves
-                log.warning("job %r: shared release pop failed: %s", self.context.job_id, exc)
+                # the waiters' slices end and they read the barrier's record themselves (and
+                # ride out an outage: outage.py)
+                if not failing:
+                    log.warning("job %r: shared release pop failed: %s", self.context.job_id, exc)
+                failing = True
                 threading.Event().wait(min(block, 0.5))
 
     def _deliver(self, key: str, tokens: list[str]) -> None:

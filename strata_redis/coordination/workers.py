@@ -261,7 +261,9 @@ class Worker:
                 if self.on_generation is not None:
                     self.on_generation(self.generation)
                 if outage:
-                    log.warning("worker %r: heartbeats resumed (after: %s)", self.worker_id, outage)
+                    log.warning(
+                        "worker %r: heartbeats recovered (after: %s)", self.worker_id, outage
+                    )
                     outage = ""
             except (WorkerError, StateLostError) as exc:
                 self.lost = exc
@@ -269,24 +271,17 @@ class Worker:
                 if self.on_lost is not None:
                     self.on_lost(exc)
                 return
-            except redis.exceptions.MaxConnectionsError as exc:
-                # a limit of this process (PoolExhaustedError says which), not of Redis
-                if not outage:
-                    log.error("worker %r: heartbeat not sent: %s", self.worker_id, exc)
-                outage = "connection pool limit"
-            except redis.TimeoutError as exc:
-                if not outage:
-                    log.warning(
-                        "worker %r: Redis did not answer a heartbeat in time (%s); retrying",
-                        self.worker_id, exc,
-                    )  # fmt: skip
-                outage = "Redis timeout"
-            except redis.ConnectionError as exc:
-                if not outage:
-                    log.warning("worker %r: Redis unreachable (%s); retrying", self.worker_id, exc)
-                outage = "Redis unreachable"
-            except Exception:  # the thread must keep beating whatever a tick hits
-                log.exception("worker %r: heartbeat tick failed", self.worker_id)
+            except Exception as exc:  # the thread must keep beating whatever a tick hits
+                what = _outage(exc)
+                if what != outage:  # one line per change of state, not one per tick
+                    if what == "an unexpected error":
+                        log.exception("worker %r: heartbeat tick failed", self.worker_id)
+                    else:
+                        log.warning(
+                            "worker %r: heartbeats failing (%s: %s); retrying every %.3gs",
+                            self.worker_id, what, exc, interval,
+                        )  # fmt: skip
+                    outage = what
             self._stop.wait(interval)
 
     def __enter__(self) -> Worker:
@@ -312,3 +307,17 @@ class Worker:
                 self.deregister()
             except (WorkerError, redis.RedisError) as err:
                 log.info("worker %r: not deregistered on exit: %s", self.worker_id, err)
+
+
+def _outage(exc: Exception) -> str:
+    """What a failed heartbeat tick met, as the heartbeat thread logs it (once per change)."""
+    if isinstance(exc, redis.exceptions.MaxConnectionsError):
+        # a limit of this process (PoolExhaustedError says which), not of Redis
+        return "connection pool limit"
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):  # RedisMemoryFullError too
+        return "Redis is at its memory limit (maxmemory): writes refused"
+    if isinstance(exc, redis.TimeoutError):
+        return "Redis did not answer in time"
+    if isinstance(exc, redis.ConnectionError):
+        return "Redis unreachable"
+    return "an unexpected error"

@@ -39,17 +39,39 @@ def schema_text() -> str:
     return resources.files(__package__).joinpath("schema.json").read_text(encoding="utf-8")
 
 
+class ReadsBusyError(Exception):
+    """Every request thread the reads may hold already waits on Redis (a stall)."""
+
+
 class _SharedReads:
-    """One read per (job, page) at a time, reused for ``min_interval`` seconds."""
+    """One read per (job, page) at a time, reused for ``min_interval`` seconds.
+
+    At most ``limit`` requests wait on Redis at once (None: no limit); more are refused at
+    once (``ReadsBusyError``): when Redis stalls, the server's other request threads stay
+    free for ``/healthz`` and the page. ``serve`` sets it to one below its thread count.
+    """
 
     def __init__(self, state: DashboardState, min_interval: float) -> None:
         self.state = state
         self.min_interval = min_interval
+        self.limit: int | None = None
+        self._busy = 0
         self._lock = threading.Lock()
         self._locks: dict[tuple[Any, ...], threading.Lock] = {}
         self._docs: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
 
     def get(self, job: str | None, offset: int, limit: int) -> dict[str, Any]:
+        with self._lock:
+            if self.limit is not None and self._busy >= self.limit:
+                raise ReadsBusyError(f"{self._busy} requests already wait on Redis")
+            self._busy += 1
+        try:
+            return self._get(job, offset, limit)
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def _get(self, job: str | None, offset: int, limit: int) -> dict[str, Any]:
         key = (job, offset, limit)
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
@@ -117,6 +139,7 @@ def create_app(
     reads = _SharedReads(state, float(min_interval))
     app = Flask(__name__)
     app.config["STRATA_STATE"] = state
+    app.config["STRATA_READS"] = reads  # serve() bounds the requests waiting on Redis
     app.json.sort_keys = False  # type: ignore[attr-defined]
 
     def authorized() -> bool:
@@ -186,7 +209,7 @@ def create_app(
             return _error(404, str(exc))
         except ValueError as exc:
             return _error(400, str(exc))
-        except redis_py.RedisError as exc:
+        except (redis_py.RedisError, ReadsBusyError) as exc:
             return _redis_error(exc)
         return Response(orjson.dumps(doc), mimetype="application/json")
 
@@ -198,7 +221,7 @@ def create_app(
     def metrics() -> Response:
         try:
             doc = reads.get(job, 0, MAX_LIMIT)
-        except redis_py.RedisError as exc:
+        except (redis_py.RedisError, ReadsBusyError) as exc:
             return _redis_error(exc)
         text, content_type = render_metrics(doc)
         return Response(text, content_type=content_type)
@@ -207,7 +230,12 @@ def create_app(
     def healthz() -> Response:
         return Response("ok\n", mimetype="text/plain")
 
-    def _redis_error(exc: redis_py.RedisError) -> Response:
+    def _redis_error(exc: redis_py.RedisError | ReadsBusyError) -> Response:
+        if isinstance(exc, ReadsBusyError):
+            response = _error(503, f"Redis at {state.redis_description} is slow to answer: "
+                                   f"{exc}; try again")  # fmt: skip
+            response.headers["Retry-After"] = "1"
+            return response
         return _error(503, f"Redis at {state.redis_description} failed: "
                            f"{type(exc).__name__}: {exc}")  # fmt: skip
 
@@ -238,4 +266,4 @@ def _error(status: int, message: str) -> Response:
     return Response(body, status=status, mimetype="application/json")
 
 
-__all__ = ["COOKIE", "create_app", "schema_text"]
+__all__ = ["COOKIE", "ReadsBusyError", "create_app", "schema_text"]

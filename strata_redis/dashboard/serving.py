@@ -26,10 +26,16 @@ def serve(
     Args:
         app: a WSGI app (``create_app()``).
         host, port: where to listen; port 0 picks a free one.
-        threads: request threads.
+        threads: request threads. With the dashboard's app, at most ``threads - 1`` of
+            them wait on Redis at once (more requests get 503 at once), so ``/healthz``
+            answers during a Redis stall.
         ready: called with the URL once the socket listens (default: print it).
     """
     from waitress import create_server
+
+    reads = getattr(app, "config", {}).get("STRATA_READS")
+    if reads is not None:  # keep a thread free of Redis: /healthz never waits behind a stall
+        reads.limit = max(1, threads - 1)
 
     server: Any = create_server(
         app, host=host, port=port, threads=threads, ident="strata-dashboard",
