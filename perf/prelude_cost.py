@@ -1,0 +1,76 @@
+"""Redis CPU per script call of the prelude every script runs behind (``status.ERA_CHECK``):
+the heartbeat script with no check, with the era check alone (the prelude before the job's
+clock, 392eb16), and with today's era, clock and anchor check, side by side.
+
+    python perf/prelude_cost.py [--rounds 7] [--calls 4000]
+
+Reads ``usec_per_call`` of ``INFO commandstats`` (Redis' own CPU time per EVALSHA, so the
+client and the network are out of it) after each batch, on one private redis-server; the
+three variants are interleaved round by round, so the same load drift hits all three. Prints
+the median and range over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import redis
+
+import strata_redis
+from strata_redis import scripts, status
+from strata_redis.server import RedisServer
+
+#: the era check as it was before the clock (392eb16): a GET of the era key and a compare
+ERA_ONLY = (
+    "local NKEYS, NARGV = #KEYS - 1, #ARGV - 1 "
+    "local ERA_NOW = redis.call('GET', KEYS[#KEYS]) "
+    "if ERA_NOW ~= ARGV[#ARGV] then return {S.STATE_LOST, ERA_NOW or ''} end "
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=4000, help="calls per variant per round")
+    args = parser.parse_args()
+    with RedisServer() as server:
+        server.start()
+        job = strata_redis.connect(server.url, "prelude-cost")
+        worker = job.register_worker("w", heartbeat_interval=None)
+        job.client.set(job.keys.epoch, 0)  # every anchor made: the prelude's full check runs
+        job.client.set(job.keys.fence, 0)
+        name, keys, args_ = worker.heartbeat_call()
+        job.scripts.call(name, keys, args_)  # the anchors are noted
+        tables = status.prelude()[: status.prelude().index(status.ERA_CHECK)]
+        body = scripts.sources()[name]
+        full_keys, full_args = job.scripts.stamp(keys, args_)
+        variants = {
+            "no check": (tables + "local NKEYS, NARGV = #KEYS, #ARGV " + body, keys, args_),
+            "era only (392eb16)": (
+                tables + ERA_ONLY + body, [*keys, job.keys.era],
+                [*args_, job.context.era.value()],
+            ),
+            "era, clock and anchors": (scripts.compiled()[name], full_keys, full_args),
+        }  # fmt: skip
+        raw = redis.Redis.from_url(server.url)
+        shas = {label: raw.script_load(code) for label, (code, _, _) in variants.items()}
+        per_call: dict[str, list[float]] = {label: [] for label in variants}
+        for _ in range(args.rounds):
+            for label, (_, k, a) in variants.items():
+                raw.config_resetstat()
+                for _ in range(args.calls):
+                    raw.evalsha(shas[label], len(k), *k, *a)
+                per_call[label].append(raw.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+        print(f"heartbeat script, Redis CPU per call ({args.rounds} rounds x {args.calls} calls):")
+        for label, values in per_call.items():
+            print(
+                f"  {label:24s} median {statistics.median(values):6.2f} us "
+                f"(range {min(values):.2f}-{max(values):.2f})"
+            )
+        raw.close()
+        job.close()
+
+
+if __name__ == "__main__":
+    main()
