@@ -97,7 +97,7 @@ ERA_CHECK = (
     + ", ".join(str(bin(m).count("1")) for m in range(2 ** len(ANCHORS)))
     + "})[MADE + 1] then "
     f"for n = 1, {len(ANCHORS)} do "
-    "if bit.band(MADE, 2 ^ (n - 1)) > 0 "
+    "if math.floor(MADE / 2 ^ (n - 1)) % 2 == 1 "
     f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 2} + n]) == 0 then "
     "local lost = ERA_NOW .. '!lost:' .. ({" + ", ".join(f"'{name}'" for name in ANCHORS) + "})[n] "
     "redis.call('SET', KEYS[#KEYS - 1], lost) return {0, {S.STATE_LOST, lost}} end end end "
@@ -110,7 +110,7 @@ EPILOGUE = (
     " end local REPLY = BODY() "
     f"if MADE < {2 ** len(ANCHORS) - 1} then local add = 0 "
     f"for n = 1, {len(ANCHORS)} do "
-    "if bit.band(MADE, 2 ^ (n - 1)) == 0 "
+    "if math.floor(MADE / 2 ^ (n - 1)) % 2 == 0 "
     f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 2} + n]) == 1 then "
     "add = add + 2 ^ (n - 1) end end "
     "if add > 0 then redis.call('INCRBY', KEYS[#KEYS], add) end end "
