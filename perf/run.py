@@ -11,7 +11,8 @@
     python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
     python perf/run.py bench_torch        # strata_redis.torch beside DistributedSampler, torch.save
     python perf/run.py --node-loss        # also perf/node_loss.py --repeat 1: torchrun node
-                                          # loss under strata and c10d (~2 min; not by default)
+                                          # loss under strata and c10d, both victims
+                                          # (~3 min; not part of the default run)
 
 Each benchmark module may define ``RATIOS``: (name, reference name) pairs whose mean ratio
 is printed after the run; ratios are measured in one run, side by side, on one machine.
