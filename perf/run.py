@@ -10,6 +10,9 @@
     python perf/run.py bench_heartbeat    # only some benchmarks
     python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
     python perf/run.py bench_torch        # strata_redis.torch beside DistributedSampler, torch.save
+    python perf/run.py --node-loss        # also perf/node_loss.py --repeat 1: torchrun node
+                                          # loss under strata and c10d, both victims
+                                          # (~3 min; not part of the default run)
 
 Each benchmark module may define ``RATIOS``: (name, reference name) pairs whose mean ratio
 is printed after the run; ratios are measured in one run, side by side, on one machine.
@@ -52,6 +55,11 @@ def main() -> int:
     parser.add_argument("--redis-url", help="default: a private redis-server")
     parser.add_argument(
         "--no-load", action="store_true", help="skip load.py, cost.py, curves.py, limits.py"
+    )
+    parser.add_argument(
+        "--node-loss",
+        action="store_true",
+        help="also perf/node_loss.py --repeat 1 (torchrun, strata beside c10d; needs torch)",
     )
     args = parser.parse_args()
 
@@ -117,6 +125,15 @@ def main() -> int:
                 cmd += ["--smoke"] if args.smoke else []
                 if subprocess.run(cmd, cwd=HERE).returncode != 0:
                     failed.append(script)
+        if args.node_loss and not args.smoke:
+            if importlib.util.find_spec("torch") is None:
+                print("== node_loss: skipped, no torch (scripts/setup.sh --torch)", flush=True)
+            else:
+                print("== node_loss (perf/node_loss.py --repeat 1)", flush=True)
+                cmd = [sys.executable, str(HERE / "node_loss.py"), "--repeat", "1",
+                       "--results", str(args.results), "--redis-url", args.redis_url]  # fmt: skip
+                if subprocess.run(cmd, cwd=HERE).returncode != 0:
+                    failed.append("node_loss")
     finally:
         if server is not None:
             server.close()

@@ -205,7 +205,9 @@ class Keys:
 
     @property
     def rendezvous_waiting(self) -> str:
-        """ZSET workers that arrived while a round was running -> ms: they join the next one."""
+        """ZSET workers that arrived while a round was running -> ms of their last look
+        (Redis' clock), refreshed while they wait: they join the next one. An entry older
+        than the heartbeat timeout is a dead waiter's: not counted, dropped later."""
         return f"{self.base}:rendezvous_waiting"
 
     @property

@@ -36,7 +36,8 @@ log = logging.getLogger("strata_redis.rendezvous")
 KEEP_ROUND_MS: Final = 86_400_000
 #: rendezvous events kept (approximate)
 EVENTS_CAP: Final = 1000
-#: the longest a joiner blocks between two looks at the rendezvous (ms)
+#: the longest a joiner blocks between two looks at the rendezvous (ms; shorter with a
+#: heartbeat timeout below 4 s: each look of a waiter refreshes its waiting entry)
 MAX_BLOCK_MS: Final = 1000
 #: the rendezvous hash's field that says the rendezvous was ended for good (``end``)
 ENDED: Final = "ended"
@@ -200,7 +201,7 @@ class Rendezvous:
                 )  # fmt: skip
             if kind == "closed":
                 continue
-            block = MAX_BLOCK_MS
+            block = self._look_ms()  # a waiter's looks keep its waiting entry fresh
             if kind == "joining" and int(payload[3]):
                 block = min(block, max(5, int(payload[3]) - int(payload[4]) + 5))
             # Block until something happens in the rendezvous (or the window closes).
@@ -270,7 +271,7 @@ class Rendezvous:
                 k.generation,
                 k.round_expected(round_.number + 1),
             ],
-            [round_.number, epoch, self.max_workers, EVENTS_CAP],
+            [round_.number, epoch, self.max_workers, EVENTS_CAP, self._stale_ms()],
             {"job_id": ctx.job_id, "round": round_.number},
         )
         return bool(decision == "keep")
@@ -301,18 +302,32 @@ class Rendezvous:
         and it has room (fewer than ``max_workers`` members), or they are in a newer round
         that is collecting members (opened by a member that re-joined after a failure).
         Spares, waiting behind a round at ``max_workers``, are not counted (torchrun's
-        redundancy list): a round cannot grow to admit them. Two reads at most."""
+        redundancy list): a round cannot grow to admit them. Only live waiters count: a
+        waiter's entry is refreshed on each of its looks at the rendezvous (at least once per
+        ``heartbeat_timeout / 4``), and one older than ``heartbeat_timeout`` on Redis' clock is
+        a waiter that died (SIGKILLed, its host lost), not counted: the members do not restart
+        for a node that never comes. Two calls at most."""
         ctx, k = self.context, self.context.keys
-        with ctx.client.pipeline(transaction=False) as pipe:
-            pipe.zcard(k.rendezvous_waiting)
-            pipe.hmget(k.rendezvous, "round", "state", "world_size")
-            waiting, (number, state, world) = pipe.execute()
+        waiting, number, state, world = ctx.scripts.run(
+            "count_waiting",
+            [k.rendezvous, k.rendezvous_waiting],
+            [self._stale_ms()],
+            {"job_id": ctx.job_id, "round": mine},
+        )
         count = int(waiting)
         if state == "closed" and int(world or 0) >= self.max_workers:
             count = 0  # full: the waiting are spares
         if number is not None and int(number) > mine and state == "joining":
             count += int(ctx.client.zcard(k.round_members(int(number))))
         return count
+
+    def _stale_ms(self) -> int:
+        """A waiting entry older than this (ms) is a dead waiter's: the heartbeat timeout."""
+        return int(self.context.heartbeat_timeout * 1000)
+
+    def _look_ms(self) -> int:
+        """The longest a waiter goes between two looks (each refreshes its waiting entry)."""
+        return max(5, min(MAX_BLOCK_MS, self._stale_ms() // 4))
 
     def state(self) -> dict[str, str]:
         """The rendezvous hash as it stands (round, state, world size, restart counts...)."""

@@ -202,7 +202,8 @@ class StrataRendezvousHandler(RendezvousHandler):  # type: ignore[misc]
         max nodes, or in a newer round that is collecting members (opened by an agent that
         re-joined after a failure). Spares behind a round at max nodes are not counted
         (torch's redundancy list): counting them would restart the members' workers over and
-        over for a round that cannot admit them."""
+        over for a round that cannot admit them. Nor is an agent that died while it waited:
+        its place goes stale after the heartbeat timeout (``Rendezvous.waiting``)."""
         return self.rendezvous.waiting(self.round.number if self.round is not None else 0)
 
     def shutdown(self) -> bool:
