@@ -22,8 +22,8 @@ lost agent is declared dead after 3 s under c10d, 3.5 s under strata) and
 path its job rarely starts in this setup). Prints the table
 (recovered runs, median/min/max seconds, the world size training resumed with) and writes
 ``<results>/node_loss.json`` (perf/results/, ignored by git); the run the README quotes is
-committed as perf/baseline/node_loss.json. A run whose two members never trained counts as not started,
-apart from the recoveries.
+committed as perf/baseline/node_loss.json. A run whose two members never trained counts as
+not started, apart from the recoveries.
 
 Bounded: a run waits at most 120 s for the job to start and ``--bound`` s for recovery, then
 kills every agent. Needs ``strata-redis[torch]`` installed (torchrun finds the ``strata``
