@@ -1,4 +1,4 @@
-"""The ``strata`` command: ``demo``, ``status``, ``jobs``, ``dashboard``
+"""The ``strata`` command: ``demo``, ``status``, ``jobs``, ``doctor``, ``dashboard``
 (``python -m strata_redis``)."""
 
 from __future__ import annotations
@@ -193,6 +193,20 @@ def _jobs_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    client = make_client(args.redis_url)
+    job = Job(client, args.job)  # the id validated, $STRATA_JOB_ID read
+    checks = doctor.diagnose(client, job.job_id)
+    if args.json:
+        doc = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(doctor.render(checks))
+    return 1 if doctor.worst(checks) == "fail" else 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     return run_demo(
         args.redis_url, workers=args.workers, job_id=args.job, checkpoint_path=args.checkpoint_path
@@ -371,6 +385,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--heartbeat-timeout", type=_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
         help=timeout_help,
     )  # fmt: skip
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check that this Redis is fit for training jobs (one line per check)",
+        description="Check the Redis: its version and round trip, cluster mode, persistence "
+        "(AOF/RDB), maxmemory-policy, and whether this user has the README's worker or reader "
+        "ACL rights on a job's keys (probes that touch only strata:{JOB}:doctor). One line per "
+        "check: ok, warn or fail. Exit 0: nothing failed; 1: a check failed; 2: Redis "
+        "unreachable or bad usage.",
+    )
+    doctor.add_argument("--redis-url", help=redis_help)
+    doctor.add_argument(
+        "--job", default=None, help="the job whose keys the rights probes use (default "
+        "$STRATA_JOB_ID, else default)",
+    )  # fmt: skip
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doctor.set_defaults(func=_doctor)
 
     dash = sub.add_parser(
         "dashboard",

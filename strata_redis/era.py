@@ -62,6 +62,7 @@ __all__ = [
     "Era",
     "EraScripts",
     "check_eviction",
+    "eviction_risk",
     "queue_era_state",
     "take_era_state",
 ]
@@ -79,6 +80,19 @@ DURABLE_SCRIPTS: Final = frozenset(
 )
 #: set to 1 to run on a Redis whose ``maxmemory-policy`` may evict the job's keys
 ALLOW_EVICTION_ENV: Final = "STRATA_ALLOW_EVICTION"
+
+
+def eviction_risk(policy: str, limit: int) -> str | None:
+    """What a ``maxmemory-policy`` (with ``maxmemory`` ``limit`` bytes, 0: none) risks for a
+    job, in words; None for ``noeviction`` (at the limit, writes fail instead)."""
+    if policy == "noeviction":
+        return None
+    return (
+        f"Redis' maxmemory-policy is {policy!r}"
+        + (f" with maxmemory {limit} bytes" if limit else " (no maxmemory yet)")
+        + ": at the memory limit Redis evicts keys, and an evicted lease record, epoch or "
+        "checkpoint step can train samples twice or hang the job"
+    )
 
 
 def check_eviction(client: Any, job_id: str) -> str | None:
@@ -101,15 +115,10 @@ def check_eviction(client: Any, job_id: str) -> str | None:
         return None  # a cluster client answers per node: not checked
     policy = str(info["maxmemory_policy"])
     limit = int(info.get("maxmemory", 0) or 0)
-    if policy == "noeviction":
+    what = eviction_risk(policy, limit)
+    if what is None:
         return policy
     allowed = os.environ.get(ALLOW_EVICTION_ENV, "") == "1"
-    what = (
-        f"Redis' maxmemory-policy is {policy!r}"
-        + (f" with maxmemory {limit} bytes" if limit else " (no maxmemory yet)")
-        + ": at the memory limit Redis evicts keys, and an evicted lease record, epoch or "
-        "checkpoint step can train samples twice or hang the job"
-    )
     if limit and not allowed:
         raise RedisConfigError(
             f"job {job_id!r}: {what}. Set `maxmemory-policy noeviction` (at the limit, calls "
