@@ -49,9 +49,16 @@ def _status(args: argparse.Namespace) -> int:
     if args.watch is None:
         print(_frame(state, args))
         return 0
+    down_since: str | None = None
     try:  # Ctrl-C is how --watch stops: wherever it lands, a clean exit
         while True:
-            text = _frame(state, args)
+            try:
+                text = _frame(state, args)
+                down_since = None
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # an outage is what --watch is kept open for: say so, and keep trying
+                down_since = down_since or time.strftime("%H:%M:%S")
+                text = f"Redis unreachable since {down_since}; retrying ({_text(exc)})"
             if sys.stdout.isatty():
                 # Refresh in place: home the cursor, print, clear what the last frame left.
                 sys.stdout.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[K\n\x1b[J")
@@ -274,6 +281,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+#: the shortest ``--watch`` interval: each frame is a full read of the job
+WATCH_MIN_S = 0.5
+
+
+def _interval(text: str) -> float:
+    """An argparse type: ``--watch``'s interval, at least ``WATCH_MIN_S`` seconds."""
+    value = _seconds(text)
+    if value < WATCH_MIN_S:
+        raise argparse.ArgumentTypeError(
+            f"{text} seconds: --watch refreshes at most every {WATCH_MIN_S:g} s"
+        )
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``strata`` command."""
     parser = argparse.ArgumentParser(
@@ -327,11 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--watch",
-        type=_seconds,
+        type=_interval,
         nargs="?",
         const=2.0,
         metavar="SECONDS",
-        help="refresh in place every SECONDS (default 2) until Ctrl-C",
+        help="refresh in place every SECONDS (default 2, at least 0.5) until Ctrl-C; keeps "
+        "watching through Redis outages",
     )
     status.add_argument(
         "--heartbeat-timeout",

@@ -188,3 +188,11 @@ def s3_endpoint(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return s3_server.endpoint_url
+
+
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest exports COLUMNS=80 to the processes it starts, and ``strata status`` fits its
+    text to $COLUMNS: the tests read whole rows, so their commands get a wide one (the
+    fitting itself is tested with explicit widths: test_dashboard_cli.py)."""
+    monkeypatch.setenv("COLUMNS", "160")

@@ -130,7 +130,7 @@ def test_status_watch_refreshes_in_place(busy_job: strata_redis.Job, redis_url: 
     """On a terminal (a pseudo-terminal here) each frame is drawn from the top."""
     main, tty = pty.openpty()
     proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
-                 "0.2", stdout=tty, stderr=subprocess.PIPE)  # fmt: skip
+                 "0.5", stdout=tty, stderr=subprocess.PIPE)  # fmt: skip
     os.close(tty)
     chunks, deadline = [], time.monotonic() + 3
     while time.monotonic() < deadline:
@@ -151,13 +151,63 @@ def test_status_watch_into_a_pipe_has_no_terminal_codes(
     busy_job: strata_redis.Job, redis_url: str
 ) -> None:
     proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
-                 "0.2", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                 "0.5", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     assert "\x1b" not in stdout
     assert stdout.count("membership generation 3") >= 3, stdout
+
+
+def test_status_watch_rides_out_a_redis_outage(redis_factory: Any) -> None:
+    """--watch is what an operator keeps open during an outage: it says since when Redis is
+    unreachable, keeps trying, and shows the job again once Redis is back."""
+    server = redis_factory(aof=True)
+    job = strata_redis.connect(server.url, "watched")
+    job.register_worker("w1", heartbeat_interval=None)
+    job.close()
+    proc = popen("status", "--redis-url", server.url, "--job", "watched", "--watch", "0.5",
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    time.sleep(1.5)
+    server.stop()
+    time.sleep(2.0)
+    server.start()
+    time.sleep(2.5)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    frames = [f for f in stdout.split("\n\n") if f.strip()]
+    down = [i for i, f in enumerate(frames) if f.startswith("Redis unreachable since ")]
+    assert down, stdout
+    assert re.match(r"Redis unreachable since \d\d:\d\d:\d\d; retrying", frames[down[0]])
+    assert len({frames[i].split(";")[0] for i in down}) == 1  # the same "since" throughout
+    assert any("job 'watched'" in f for f in frames[: down[0]])
+    assert any("job 'watched'" in f for f in frames[down[-1] + 1 :]), stdout  # back again
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("columns", [80, 60, 160])
+def test_status_fits_the_terminal_width(
+    busy_job: strata_redis.Job, redis_url: str, columns: int
+) -> None:
+    """Rows never wrap: at a narrow width the least needed columns go (the address first),
+    sentences wrap at words, and nothing is longer than $COLUMNS."""
+    out = subprocess.run(
+        [sys.executable, "-m", "strata_redis", "status", "--redis-url", redis_url, "--job",
+         busy_job.job_id], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "COLUMNS": str(columns)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns, [x for x in lines if len(x) > columns]
+    row = next(line for line in lines if line.startswith("worker-01"))
+    assert row.split()[:2] == ["worker-01", "training"]
+    header = next(line for line in lines if line.startswith("WORKER"))
+    assert ("ADDRESS" in header) == (columns >= 120) and "STATUS" in header
+    assert ("10.0.0.5:29500" in row) == (columns >= 120)
+    dataset = next(line for line in lines if line.startswith("images"))
+    assert dataset.split()[1:3] == ["0", "25"]
 
 
 def test_status_json_into_a_closed_pipe_and_version(
@@ -172,7 +222,9 @@ def test_status_json_into_a_closed_pipe_and_version(
     assert out.returncode == 0 and out.stdout.strip() == f"strata {strata_redis.__version__}"
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["status"], ["dashboard"]])
+@pytest.mark.parametrize(
+    "command", [[], ["demo"], ["status"], ["dashboard"], ["doctor"], ["jobs"], ["jobs", "rm"]]
+)
 def test_help_is_plain_text(command: list[str]) -> None:
     out = strata(*command, "--help")
     assert out.returncode == 0, out.stderr
@@ -190,6 +242,7 @@ def test_help_is_plain_text(command: list[str]) -> None:
         (["dashboard", "--heartbeat-timeout", "0"], "--heartbeat-timeout: 0 seconds: it must"),
         (["status", "--watch", "0"], "argument --watch: 0 seconds: it must be above 0"),
         (["status", "--watch", "-1"], "argument --watch: -1 seconds: it must be above 0"),
+        (["status", "--watch", "0.2"], "argument --watch: 0.2 seconds: --watch refreshes at"),
         (["status", "--heartbeat-timeout", "nan"], "--heartbeat-timeout: nan seconds"),
         (["status", "--limit", "0"], "argument --limit: 0 is not in 1..100000"),
     ],

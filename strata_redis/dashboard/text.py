@@ -1,8 +1,76 @@
-"""The dashboard document as text for a terminal (``strata status``)."""
+"""The dashboard document as text for a terminal (``strata status``), fitted to its width.
+
+Tables never wrap: at a narrow width the least needed columns go first (an address before
+a host, before the GPU count, ...), then a cell too long for its column is cut and marked
+``~``; the last column takes what is left. Sentences wrap at words, indented.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import shutil
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+#: the width when the output is no terminal and ``$COLUMNS`` is unset (a pipe, a file)
+PIPE_WIDTH: Final = 160
+#: the narrowest the last (flexible) column of a table gets
+FLEX_MIN: Final = 8
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: its title, width (0: the flexible last column, at least ``least``
+    wide), alignment, and how long it is kept as the width shrinks (higher: kept longer)."""
+
+    title: str
+    width: int
+    keep: int
+    right: bool = False
+    least: int = FLEX_MIN
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "~"
+
+
+def table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> list[str]:
+    """``rows`` under ``columns``' titles, fitted to ``width`` (see the module's doc)."""
+    shown = list(range(len(columns)))
+
+    def total(idx: list[int]) -> int:
+        return sum(columns[i].width or columns[i].least for i in idx) + len(idx) - 1
+
+    while total(shown) > width and len(shown) > 1:
+        shown.remove(min(shown, key=lambda i: columns[i].keep))
+    lines = []
+    for cells in [[c.title for c in columns], *rows]:
+        out, used = [], 0
+        for n, i in enumerate(shown):
+            col, cell = columns[i], cells[i]
+            room = col.width or max(col.least, width - used)
+            cell = _cut(cell, room)
+            text = cell.rjust(room) if col.right else cell if not col.width else cell.ljust(room)
+            out.append(text)
+            used += len(text) + 1
+            if n == len(shown) - 1:
+                break
+        lines.append(" ".join(out).rstrip()[:width])
+    return lines
+
+
+def _wrap(line: str, width: int) -> list[str]:
+    """A sentence wrapped at words; its continuation lines indented."""
+    if len(line) <= width:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
+def width_now() -> int:
+    """The width to fit: ``$COLUMNS``, else the terminal's, else ``PIPE_WIDTH``."""
+    return max(40, shutil.get_terminal_size((PIPE_WIDTH, 24)).columns)
 
 
 def _bytes(n: int | None) -> str:
@@ -28,8 +96,39 @@ def _bar(done: int, leased: int, total: int, width: int = 20) -> str:
     return "[" + "#" * d + "~" * s + "." * (width - d - s) + "]"
 
 
-def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
-    """The lines of one job's overview, datasets, checkpoints and workers."""
+DATASET_COLUMNS: Final = (
+    Column("DATASET", 24, 9),
+    Column("EPOCH", 5, 8, True),
+    Column("DONE", 7, 7, True),
+    Column("LEASED", 7, 4, True),
+    Column("TO DO", 7, 3, True),
+    Column("SHARDS", 7, 5, True),
+    Column("STOLEN", 7, 2, True),
+    Column("PROGRESS", 0, 6, least=29),
+)
+CHECKPOINT_COLUMNS: Final = (
+    Column("EPOCH", 6, 8, True),
+    Column("STEP", 10, 9, True),
+    Column("RUN", 3, 3, True),
+    Column("STATE", 10, 7),
+    Column("SIZE", 9, 5, True),
+    Column("RANKS", 7, 4, True),
+    Column("MB/S", 8, 2, True),
+    Column("NOTE", 0, 6, least=16),
+)
+WORKER_COLUMNS: Final = (
+    Column("WORKER", 24, 9),
+    Column("STATUS", 14, 8),
+    Column("LAST SEEN", 10, 7, True),
+    Column("HOST", 16, 3),
+    Column("ADDRESS", 22, 1),
+    Column("GPUS", 4, 2, True),
+    Column("SHARD", 0, 5, least=12),
+)
+
+
+def render_job(doc: dict[str, Any], job_id: str, width: int = PIPE_WIDTH) -> list[str]:
+    """The lines of one job's overview, datasets, checkpoints and workers, ``width`` wide."""
     (job,) = (j for j in doc["jobs"] if j["job_id"] == job_id)
     (m,) = (x for x in doc["metrics"]["jobs"] if x["job_id"] == job_id)
     counts = m["workers"]
@@ -63,30 +162,26 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
         + ("-" if rate is None else f"{rate:.0f}")
         + " commands/s (whole server)"
     )
+    lines = [part for line in lines for part in _wrap(line, width)]
     datasets = [d for d in doc["datasets"] if d["job_id"] == job_id]
     lines.append("")
     if datasets:
-        lines.append(
-            f"{'DATASET':<24} {'EPOCH':>5} {'DONE':>7} {'LEASED':>7} {'TO DO':>7} {'SHARDS':>7}"
-            f" {'STOLEN':>7}  PROGRESS"
-        )
+        rows = []
         for d in datasets:
             p = d["progress"]
             pct = 100 * p["done"] / p["total"] if p["total"] else 0.0
-            lines.append(
-                f"{d['name']:<24} {d['epoch']:>5} {p['done']:>7} {p['leased']:>7} {p['todo']:>7} "
-                f"{p['total']:>7} {p['steals']:>7}  {_bar(p['done'], p['leased'], p['total'])} "
-                f"{pct:5.1f}%" + ("" if p["initialized"] else "  (epoch not started)")
+            progress = f"{_bar(p['done'], p['leased'], p['total'])} {pct:5.1f}%" + (
+                "" if p["initialized"] else "  (epoch not started)"
             )
+            rows.append([plain(d["name"]), str(d["epoch"]), str(p["done"]), str(p["leased"]),
+                         str(p["todo"]), str(p["total"]), str(p["steals"]), progress])  # fmt: skip
+        lines += table(DATASET_COLUMNS, rows, width)
     else:
         lines.append("no datasets registered")
     checkpoints = [c for c in doc["checkpoints"] if c["job_id"] == job_id]
     lines.append("")
     if checkpoints:
-        lines.append(
-            f"{'EPOCH':>6} {'STEP':>10} {'RUN':>3} {'STATE':<10} {'SIZE':>9} {'RANKS':>7} "
-            f"{'MB/S':>8}  NOTE"
-        )
+        rows = []
         for c in checkpoints:
             ranks = (
                 str(c["ranks_saved"]) if c["world_size"] is None
@@ -94,32 +189,28 @@ def render_job(doc: dict[str, Any], job_id: str) -> list[str]:
             )  # fmt: skip
             note = f"aborted by {c['culprit']}: {c['reason']}" if c["state"] == "aborted" else ""
             epoch = "-" if c["epoch"] is None else str(c["epoch"])
-            lines.append(
-                f"{epoch:>6} {c['step']:>10} {c.get('run', 0):>3} {c['state']:<10} "
-                f"{_bytes(c['bytes']):>9} {ranks:>7} {_num(c['mb_s']):>8}  {note}".rstrip()
-            )
+            rows.append([epoch, str(c["step"]), str(c.get("run", 0)), c["state"],
+                         _bytes(c["bytes"]), ranks, _num(c["mb_s"]), plain(note)])  # fmt: skip
+        lines += table(CHECKPOINT_COLUMNS, rows, width)
     else:
         lines.append("no checkpoints recorded")
     workers = [w for w in doc["workers"] if w["job_id"] == job_id]
     lines.append("")
-    if workers:
-        lines.append(
-            f"{'WORKER':<24} {'STATUS':<14} {'LAST SEEN':>10}  {'HOST':<16} {'ADDRESS':<22} "
-            f"{'GPUS':>4}  SHARD"
-        )
+    rows = []
     for w in workers:
         seen = "-" if w["last_seen_s"] is None else f"{w['last_seen_s']:.1f}s"
-        status = w["status"]
         shard = ", ".join(f"{s['dataset']}#{s['shard_id']}" for s in w["shards"])
-        lines.append(
-            f"{w['worker_id']:<24} {status:<14} {seen:>10}  {w['host'] or '-':<16} "
-            f"{w['address'] or '-':<22} {w['gpu_count']:>4}  {shard}".rstrip()
-        )
+        rows.append([plain(w["worker_id"]), w["status"], seen, plain(w["host"] or "-"),
+                     plain(w["address"] or "-"), str(w["gpu_count"]), plain(shard)])  # fmt: skip
+    if rows:
+        lines += table(WORKER_COLUMNS, rows, width)
     page = doc["page"]
     if page["total"] > len(doc["workers"]):
         lines.append(f"... {page['total'] - len(doc['workers'])} more workers not shown")
     if any(w["stale"] for w in workers):
-        lines.append("(stale: no heartbeat for longer than the job's timeout; not yet reaped)")
+        lines += _wrap(
+            "(stale: no heartbeat for longer than the job's timeout; not yet reaped)", width
+        )
     return lines
 
 
@@ -132,9 +223,11 @@ def plain(text: str) -> str:
     return "".join(c if c == "\n" or c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def render(doc: dict[str, Any]) -> str:
-    """The whole document as text: each job in turn (``plain``: safe for a terminal)."""
-    blocks = ["\n".join(render_job(doc, j["job_id"])) for j in doc["jobs"]]
+def render(doc: dict[str, Any], width: int | None = None) -> str:
+    """The whole document as text: each job in turn, fitted to ``width`` (default
+    ``width_now()``), safe for a terminal (``plain``)."""
+    width = width_now() if width is None else width
+    blocks = ["\n".join(render_job(doc, j["job_id"], width)) for j in doc["jobs"]]
     if not blocks:
         return "no strata jobs in this Redis"
     return plain("\n\n".join(blocks))
