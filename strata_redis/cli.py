@@ -1,4 +1,4 @@
-"""The ``strata`` command: ``demo``, ``status``, ``jobs``, ``doctor``, ``dashboard``
+"""The ``strata`` command: ``demo``, ``status``, ``jobs``, ``events``, ``doctor``, ``dashboard``
 (``python -m strata_redis``)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .connection import describe, make_client, redact
 from .coordination import epochs, lifecycle
 from .coordination.lifecycle import JobState
 from .coordination.registry import list_jobs
+from .dashboard.text import plain
 from .demo import run_demo
 from .job import Job
 
@@ -198,6 +199,45 @@ def _jobs_rm(args: argparse.Namespace) -> int:
     deleted = lifecycle.delete_job(client, job_id)
     print(f"deleted {deleted} keys of job {job_id!r}; its checkpoints in storage are kept")
     return 0
+
+
+#: how often ``strata events --follow`` looks for new events
+FOLLOW_S = 0.5
+
+
+def _events(args: argparse.Namespace) -> int:
+    from .dashboard.feed import Event, Feed
+
+    client = make_client(args.redis_url)
+    job = Job(client, args.job)  # the id validated
+
+    def show(batch: list[Event]) -> None:
+        for event in batch:
+            print(orjson.dumps(event.doc()).decode() if args.json else plain(event.line()))
+        sys.stdout.flush()
+
+    feed = Feed(client, job.job_id)
+    show(feed.newest(args.count))
+    if not args.follow:
+        return 0
+    down_since: str | None = None
+    try:  # Ctrl-C is how --follow stops
+        while True:
+            time.sleep(FOLLOW_S)
+            try:
+                batch = feed.new()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if down_since is None:  # one line per outage
+                    down_since = time.strftime("%H:%M:%S")
+                    print(f"Redis unreachable since {down_since}; retrying ({_text(exc)})",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                continue
+            if down_since is not None:
+                print("Redis reachable again", file=sys.stderr, flush=True)
+                down_since = None
+            show(batch)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -407,6 +447,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--heartbeat-timeout", type=_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
         help=timeout_help,
     )  # fmt: skip
+
+    events = sub.add_parser(
+        "events",
+        help="a job's membership, rendezvous and checkpoint events; --follow for new ones",
+        description="Print a job's newest membership (join, replace, leave, fail), rendezvous "
+        "(open, close, broken, end) and checkpoint (uploaded, aborted) events in time order; "
+        "with --follow, keep printing new ones as they happen (through Redis outages) until "
+        "Ctrl-C.",
+    )
+    events.add_argument("--redis-url", help=redis_help)
+    events.add_argument("--job", required=True, help="the job")
+    events.add_argument(
+        "--count", type=_int_in(1, 10_000), default=20, metavar="N",
+        help="the newest N events first (default 20)",
+    )  # fmt: skip
+    events.add_argument("--follow", action="store_true", help="then print new events")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    events.set_defaults(func=_events)
 
     doctor = sub.add_parser(
         "doctor",

@@ -223,7 +223,8 @@ def test_status_json_into_a_closed_pipe_and_version(
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["demo"], ["status"], ["dashboard"], ["doctor"], ["jobs"], ["jobs", "rm"]]
+    "command",
+    [[], ["demo"], ["status"], ["dashboard"], ["doctor"], ["events"], ["jobs"], ["jobs", "rm"]],
 )
 def test_help_is_plain_text(command: list[str]) -> None:
     out = strata(*command, "--help")

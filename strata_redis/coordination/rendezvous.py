@@ -20,15 +20,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..connection import zrange_pages
+from ..connection import (
+    Replies,
+    StreamPage,
+    queue_stream_page,
+    take_stream_page,
+    zrange_pages,
+)
 from ..context import JobContext
 from ..errors import RendezvousTimeoutError, RestartLimitError, RoundBrokenError
+from ..keys import Keys
 from ..outage import LOST, Outage, ride_out
 from ..scripts import check
 from ..status import Status
 from ..validate import check_int, check_seconds
 
-__all__ = ["Rendezvous", "Round", "RoundWatch"]
+__all__ = [
+    "Rendezvous",
+    "Round",
+    "RoundEvent",
+    "RoundWatch",
+    "queue_round_events",
+    "take_round_events",
+]
 
 log = logging.getLogger("strata_redis.rendezvous")
 
@@ -406,3 +420,44 @@ class RoundWatch:
         except Exception:  # a best effort: the waits are bounded anyway
             log.exception("worker %r: could not wake round %d's waiters", self.worker_id,
                           round_.number)  # fmt: skip
+
+
+# -- batched reads (connection.py: the queue/take convention) ---------------------------------
+@dataclass(frozen=True)
+class RoundEvent:
+    """One entry of the rendezvous event stream.
+
+    Attributes:
+        type: ``open``, ``close``, ``broken`` or ``end``.
+        round: the round it is about (None for ``end``).
+        ms: when it happened, ms on Redis' clock.
+        detail: the rest of the entry: ``reason`` (open, broken), ``world_size`` (close),
+            ``worker`` (broken: the member that broke it).
+    """
+
+    type: str
+    round: int | None
+    ms: int
+    detail: dict[str, str]
+
+
+def _round_event(entry_id: str, f: dict[str, str]) -> RoundEvent:
+    rest = {k: v for k, v in f.items() if k not in ("type", "round", "ms")}
+    number = f.get("round")
+    ms = f.get("ms")
+    return RoundEvent(
+        type=f.get("type", "?"),
+        round=int(number) if number and number.isdigit() else None,
+        ms=int(float(ms)) if ms else int(entry_id.split("-", 1)[0]),
+        detail=rest,
+    )
+
+
+def queue_round_events(pipe: Any, job_id: str, count: int, after: str | None = None) -> None:
+    """Queue a read of the newest ``count`` rendezvous events (those after entry ``after``)."""
+    queue_stream_page(pipe, Keys(job_id).rendezvous_events, count, after)
+
+
+def take_round_events(replies: Replies) -> StreamPage[RoundEvent]:
+    """The events ``queue_round_events`` read, newest first, and the stream's length."""
+    return take_stream_page(replies, _round_event)
