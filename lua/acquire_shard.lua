@@ -12,6 +12,10 @@
 -- once per membership generation), go back to the pool: at most 256 of each per call, a
 -- sweep of more holders goes on over the next calls (its cursor in the epoch meta).
 -- Every grant carries a new fencing token from a counter that never expires.
+-- A completion also counts in the epoch meta (by:<worker>) and is kept as the worker's last
+-- (last:<worker> = "<shard> <token>"): once init_epoch closed the epoch (its per-shard keys
+-- gone), a retry of that completion still answers 0, and any other is refused. A closed
+-- epoch leases nothing: acquiring answers A.NOTHING with every shard done.
 -- KEYS[1] = epoch meta HASH   KEYS[2] = todo ZSET      KEYS[3] = holders HASH
 -- KEYS[4] = expiry ZSET       KEYS[5] = done HASH      KEYS[6] = fence STRING
 -- KEYS[7] = heartbeats ZSET   KEYS[8] = status HASH    KEYS[9] = generation STRING
@@ -37,12 +41,20 @@ if ARGV[4] ~= '' then
   local held = redis.call('HGET', KEYS[3], shard)
   if held and string.match(held, '^(%d+) ') == token then
     redis.call('HSET', KEYS[5], shard, token .. ' ' .. id)
+    redis.call('HINCRBY', KEYS[1], 'by:' .. id, 1)
+    redis.call('HSET', KEYS[1], 'last:' .. id, shard .. ' ' .. token)
     redis.call('HDEL', KEYS[3], shard)
     redis.call('ZREM', KEYS[4], shard)
     completion = 1
   else
     local done = redis.call('HGET', KEYS[5], shard)
-    if done and string.match(done, '^(%d+) ') == token then completion = 0 else completion = -1 end
+    if done and string.match(done, '^(%d+) ') == token then
+      completion = 0
+    elseif redis.call('HGET', KEYS[1], 'last:' .. id) == shard .. ' ' .. token then
+      completion = 0  -- a retry of this worker's last completion, in a closed epoch
+    else
+      completion = -1
+    end
   end
   if ARGV[3] == '' then
     if completion < 0 then return {S.LEASE_LOST} end
@@ -64,7 +76,11 @@ if not redis.call('ZSCORE', KEYS[7], id) then
   if status == 'failed' then return answer({S.WORKER_FAILED}) end
   return answer({S.WORKER_LEFT})
 end
-local swept = redis.call('HGET', KEYS[1], 'swept')
+local pool = redis.call('HMGET', KEYS[1], 'swept', 'closed_ms', 'num_shards')
+if pool[2] then  -- closed (init_epoch): nothing of it is leased any more
+  return answer({S.OK, A.NOTHING, tonumber(pool[3]), 0, NARGV - 5})
+end
+local swept = pool[1]
 if not swept then return answer({S.OK, A.NO_POOL}) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -177,6 +177,12 @@ class Keys:
         """STRING fencing-token counter: +1 per lease grant, never expires, never goes back."""
         return f"{self.base}:fence"
 
+    def epochs_kept_whole(self, dataset: str) -> str:
+        """STRING how many finished epochs of a dataset before the newest keep their
+        per-shard record (``leases.keep_whole``; missing: 0, an epoch is closed into its
+        summary when the next epoch's pool is built)."""
+        return f"{self.base}:epochs_kept_whole:{dataset}"
+
     def lease_keys(self, dataset: str, epoch: int) -> LeaseKeys:
         """The keys of one dataset epoch's shard leases."""
         return LeaseKeys(self, dataset, epoch)
@@ -250,8 +256,13 @@ class LeaseKeys:
 
     @property
     def meta(self) -> str:
-        """HASH num_shards, initialized_ms, swept generation (sweep_gen, sweep_cursor: a
-        sweep of the holders under way, in steps), steals."""
+        """HASH num_shards, created_ms, swept generation (sweep_gen, sweep_cursor: a sweep of
+        the holders under way, in steps), steals, by:<worker> (shards it completed),
+        last:<worker> ("<shard> <token>": its last completion). Once the epoch is closed
+        (``init_epoch.lua``: finished, or the job is past it, when a later epoch's pool is
+        built) it is the epoch's summary, of constant size: its other keys are gone, it gains
+        ``done`` (shards done) and ``closed_ms``, loses the pool fields, and expires
+        ``RECORD_TTL_S`` later."""
         return self._key("epoch_meta")
 
     @property

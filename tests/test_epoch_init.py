@@ -45,8 +45,9 @@ def test_no_call_carries_more_than_a_chunk(
     entries = raw.slowlog_get(100_000)
     evals = [e for e in entries if e["command"][:8].upper() in (b"EVALSHA ", "EVALSHA ")]
     assert len(evals) >= 200_000 // leases_module.INIT_CHUNK
-    # EVALSHA sha numkeys 3 keys + the era key, total, offset, two arguments per shard, era
-    assert max(_args(e) for e in evals) <= 2 * leases_module.INIT_CHUNK + 10
+    # EVALSHA sha numkeys, 4 keys + the era key (+ 6 of an epoch to close), total, offset,
+    # the epoch to close, its summary's ttl, two arguments per shard, era
+    assert max(_args(e) for e in evals) <= 2 * leases_module.INIT_CHUNK + 20
     assert _pool(raw, "big", "ds") == list(range(200_000))
     job.close()
 
@@ -120,8 +121,10 @@ def test_another_shard_count_is_refused_mid_build(redis_url: str, raw: redis.Red
     reply = job.scripts.run(
         "init_epoch",
         ["strata:{mismatch}:epoch_meta:0:ds", "strata:{mismatch}:shards_todo:0:ds",
-         "strata:{mismatch}:shards_done:0:ds"],
-        [10_000, 0, *np.column_stack([np.zeros(10), np.arange(10)]).astype(int).ravel().tolist()],
+         "strata:{mismatch}:shards_done:0:ds",
+         "strata:{mismatch}:epoch"],
+        [10_000, 0, "", 60,
+         *np.column_stack([np.zeros(10), np.arange(10)]).astype(int).ravel().tolist()],
         {"job_id": "mismatch"},
     )  # fmt: skip
     assert [int(x) for x in reply] == [0, 10]  # not complete: go on from shard 10
@@ -129,6 +132,8 @@ def test_another_shard_count_is_refused_mid_build(redis_url: str, raw: redis.Red
         job.scripts.run(
             "init_epoch",
             ["strata:{mismatch}:epoch_meta:0:ds", "strata:{mismatch}:shards_todo:0:ds",
-             "strata:{mismatch}:shards_done:0:ds"],
-            [20, 10, 1, 10], {"job_id": "mismatch", "dataset": "ds", "epoch": 0, "worker_id": "w"},
+             "strata:{mismatch}:shards_done:0:ds",
+             "strata:{mismatch}:epoch"],
+            [20, 10, "", 60, 1, 10],
+            {"job_id": "mismatch", "dataset": "ds", "epoch": 0, "worker_id": "w"},
         )  # fmt: skip

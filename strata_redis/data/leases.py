@@ -121,20 +121,47 @@ def epoch_record(
 ) -> tuple[set[int], dict[int, int]]:
     """A (dataset, epoch)'s record as a walk begins: the shards done, and shard -> samples
     already trained of the shards restored part-way (read in ``HSCAN`` steps: an epoch of
-    10^7 shards has a record of 10^7 fields)."""
+    10^7 shards has a record of 10^7 fields). A closed epoch has every shard done."""
     k = ctx.keys.lease_keys(params.name, epoch)
     done = done_shards(ctx, params, epoch)
+    if len(done) == params.num_shards:
+        return done, {}
     return done, {int(s): int(o) for s, o in hash_items(ctx.client, k.offsets).items()}
 
 
+def _closed(ctx: JobContext, params: DatasetParams, epoch: int) -> int | None:
+    """How many shards a closed (dataset, epoch) had done when it closed; None: not closed."""
+    meta = ctx.keys.lease_keys(params.name, epoch).meta
+    closed, done = ctx.client.hmget(meta, ["closed_ms", "done"])
+    return None if closed is None else int(done or 0)
+
+
 def done_shards(ctx: JobContext, params: DatasetParams, epoch: int) -> set[int]:
-    """The shards completed in a (dataset, epoch), read in ``HSCAN`` steps."""
-    return {int(s) for s in hash_items(ctx.client, ctx.keys.lease_keys(params.name, epoch).done)}
+    """The shards completed in a (dataset, epoch), read in ``HSCAN`` steps. Every shard of a
+    closed epoch (``init_epoch.lua``: nothing of it is trained any more)."""
+    found = {int(s) for s in hash_items(ctx.client, ctx.keys.lease_keys(params.name, epoch).done)}
+    if not found and _closed(ctx, params, epoch) is not None:
+        return set(range(params.num_shards))
+    return found
 
 
 def done_count(ctx: JobContext, params: DatasetParams, epoch: int) -> int:
-    """How many shards of a (dataset, epoch) are completed (one ``HLEN``)."""
-    return int(ctx.client.hlen(ctx.keys.lease_keys(params.name, epoch).done))
+    """How many shards of a (dataset, epoch) are completed (one ``HLEN``; a closed epoch's
+    summary holds the count it closed with)."""
+    count = int(ctx.client.hlen(ctx.keys.lease_keys(params.name, epoch).done))
+    if count == 0:
+        count = _closed(ctx, params, epoch) or 0
+    return count
+
+
+def keep_whole(ctx: JobContext, dataset: str, epochs: int) -> None:
+    """Keep the per-shard record (``ShardLeases.completions``) of the ``epochs`` finished
+    epochs before the newest whole, for a dataset of the job (default 0: an epoch is closed
+    into its summary when the next epoch's pool is built). For tools that check records after
+    the fact (the demo); each kept epoch costs its per-shard record until it closes."""
+    check_id("dataset", dataset)
+    check_int("epochs", epochs, low=0, high=2**31)
+    ctx.client.set(ctx.keys.epochs_kept_whole(dataset), epochs)
 
 
 @dataclass(frozen=True)
@@ -224,11 +251,14 @@ class ShardLeases:
         plan = assignment(self.params, workers)
         ids, owners = plan.grouped(self.epoch)
         self._own = ids[owners == plan.index(self.worker_id)].tolist()
-        self._init_pool(steal_priority(ids, owners))
+        kept = int(self.context.client.get(self.context.keys.epochs_kept_whole(self.params.name))
+                   or 0)  # fmt: skip
+        self._init_pool(steal_priority(ids, owners), self.epoch - 1 - kept)
         self._prepared = True
 
-    def _init_pool(self, priority: np.ndarray) -> None:
-        """Create the epoch's pool in chunks of ``chunk_size`` shards (ids in order).
+    def _init_pool(self, priority: np.ndarray, close: int) -> None:
+        """Create the epoch's pool in chunks of ``chunk_size`` shards (ids in order), and
+        close epoch ``close`` (negative: none) if it is finished or the job is past it.
 
         Every caller cuts the same chunks, and the script adds only the next one, so racing
         callers and a caller that died half-way neither double nor miss a shard; a caller
@@ -236,16 +266,21 @@ class ShardLeases:
         """
         total = self.params.num_shards
         k = self.keys
+        keys = [k.meta, k.todo, k.done, self.context.keys.epoch]
+        if close >= 0:
+            c = self.context.keys.lease_keys(self.params.name, close)
+            keys += [c.meta, c.todo, c.holders, c.expiry, c.done, c.offsets]
+        head = [total, 0, close if close >= 0 else "", RECORD_TTL_S]
         offset = 0
         while True:
             end = min(offset + chunk_size(total), total)
             pairs = np.empty(2 * (end - offset), dtype=np.int64)
             pairs[0::2] = priority[offset:end]
             pairs[1::2] = np.arange(offset, end)
+            head[1] = offset
             complete, loaded = self.context.scripts.run(
-                "init_epoch", [k.meta, k.todo, k.done],
-                [total, offset, *pairs.tolist()], self._context(),
-            )  # fmt: skip
+                "init_epoch", keys, [*head, *pairs.tolist()], self._context()
+            )
             if int(complete):
                 return
             offset = int(loaded)
@@ -411,8 +446,19 @@ class ShardLeases:
             take_holders,
         )
 
+    def completed_by(self) -> Counter[str]:
+        """Worker id -> shards it completed in this (dataset, epoch), open or closed."""
+        ctx = self.context
+        return run_read(
+            ctx.client,
+            lambda pipe: queue_completed_by(pipe, ctx.job_id, self.params.name, self.epoch),
+            take_completed_by,
+        )
+
     def completions(self) -> dict[int, tuple[str, int]]:
-        """The completion record: shard id -> (worker id, fencing token)."""
+        """The completion record: shard id -> (worker id, fencing token). Empty once the
+        epoch is closed (``init_epoch.lua``): its summary keeps ``completed_by`` and
+        ``progress`` only."""
         done = hash_items(self.context.client, self.keys.done)
         return {int(shard): _completion(value) for shard, value in done.items()}
 
@@ -554,13 +600,16 @@ def queue_progress(pipe: Any, job_id: str, dataset: str, epoch: int) -> None:
     pipe.hlen(k.done)
     pipe.hlen(k.holders)
     pipe.zcard(k.todo)
-    pipe.hmget(k.meta, ["created_ms", "steals"])
+    pipe.hmget(k.meta, ["created_ms", "steals", "closed_ms", "done"])
 
 
 def take_progress(replies: Replies, num_shards: int) -> EpochProgress:
-    """The progress ``queue_progress`` read, of an epoch of ``num_shards`` shards."""
+    """The progress ``queue_progress`` read, of an epoch of ``num_shards`` shards (a closed
+    epoch: from its summary, nothing leased or waiting)."""
     done, leased, todo = (int(take_reply(replies)) for _ in range(3))
-    created, steals = take_reply(replies)
+    created, steals, closed, summary_done = take_reply(replies)
+    if closed is not None:
+        done, leased, todo = int(summary_done or 0), 0, 0
     return EpochProgress(num_shards, done, leased, todo, int(steals or 0), created is not None)
 
 
@@ -576,14 +625,15 @@ def take_holders(replies: Replies) -> dict[int, LeaseHolder]:
 
 
 def queue_completed_by(pipe: Any, job_id: str, dataset: str, epoch: int) -> None:
-    """Queue a read of who completed each done shard of a (dataset, epoch) (one value per
-    shard done: the caller bounds the epoch's size)."""
-    pipe.hvals(Keys(job_id).lease_keys(dataset, epoch).done)
+    """Queue a read of how many shards each worker completed in a (dataset, epoch) (the
+    epoch meta's counts: one field per worker that completed any, open or closed)."""
+    pipe.hgetall(Keys(job_id).lease_keys(dataset, epoch).meta)
 
 
 def take_completed_by(replies: Replies) -> Counter[str]:
     """Worker id -> shards it completed, as ``queue_completed_by`` read them."""
-    return Counter(_completion(value)[0] for value in take_reply(replies))
+    meta = take_reply(replies)
+    return Counter({f[3:]: int(v) for f, v in meta.items() if f.startswith("by:")})
 
 
 def queue_lease_grants(pipe: Any, job_id: str) -> None:
