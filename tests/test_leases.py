@@ -451,9 +451,8 @@ def test_a_finished_epoch_closes_into_its_summary_when_the_next_begins(
     k = la.keys
     assert raw.exists(k.done)
     job.leases("ds", 1, "a").prepare()  # the next epoch's pool closes this one
-    assert raw.exists(k.meta) and not any(
-        raw.exists(key) for key in (k.todo, k.holders, k.expiry, k.done, k.offsets)
-    )
+    closed = leases_module.epoch_keys(job.context, params, 0)
+    assert closed[0] == k.meta and raw.exists(k.meta) and not any(map(raw.exists, closed[1:]))
     assert 0 < raw.ttl(k.meta) <= leases_module.RECORD_TTL_S
     progress = la.progress()
     assert (progress.done, progress.leased, progress.todo, progress.finished) == (20, 0, 0, True)
@@ -481,15 +480,19 @@ def test_closing_an_epoch_the_job_is_past_even_when_shards_were_dropped(
     first = job.leases("ds", 0, "a")
     lease = first.acquire()
     assert lease is not None and lease.complete() is True
-    job.leases("ds", 1, "a").prepare()  # epoch 0 unfinished, the job not past it: kept
+    held = job.leases("ds", 1, "a", ttl=600).acquire()  # epoch 0 unfinished, job not past it
+    assert held is not None
     assert raw.exists(first.keys.done) and first.completions() == {
         lease.shard_id: ("a", lease.token)
     }
     raw.set(job.keys.epoch, 2)  # the job advanced past epoch 1 (its shards dropped)
     job.leases("ds", 2, "a").prepare()
     k1 = job.keys.lease_keys("ds", 1)
-    assert raw.hget(k1.meta, "closed_ms") is not None and not raw.exists(k1.todo)
+    assert raw.exists(k1.taken) == 0 and raw.exists(k1.holders) == 0
+    assert raw.hget(k1.meta, "closed_ms") is not None and raw.hget(k1.meta, "swept") is None
     assert job.leases("ds", 1, "a").progress().done == 0
+    with pytest.raises(strata_redis.LeaseLostError):
+        held.complete()  # its epoch is closed: nothing of it is recorded any more
 
 
 def test_keep_whole_keeps_earlier_records(job: strata_redis.Job, raw: redis.Redis) -> None:

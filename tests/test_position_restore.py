@@ -1,6 +1,7 @@
 """Putting an epoch's pool back to a checkpoint's data position is done in bounded chunks:
-no call carries more than ``RESTORE_CHUNK`` entries at any epoch size, and racing members
-of the restoring round, or one that died half-way, end with the same pool as one restore."""
+no call carries more than ``RESTORE_CHUNK`` entries (done shards, offsets) at any size, and
+racing members of the restoring round, or one that died half-way, end with the same pool as
+one restore."""
 
 from __future__ import annotations
 
@@ -35,11 +36,18 @@ def _state(raw: redis.Redis, job: str, dataset: str, epoch: int = 0) -> dict[str
     lk = keys.lease_keys(dataset, epoch)
     return {
         "epoch": raw.get(keys.epoch),
-        "todo": raw.zrange(lk.todo, 0, -1, withscores=True),
-        "done": raw.hgetall(lk.done),
+        "taken": _bits(raw, lk.taken),
+        "done": _bits(raw, lk.done),
+        "done_count": raw.hget(lk.meta, "done"),
         "offsets": raw.hgetall(lk.offsets),
         "swept": raw.hget(lk.meta, "swept"),
     }
+
+
+def _bits(raw: redis.Redis, key: str) -> set[int]:
+    """The bits set in a bitmap."""
+    value = raw.execute_command("GET", key, NEVER_DECODE=True) or b""
+    return set(np.flatnonzero(np.unpackbits(np.frombuffer(value, dtype=np.uint8))).tolist())
 
 
 def _restore(url: str, job_id: str, shards: int, mark: int = 1) -> bool:
@@ -65,19 +73,25 @@ def test_no_restore_call_carries_more_than_a_chunk(
     params = ShardManager(job).register_dataset_params("ds", shards, 1)
     job.leases("ds", 0, "w1")  # an epoch in progress: the restore replaces it
     raw.slowlog_reset()
+    calls = int(raw.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
     assert _restore(server.url, "big", shards)
+    calls = int(raw.info("commandstats")["cmdstat_evalsha"]["calls"]) - calls
+    # (the log keeps the newest entries: the scripts' own commands are logged too)
     entries = raw.slowlog_get(100_000)
     evals = [e for e in entries if e["command"][:8].upper() in (b"EVALSHA ", "EVALSHA ")]
-    assert len(evals) >= shards // position.RESTORE_CHUNK
-    # EVALSHA sha numkeys, 14 keys + the era key, 6 fixed arguments, 2 counts, the era: 27
-    # words; then at most 2 per entry
-    assert max(_args(e) for e in evals) <= 2 * position.RESTORE_CHUNK + 27
+    done, offsets = _inputs(shards)
+    assert calls >= (len(done) + len(offsets)) // position.RESTORE_CHUNK and evals
+    # EVALSHA sha numkeys, 2 + 2 x (6 + 4 record segments) keys + the era key, 6 fixed
+    # arguments, 2 counts, the era: 35 words; then at most 2 per entry
+    assert max(_args(e) for e in evals) <= 2 * position.RESTORE_CHUNK + 35
     state = _state(raw, "big", "ds")
     done, offsets = _inputs(shards)
     assert state["epoch"] == "0" and state["swept"] == "-1"
-    assert {int(s) for s in state["done"]} == done
+    assert state["done"] == done and state["done_count"] == str(len(done))
     assert {int(s): int(o) for s, o in state["offsets"].items()} == offsets
-    assert sorted(int(m) for m, _ in state["todo"]) == sorted(set(range(shards)) - done)
+    assert state["taken"] == done, "every other shard is in the pool"
+    record = job.leases("ds", 0, "w1").completions()
+    assert sorted(record) == sorted(done) and set(record.values()) == {("restored", 0)}
     assert params.num_shards == shards
     job.close()
 
