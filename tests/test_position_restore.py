@@ -15,6 +15,7 @@ import redis
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.data import leases as leases_module
 from strata_redis.data import position
 from strata_redis.keys import Keys
 from strata_redis.server import RedisServer
@@ -126,4 +127,36 @@ def test_racing_and_interrupted_restores_end_like_one(redis_url: str, raw: redis
     assert _state(raw, "cut", "ds")["swept"] is None  # the pool is not open half-way
     assert _restore(redis_url, "cut", shards)
     assert _state(raw, "cut", "ds") == expected
+    job.close()
+
+
+def test_a_closed_epoch_is_restored_from_a_checkpoint(redis_url: str, raw: redis.Redis) -> None:
+    """Resuming from a checkpoint of an earlier epoch, closed into its summary since: the
+    restore rebuilds its record from the checkpoint's position; later epochs' keys go."""
+    job = strata_redis.connect(redis_url, "back")
+    params = ShardManager(job).register_dataset_params("ds", 40, 1)
+    job.register_worker("w1", heartbeat_interval=None)
+    for epoch in (0, 1):
+        for lease in job.leases("ds", epoch, "w1"):
+            assert lease.complete()
+    assert raw.hget(Keys("back").lease_keys("ds", 0).meta, "closed_ms") is not None
+    done, offsets = set(range(0, 40, 2)), {1: 1}
+    assert position.restore_position(
+        job.context, params, 0, done, offsets, workers=WORKERS, mark=7, later_epochs=1
+    )
+    assert raw.get(job.keys.epoch) == "0"
+    assert not raw.keys("strata:{back}:*:1:ds"), "epoch 1's keys are deleted"
+    leases = job.leases("ds", 0, "w1")
+    progress = leases.progress()
+    assert (progress.done, progress.leased, progress.todo) == (20, 0, 20)
+    assert leases_module.epoch_record(job.context, params, 0) == (done, offsets)
+    got = []
+    for lease in leases:
+        got.append((lease.shard_id, lease.start))
+        assert lease.complete()
+    assert sorted(s for s, _ in got) == list(range(1, 40, 2)) and (1, 1) in got
+    record = leases.completions()
+    assert sorted(record) == list(range(40))
+    assert {record[s] for s in done} == {("restored", 0)}
+    assert {record[s][0] for s in range(1, 40, 2)} == {"w1"}
     job.close()
