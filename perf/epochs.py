@@ -7,9 +7,9 @@ Measures, into ``<results>/epochs.json``, on a private redis-server (it reads it
 
 - ``progress_bytes_per_shard``: ``MEMORY USAGE`` summed over an epoch's keys (every key
   ``strata:{J}:*:<epoch>:<dataset>``), over its shards, once one worker has completed 3,000
-  of them (its own, in the epoch's shuffled order: spread over the whole id range, so every
-  per-shard structure has reached its full size; it does not grow as more complete) and
-  holds one lease. Bar: <= 16 bytes at 10^7 shards;
+  (``--done``) of them (its own, in the epoch's shuffled order: spread over the whole id
+  range, so every per-shard structure has reached its full size; it does not grow as more
+  complete) and holds one lease. Bar: <= 16 bytes at 10^7 shards;
 - ``finished_epoch_bytes``: the same sum once the job advanced and the next epoch's pool
   was built (the finished epoch closed into its summary);
 - ``slowest_call_ms``: the longest command or script in the server's SLOWLOG over both (the
@@ -120,18 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=10_000_000)
     parser.add_argument("--curve-shards", type=int, default=30_000)
+    parser.add_argument("--done", type=int, default=3_000, help="shards completed, in progress")
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="ignored: a private server (its SLOWLOG is read)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.shards, args.curve_shards = 100_000, 300
+        args.shards, args.curve_shards, args.done = 100_000, 150, 300
     args.results.mkdir(parents=True, exist_ok=True)
     extra = ["--slowlog-log-slower-than", "200", "--slowlog-max-len", "10000"]
     server = RedisServer(extra=extra).start()
     try:
         doc: dict[str, Any] = {}
-        for part in (epoch_bytes(server.url, args.shards), curve(server.url, args.curve_shards)):
+        parts = (epoch_bytes(server.url, args.shards, args.done),
+                 curve(server.url, args.curve_shards))  # fmt: skip
+        for part in parts:
             doc.update(part)
             print(", ".join(f"{k} {v}" for k, v in part.items()), flush=True)
         (args.results / "epochs.json").write_text(json.dumps(doc, indent=2))
