@@ -8,8 +8,7 @@
 -- The record: the done bitmap (bit = shard), and per shard in the record segment of its id
 -- (SEG shards a segment: strata_redis.data.leases.RECORD_SEGMENT; created whole, zeros, by
 -- its first completion) a BITFIELD of 96 bits: the completion's token (i64) and the
--- completer's index (u32) in the epoch meta's worker
--- list (nw, w:<worker>, i:<index>). A completion also counts in the meta (done, by:<worker>)
+-- completer's index (u32) in the epoch's workers HASH (n, w:<worker>, i:<index>). A completion also counts in the meta (done, by:<worker>)
 -- and is kept as the worker's last (last:<worker> = "<shard> <token>"): once init_epoch
 -- closed the epoch (its per-shard keys gone), a retry of that completion still answers 0,
 -- and any other is refused. A closed epoch leases nothing: acquiring answers A.NOTHING with
@@ -27,6 +26,7 @@
 -- KEYS[7] = heartbeats ZSET   KEYS[8] = status HASH    KEYS[9] = generation STRING
 -- KEYS[10] = offsets HASH (shard -> samples of it already trained: the grant starts there)
 -- KEYS[11] = the record segment STRING of the shard to complete (any segment when none)
+-- KEYS[12] = workers HASH (the epoch's completers, indexed for the record)
 -- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms
 -- ARGV[3] = "1" acquire, stealing if need be | "0" acquire own shards only | "" do not acquire
 -- ARGV[4] = shard id to complete first, or "" for none   ARGV[5] = its fencing token
@@ -50,10 +50,10 @@ if ARGV[4] ~= '' then
   local at = (n % SEG) * 96
   local held = redis.call('HGET', KEYS[3], shard)
   if held and string.match(held, '^(%d+) ') == token then
-    local index = redis.call('HGET', KEYS[1], 'w:' .. id)
+    local index = redis.call('HGET', KEYS[12], 'w:' .. id)
     if not index then
-      index = redis.call('HINCRBY', KEYS[1], 'nw', 1)
-      redis.call('HSET', KEYS[1], 'w:' .. id, index, 'i:' .. index, id)
+      index = redis.call('HINCRBY', KEYS[12], 'n', 1)
+      redis.call('HSET', KEYS[12], 'w:' .. id, index, 'i:' .. index, id)
     end
     if redis.call('EXISTS', KEYS[11]) == 0 then
       -- the segment at its size at once (written in place from then on: a string grown by

@@ -8,12 +8,13 @@
 -- the job's epoch is past it: its per-shard keys are UNLINKed (bitmaps and record segments
 -- of at most 768 KiB each, the holders and offsets freed off the main thread: bounded here
 -- at any size) and its meta HASH becomes the epoch's summary (num_shards, created_ms,
--- steals, done, closed_ms, and per worker nw/w:/i:/by:/last:, bounded by the workers), kept
+-- steals, done, closed_ms, and per worker by:/last:, bounded by the workers), kept
 -- ARGV[3] seconds. Closing is idempotent.
 -- KEYS[1] = epoch meta HASH   KEYS[2] = the job's epoch STRING
 -- KEYS[3] = taken STRING (bitmap)   KEYS[4] = done STRING (bitmap)
 -- KEYS[5..] = the epoch to close (absent: none): meta HASH, taken STRING, holders HASH,
---             expiry ZSET, done STRING, offsets HASH, then its record segments (STRINGs)
+--             expiry ZSET, done STRING, offsets HASH, workers HASH, then its record
+--             segments (STRINGs)
 -- ARGV[1] = number of shards
 -- ARGV[2] = the epoch to close ("" for none)   ARGV[3] = a closed epoch's summary TTL, seconds
 -- ARGV[4] = seconds to live of the segments of a closed epoch this call does not UNLINK
@@ -22,7 +23,7 @@
 --       | {22} EPOCH_MISMATCH: it exists with another shard count
 local UNLINK_NOW = 8
 local closed = 0
-if NKEYS >= 10 then
+if NKEYS >= 11 then
   local old = redis.call('HMGET', KEYS[5], 'num_shards', 'swept', 'closed_ms', 'done')
   if old[2] and not old[3] then
     local done = tonumber(old[4] or '0')
@@ -31,7 +32,7 @@ if NKEYS >= 10 then
       -- at most UNLINK_NOW record segments here (freeing 768 KiB strings takes up to 0.1 ms
       -- each); the caller UNLINKs the rest in steps, or they expire in ARGV[4] seconds
       for i = 6, NKEYS do
-        if i <= 10 + UNLINK_NOW then redis.call('UNLINK', KEYS[i])
+        if i <= 11 + UNLINK_NOW then redis.call('UNLINK', KEYS[i])
         else redis.call('EXPIRE', KEYS[i], tonumber(ARGV[4])) end
       end
       local t = redis.call('TIME')

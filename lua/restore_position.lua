@@ -13,8 +13,8 @@
 -- KEYS[2] = the job's epoch STRING
 -- KEYS[3..8] = the epoch's meta HASH, taken STRING, holders HASH, expiry ZSET, done STRING,
 --              offsets HASH
--- KEYS[9..] = the epoch's record segments and every key of later epochs' pools, deleted by
---             chunk 0 (with KEYS[3..8])
+-- KEYS[9..] = the epoch's workers HASH and record segments, and every key of later epochs'
+--             pools, deleted by chunk 0 (with KEYS[3..8])
 -- ARGV[1] = the mark's field   ARGV[2] = the mark (the restoring round)   ARGV[3] = epoch
 -- ARGV[4] = number of shards   ARGV[5] = this chunk's index k   ARGV[6] = number of chunks
 -- ARGV[7] = n, then n done shard ids; then m, then m pairs: shard id, samples trained

@@ -258,14 +258,19 @@ class LeaseKeys:
     def meta(self) -> str:
         """HASH num_shards, created_ms, swept generation (sweep_gen, sweep_cursor: a sweep of
         the holders under way, in steps), steals, cursor (where the next steal looks for a
-        free shard), done (shards done), the epoch's workers (nw: how many; w:<worker> -> its
-        index, 1..; i:<index> -> the worker), by:<worker> (shards it completed),
+        free shard), done (shards done), by:<worker> (shards it completed),
         last:<worker> ("<shard> <token>": its last completion). Once the epoch is closed
         (``init_epoch.lua``: finished, or the job is past it, when a later epoch's pool is
         built) it is the epoch's summary, of constant size in the shards (bounded by the
         workers): its other keys are gone, it gains ``closed_ms``, loses the pool fields, and
         expires ``RECORD_TTL_S`` later."""
         return self._key("epoch_meta")
+
+    @property
+    def workers(self) -> str:
+        """HASH the epoch's completers, indexed for its record: n (how many), w:<worker> ->
+        its index (1..), i:<index> -> the worker."""
+        return self._key("epoch_workers")
 
     @property
     def taken(self) -> str:
@@ -295,7 +300,7 @@ class LeaseKeys:
         """STRING the exactly-once completion record of shards ``[segment * 65535, (segment
         + 1) * 65535)`` (``leases.RECORD_SEGMENT``), a ``BITFIELD`` of 96 bits per shard: the
         fencing token of the completion (i64, bit ``96 * (shard % 65535)``), then the
-        completer's index in the meta's worker list (u32; 0 with token 0: restored from a
+        completer's index in ``workers`` (u32; 0 with token 0: restored from a
         checkpoint, or not done). 12 bytes per shard, created whole (zeros, 768 KiB) by the
         segment's first completion."""
         return self._key(f"shards_record_{segment}")

@@ -128,12 +128,12 @@ def test_a_flushall_mid_epoch_stops_every_worker_process_with_state_lost(
         # every worker is mid-epoch: each has completions recorded, and most shards remain
         wait_for(lambda: completers() == set(ids), 90, why=completers)
         with redis.Redis.from_url(server.url) as binary, binary.pipeline() as pipe:
-            pipe.hgetall(lk.meta)  # the record as it was at the flush
+            pipe.hgetall(lk.workers)  # the record as it was at the flush
             pipe.get(lk.done)
             pipe.get(lk.record(0))  # (< 65,535 shards: one segment)
             pipe.flushall()
-            meta, bits, record, _ = pipe.execute()
-        at_flush = _record({f.decode(): v.decode() for f, v in meta.items()}, bits, record)
+            workers, bits, record, _ = pipe.execute()
+        at_flush = _record({f.decode(): v.decode() for f, v in workers.items()}, bits, record)
         flushed = time.monotonic()
         assert 0 < len(at_flush) < 1000, len(at_flush)  # mid-epoch
         reports = {}
@@ -159,12 +159,12 @@ def test_a_flushall_mid_epoch_stops_every_worker_process_with_state_lost(
     raw.close()
 
 
-def _record(meta: dict[str, str], bits: bytes, record: bytes) -> dict[int, tuple[str, int]]:
-    """Shard -> (worker, token) from an epoch's meta, done bitmap and first record segment
-    (``LeaseKeys.record``: a big-endian i64 token and u32 worker index per shard)."""
+def _record(workers: dict[str, str], bits: bytes, record: bytes) -> dict[int, tuple[str, int]]:
+    """Shard -> (worker, token) from an epoch's workers hash, done bitmap and first record
+    segment (``LeaseKeys.record``: a big-endian i64 token and u32 worker index per shard)."""
     done = np.flatnonzero(np.unpackbits(np.frombuffer(bits, dtype=np.uint8))).tolist()
     rows = np.frombuffer(record, dtype=np.dtype([("token", ">i8"), ("worker", ">u4")]))
-    names = {int(f[2:]): v for f, v in meta.items() if f.startswith("i:")}
+    names = {int(f[2:]): v for f, v in workers.items() if f.startswith("i:")}
     return {s: (names[int(rows["worker"][s])], int(rows["token"][s])) for s in done}
 
 

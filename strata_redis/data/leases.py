@@ -64,9 +64,10 @@ def segments(num_shards: int) -> int:
 
 def epoch_keys(ctx: JobContext, params: DatasetParams, epoch: int) -> list[str]:
     """Every key of a (dataset, epoch)'s leases: meta, taken, holders, expiry, done,
-    offsets, then the record segments (the lockstep quota hash is ``walks/lockstep.py``'s)."""
+    offsets, workers, then the record segments (the lockstep quota hash is
+    ``walks/lockstep.py``'s)."""
     k = ctx.keys.lease_keys(params.name, epoch)
-    keys = [k.meta, k.taken, k.holders, k.expiry, k.done, k.offsets]
+    keys = [k.meta, k.taken, k.holders, k.expiry, k.done, k.offsets, k.workers]
     return keys + [k.record(i) for i in range(segments(params.num_shards))]
 
 
@@ -276,7 +277,7 @@ class ShardLeases:
             [self.params.num_shards, close if close >= 0 else "", RECORD_TTL_S, CLOSE_TTL_S],
             self._context(),
         )  # fmt: skip
-        rest = keys[4 + 6 + CLOSE_STEP :] if int(closed) else []
+        rest = keys[4 + 7 + CLOSE_STEP :] if int(closed) else []
         for start in range(0, len(rest), CLOSE_STEP):
             self.context.client.unlink(*rest[start : start + CLOSE_STEP])
 
@@ -300,7 +301,7 @@ class ShardLeases:
         if not self._prepared:
             self.prepare()
         args = [*self._acquire_args, "", "", *self._own[:CANDIDATES]]
-        keys = [*self._acquire_keys, self.keys.record(0)]
+        keys = [*self._acquire_keys, self.keys.record(0), self.keys.workers]
         reply = self.context.scripts.run("acquire_shard", keys, args, self._context)
         if int(reply[0]) == Acquire.NO_POOL:  # the pool was removed (expired record): again
             self._prepared = False
@@ -371,7 +372,8 @@ class ShardLeases:
                 return self._context(lease.shard_id, lease.token)
 
             try:
-                keys = [*self._acquire_keys, self.keys.record(lease.shard_id // RECORD_SEGMENT)]
+                segment = self.keys.record(lease.shard_id // RECORD_SEGMENT)
+                keys = [*self._acquire_keys, segment, self.keys.workers]
                 reply = self.context.scripts.run("acquire_shard", keys, args, context)
                 if prefetch:
                     self._next = self._granted(reply[1:])
@@ -461,8 +463,8 @@ class ShardLeases:
         done = _bits(client, self.keys.done, total)
         if len(done) == 0:
             return {}
-        meta = client.hgetall(self.keys.meta)
-        names = {int(f[2:]): v for f, v in meta.items() if f.startswith("i:")}
+        indexed = client.hgetall(self.keys.workers)
+        names = {int(f[2:]): v for f, v in indexed.items() if f.startswith("i:")}
         names[0] = "restored"
         out: dict[int, tuple[str, int]] = {}
         for segment in np.unique(done // RECORD_SEGMENT).tolist():
