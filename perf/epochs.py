@@ -67,8 +67,8 @@ def epoch_bytes(url: str, shards: int, done: int = 3_000) -> dict[str, float]:
             break
     held = leases.acquire()
     assert held is not None
+    slowest = slowest_ms(client)  # (before MEMORY USAGE: O(n) on a big hash or sorted set)
     progress = key_bytes(client, "strata:{epochs-big}:*:0:ds")
-    slowest = slowest_ms(client)
     job.advance_epoch("w", timeout=60)
     client.slowlog_reset()
     job.leases("ds", 1, "w").prepare()
