@@ -5,17 +5,28 @@
 -- cannot record a shard another worker now owns; repeating a successful completion with the
 -- same token (a retry after a network error) succeeds without recording twice. Completing
 -- does not ask for liveness: a lease not yet taken back is still its holder's.
+-- The record: the done bitmap (bit = shard), and per shard in the record segment of its id
+-- (SEG shards a segment: strata_redis.data.leases.RECORD_SEGMENT; created whole, zeros, by
+-- its first completion) a BITFIELD of 96 bits: the completion's token (i64) and the
+-- completer's index (u32) in the epoch's workers HASH (n, w:<worker>, i:<index>). A completion also counts in the meta (done, by:<worker>)
+-- and is kept as the worker's last (last:<worker> = "<shard> <token>"): once init_epoch
+-- closed the epoch (its per-shard keys gone), a retry of that completion still answers 0,
+-- and any other is refused. A closed epoch leases nothing: acquiring answers A.NOTHING with
+-- every shard done.
 -- Acquiring leases one shard of a (dataset, epoch) to a live worker: the first of its own
--- candidates still in the pool, else (if allowed) the pool's highest-priority shard
--- (stealing another worker's unstarted shard; the epoch meta's 'steals' counts these grants).
+-- candidates still in the pool (bit 0 in the taken bitmap), else (if allowed) the first free
+-- shard from the meta's rotating `cursor` on (BITPOS; wrapping round to 0): stealing another
+-- worker's unstarted shard; the epoch meta's 'steals' counts these grants.
 -- Before choosing, expired leases, and leases of workers that are no longer live (checked
 -- once per membership generation), go back to the pool: at most 256 of each per call, a
 -- sweep of more holders goes on over the next calls (its cursor in the epoch meta).
 -- Every grant carries a new fencing token from a counter that never expires.
--- KEYS[1] = epoch meta HASH   KEYS[2] = todo ZSET      KEYS[3] = holders HASH
--- KEYS[4] = expiry ZSET       KEYS[5] = done HASH      KEYS[6] = fence STRING
+-- KEYS[1] = epoch meta HASH   KEYS[2] = taken STRING (bitmap)   KEYS[3] = holders HASH
+-- KEYS[4] = expiry ZSET       KEYS[5] = done STRING (bitmap)    KEYS[6] = fence STRING
 -- KEYS[7] = heartbeats ZSET   KEYS[8] = status HASH    KEYS[9] = generation STRING
 -- KEYS[10] = offsets HASH (shard -> samples of it already trained: the grant starts there)
+-- KEYS[11] = the record segment STRING of the shard to complete (any segment when none)
+-- KEYS[12] = workers HASH (the epoch's completers, indexed for the record)
 -- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms
 -- ARGV[3] = "1" acquire, stealing if need be | "0" acquire own shards only | "" do not acquire
 -- ARGV[4] = shard id to complete first, or "" for none   ARGV[5] = its fencing token
@@ -30,19 +41,43 @@
 -- returns, both: {S.OK, completion, <acquire reply without its leading status>} where
 --       completion is 1 recorded now | 0 already recorded | -1 lease lost; a worker that may
 --       not lease gets {S.OK, completion, A.REFUSED, its status}
+local SEG = 65535
 local id = ARGV[1]
 local completion
 if ARGV[4] ~= '' then
   local shard, token = ARGV[4], ARGV[5]
+  local n = tonumber(shard)
+  local at = (n % SEG) * 96
   local held = redis.call('HGET', KEYS[3], shard)
   if held and string.match(held, '^(%d+) ') == token then
-    redis.call('HSET', KEYS[5], shard, token .. ' ' .. id)
+    local index = redis.call('HGET', KEYS[12], 'w:' .. id)
+    if not index then
+      index = redis.call('HINCRBY', KEYS[12], 'n', 1)
+      redis.call('HSET', KEYS[12], 'w:' .. id, index, 'i:' .. index, id)
+    end
+    if redis.call('EXISTS', KEYS[11]) == 0 then
+      -- the segment at its size at once (written in place from then on: a string grown by
+      -- BITFIELD writes past its end is given up to twice the room)
+      local total = tonumber(redis.call('HGET', KEYS[1], 'num_shards'))
+      redis.call('SETRANGE', KEYS[11], math.min(SEG, total - (n - n % SEG)) * 12 - 1, '\0')
+    end
+    redis.call('BITFIELD', KEYS[11], 'SET', 'i64', at, token, 'SET', 'u32', at + 64, index)
+    redis.call('SETBIT', KEYS[5], n, 1)
+    redis.call('HINCRBY', KEYS[1], 'done', 1)
+    redis.call('HINCRBY', KEYS[1], 'by:' .. id, 1)
+    redis.call('HSET', KEYS[1], 'last:' .. id, shard .. ' ' .. token)
     redis.call('HDEL', KEYS[3], shard)
     redis.call('ZREM', KEYS[4], shard)
     completion = 1
   else
-    local done = redis.call('HGET', KEYS[5], shard)
-    if done and string.match(done, '^(%d+) ') == token then completion = 0 else completion = -1 end
+    completion = -1
+    if redis.call('GETBIT', KEYS[5], n) == 1 then
+      local got = redis.call('BITFIELD', KEYS[11], 'GET', 'i64', at)
+      if got[1] == tonumber(token) then completion = 0 end
+    end
+    if completion < 0 and redis.call('HGET', KEYS[1], 'last:' .. id) == shard .. ' ' .. token then
+      completion = 0  -- a retry of this worker's last completion (in a closed epoch too)
+    end
   end
   if ARGV[3] == '' then
     if completion < 0 then return {S.LEASE_LOST} end
@@ -64,17 +99,18 @@ if not redis.call('ZSCORE', KEYS[7], id) then
   if status == 'failed' then return answer({S.WORKER_FAILED}) end
   return answer({S.WORKER_LEFT})
 end
-local swept = redis.call('HGET', KEYS[1], 'swept')
+local pool = redis.call('HMGET', KEYS[1], 'swept', 'closed_ms', 'num_shards', 'cursor')
+if pool[2] then  -- closed (init_epoch): nothing of it is leased any more
+  return answer({S.OK, A.NOTHING, tonumber(pool[3]), 0, NARGV - 5})
+end
+local swept = pool[1]
 if not swept then return answer({S.OK, A.NO_POOL}) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function back_to_pool(shard)
-  local held = redis.call('HGET', KEYS[3], shard)
-  if held then
-    local prio = string.match(held, '^%d+ %d+ (%S+) ')
-    redis.call('ZADD', KEYS[2], prio, shard)
-    redis.call('HDEL', KEYS[3], shard)
+  if redis.call('HDEL', KEYS[3], shard) == 1 then
+    redis.call('SETBIT', KEYS[2], tonumber(shard), 0)
   end
   redis.call('ZREM', KEYS[4], shard)
 end
@@ -106,30 +142,35 @@ if swept ~= gen then
   end
 end
 
-local pick, prio
+local pick
 local consumed = NARGV - 5
 for i = 6, NARGV do
-  prio = redis.call('ZSCORE', KEYS[2], ARGV[i])
-  if prio then
-    pick = ARGV[i]
+  if redis.call('GETBIT', KEYS[2], tonumber(ARGV[i])) == 0 then
+    pick = tonumber(ARGV[i])
     consumed = i - 5
     break
   end
 end
 if not pick and ARGV[3] == '1' then
-  local top = redis.call('ZRANGE', KEYS[2], 0, 0, 'REV', 'WITHSCORES')
-  if #top > 0 then
-    pick, prio = top[1], top[2]
+  -- the first free shard from the cursor on (a missing bit is 0: free; BITPOS answers the
+  -- first bit past the string when every bit from `start` is set), else from shard 0
+  local total = tonumber(pool[3])
+  local p = redis.call('BITPOS', KEYS[2], 0, math.floor(tonumber(pool[4] or '0') / 8))
+  if p < 0 or p >= total then p = redis.call('BITPOS', KEYS[2], 0, 0) end
+  if p >= 0 and p < total then
+    pick = p
+    redis.call('HSET', KEYS[1], 'cursor', p + 1)
     redis.call('HINCRBY', KEYS[1], 'steals', 1)
   end
 end
 if not pick then
-  return answer({S.OK, A.NOTHING, redis.call('HLEN', KEYS[5]), redis.call('HLEN', KEYS[3]), consumed})
+  local done = tonumber(redis.call('HGET', KEYS[1], 'done') or '0')
+  return answer({S.OK, A.NOTHING, done, redis.call('HLEN', KEYS[3]), consumed})
 end
-redis.call('ZREM', KEYS[2], pick)
+redis.call('SETBIT', KEYS[2], pick, 1)
 local token = redis.call('INCR', KEYS[6])
 local expires = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[3], pick, token .. ' ' .. expires .. ' ' .. prio .. ' ' .. id)
+redis.call('HSET', KEYS[3], pick, token .. ' ' .. expires .. ' 0 ' .. id)
 redis.call('ZADD', KEYS[4], expires, pick)
 local offset = tonumber(redis.call('HGET', KEYS[10], pick) or '0')
-return answer({S.OK, tonumber(pick), token, expires, offset, consumed})
+return answer({S.OK, pick, token, expires, offset, consumed})

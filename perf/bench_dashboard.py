@@ -183,13 +183,11 @@ def raw_reads(client: redis.Redis, n: int, newest: list[str]) -> None:
         pipe.hmget(k.status, listed)
         pipe.hmget(k.info, page)
         pipe.hmget(k.incarnation, page)
-        pipe.hget(lk.meta, "created_ms")
-        pipe.hlen(lk.done)
+        pipe.hmget(lk.meta, ["created_ms", "steals", "closed_ms", "done"])
         pipe.hlen(lk.holders)
-        pipe.zcard(lk.todo)
         pipe.hgetall(lk.holders)
-        # the completion record (HVALS, 5,000 shards here) is read by one document in every
-        # DISTRIBUTION_EVERY_S seconds: not in the steady state measured here
+        # the completions per worker (the epoch meta's counts) are read by one document in
+        # every DISTRIBUTION_EVERY_S seconds: not in the steady state measured here
         pipe.execute()
 
 

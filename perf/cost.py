@@ -7,7 +7,9 @@ Measures, into ``<results>/cost.json``:
 
 - Redis bytes per registered worker (``used_memory`` before and after registering
   ``--workers``, and ``MEMORY USAGE`` of the registry keys), and per shard of an epoch's
-  lease pool and per completion record;
+  lease pool as it opens (its keys' ``MEMORY USAGE``) and per completion of the first 1,000
+  (what they added: record segments are created whole, so this is an upper bound; see
+  ``perf/epochs.py`` for an epoch's bytes at 10^7 shards);
 - a worker process's RSS (Python + strata_redis + a registered worker with its heartbeat
   thread) beside a bare Python process with redis-py that sent one command;
 - the heartbeat thread's CPU share at the default interval (CPU seconds per tick, measured
@@ -35,6 +37,7 @@ from typing import Any
 import redis
 
 import strata_redis
+from strata_redis.data.leases import epoch_keys
 from strata_redis.server import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -79,15 +82,15 @@ def redis_bytes(url: str, workers: int, shards: int) -> dict[str, float]:
     strata_redis.ShardManager(job).register_dataset_params("ds", shards * 10, 10, True, 1)
     leases = job.leases("ds", 0, "w000000")
     leases.prepare()
-    lk = leases.keys
-    pool = client.memory_usage(lk.todo, samples=0) or 0
+    keys = epoch_keys(job.context, leases.params, 0)
+    pool = sum(client.memory_usage(k, samples=0) or 0 for k in keys)
     done = 0
     for lease in leases:
         lease.complete()
         done += 1
         if done == 1000:
             break
-    record = client.memory_usage(lk.done, samples=0) or 0
+    record = sum(client.memory_usage(k, samples=0) or 0 for k in keys) - pool
     return {
         "redis_bytes_per_worker": (after - before) / workers,
         "registry_key_bytes_per_worker": registry / workers,

@@ -5,7 +5,7 @@
     python perf/run.py --smoke            # one value each: proves every benchmark still runs
     python perf/run.py --save-baseline    # then copy the results to perf/baseline/: the
                                           # pyperf suites and the summaries (load, cost,
-                                          # sharding, limits, heartbeat, curves)
+                                          # sharding, limits, heartbeat, epochs, curves)
     python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
     python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
@@ -54,7 +54,8 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
     parser.add_argument(
-        "--no-load", action="store_true", help="skip load.py, cost.py, curves.py, limits.py"
+        "--no-load", action="store_true",
+        help="skip load.py, cost.py, curves.py, limits.py, epochs.py",
     )
     parser.add_argument(
         "--node-loss",
@@ -117,8 +118,8 @@ def main() -> int:
                 (HERE / "baseline").mkdir(exist_ok=True)
                 shutil.copy(out, HERE / "baseline" / out.name)
         if not args.no_load:
-            # load scenarios; per-worker cost and recovery; scaling curves; limits
-            for script in ("load", "cost", "curves", "limits"):
+            # load scenarios; per-worker cost and recovery; scaling curves; limits; epochs
+            for script in ("load", "cost", "curves", "limits", "epochs"):
                 print(f"== {script} (perf/{script}.py)", flush=True)
                 cmd = [sys.executable, str(HERE / f"{script}.py"), "--results",
                        str(args.results), "--redis-url", args.redis_url]  # fmt: skip

@@ -46,6 +46,7 @@ from .checkpoint.ids import CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
 from .coordination.rendezvous import Rendezvous
+from .data.leases import keep_whole
 from .data.sharding import DatasetParams
 from .errors import StrataError
 from .job import Job, connect
@@ -330,6 +331,8 @@ def _run(redis_url: str | None, job_id: str, ids: list[str], cfg: dict[str, Any]
             params = ShardManager(job).register_dataset_params(
                 DATASET, SAMPLES, PER_SHARD, True, 42
             )
+            # the closing checks read every epoch's per-shard record: keep them whole
+            keep_whole(job.context, DATASET, EPOCHS)
             say(f"dataset {DATASET!r}: {params.total_samples} samples in {params.num_shards} "
                 f"shards of {params.samples_per_shard}, shuffled per epoch (seed 42); batches "
                 f"of {BATCH}; {EPOCHS} epochs; a checkpoint every {SAVE_EVERY} steps")  # fmt: skip

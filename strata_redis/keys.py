@@ -239,6 +239,12 @@ class Keys:
         """STRING fencing-token counter: +1 per lease grant, never expires, never goes back."""
         return f"{self.base}:fence"
 
+    def epochs_kept_whole(self, dataset: str) -> str:
+        """STRING how many finished epochs of a dataset before the newest keep their
+        per-shard record (``leases.keep_whole``; missing: 0, an epoch is closed into its
+        summary when the next epoch's pool is built)."""
+        return f"{self.base}:epochs_kept_whole:{dataset}"
+
     def lease_keys(self, dataset: str, epoch: int) -> LeaseKeys:
         """The keys of one dataset epoch's shard leases."""
         return LeaseKeys(self, dataset, epoch)
@@ -313,18 +319,33 @@ class LeaseKeys:
 
     @property
     def meta(self) -> str:
-        """HASH num_shards, initialized_ms, swept generation (sweep_gen, sweep_cursor: a
-        sweep of the holders under way, in steps), steals."""
+        """HASH num_shards, created_ms, swept generation (sweep_gen, sweep_cursor: a sweep of
+        the holders under way, in steps), steals, cursor (where the next steal looks for a
+        free shard), done (shards done), by:<worker> (shards it completed),
+        last:<worker> ("<shard> <token>": its last completion). Once the epoch is closed
+        (``init_epoch.lua``: finished, or the job is past it, when a later epoch's pool is
+        built) it is the epoch's summary, of constant size in the shards (bounded by the
+        workers): its other keys are gone, it gains ``closed_ms``, loses the pool fields, and
+        expires ``RECORD_TTL_S`` later."""
         return self._key("epoch_meta")
 
     @property
-    def todo(self) -> str:
-        """ZSET shard id -> steal priority: shards neither leased nor completed."""
-        return self._key("shards_todo")
+    def workers(self) -> str:
+        """HASH the epoch's completers, indexed for its record: n (how many), w:<worker> ->
+        its index (1..), i:<index> -> the worker."""
+        return self._key("epoch_workers")
+
+    @property
+    def taken(self) -> str:
+        """STRING bitmap, bit = shard id: 1 leased or done, 0 in the pool (``BITPOS`` finds a
+        free shard; missing bits are 0). 1 bit per shard, created at its size by
+        ``init_epoch``."""
+        return self._key("shards_taken")
 
     @property
     def holders(self) -> str:
-        """HASH shard id -> "<token> <expires_ms> <priority> <worker id>" for leased shards."""
+        """HASH shard id -> "<token> <expires_ms> 0 <worker id>" for leased shards (bounded
+        by the leases held; the 0 is kept for the format: leases have no priority now)."""
         return self._key("shard_leases")
 
     @property
@@ -334,8 +355,18 @@ class LeaseKeys:
 
     @property
     def done(self) -> str:
-        """HASH shard id -> "<token> <worker id>": the exactly-once completion record."""
-        return self._key("shards_done")
+        """STRING bitmap, bit = shard id: 1 done (completed, or restored done). 1 bit per
+        shard, created at its size by ``init_epoch``."""
+        return self._key("shards_done_bits")
+
+    def record(self, segment: int) -> str:
+        """STRING the exactly-once completion record of shards ``[segment * 65535, (segment
+        + 1) * 65535)`` (``leases.RECORD_SEGMENT``), a ``BITFIELD`` of 96 bits per shard: the
+        fencing token of the completion (i64, bit ``96 * (shard % 65535)``), then the
+        completer's index in ``workers`` (u32; 0 with token 0: restored from a
+        checkpoint, or not done). 12 bytes per shard, created whole (zeros, 768 KiB) by the
+        segment's first completion."""
+        return self._key(f"shards_record_{segment}")
 
     @property
     def offsets(self) -> str:

@@ -3,6 +3,7 @@ with workers killed, late, stalled, restarted with fewer, and Redis killed under
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,6 +20,7 @@ import redis
 
 import strata_redis
 from strata_redis.checkpoint.ids import CheckpointId
+from strata_redis.data.leases import keep_whole
 from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.data.sharding import assignment
 from strata_redis.server import RedisServer
@@ -31,9 +33,10 @@ DATASET = "imagenet_total"
 
 def _register(url: str, total: int = 4000, per_shard: int = 100) -> strata_redis.DatasetParams:
     # the one registration line a launcher (or rank 0) runs before the workers start
-    return strata_redis.ShardManager(url, job_id=JOB).register_dataset_params(
-        DATASET, total, per_shard, True, 7
-    )
+    manager = strata_redis.ShardManager(url, job_id=JOB)
+    params = manager.register_dataset_params(DATASET, total, per_shard, True, 7)
+    keep_whole(manager.context, DATASET, 3)  # _done reads finished epochs' records after
+    return params
 
 
 def _seeds_worker(url: str, worker_id: str, ckpt: str, logdir: str, cfg: dict[str, Any]) -> None:
@@ -98,8 +101,12 @@ def _samples(logdir: Path, run: str | None = None) -> dict[int, Counter[int]]:
     return out
 
 
-def _done(raw: redis.Redis, epoch: int) -> dict[str, str]:
-    return raw.hgetall(f"strata:{{{JOB}}}:shards_done:{epoch}:{DATASET}")  # type: ignore[return-value]
+def _done(raw: redis.Redis, epoch: int) -> dict[int, tuple[str, int]]:
+    """The epoch's completion record: shard -> (worker, token) (kept whole: ``_register``)."""
+    kw = raw.connection_pool.connection_kwargs
+    url = f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+    with contextlib.closing(strata_redis.connect(url, JOB)) as job:
+        return job.leases(DATASET, epoch, "reader").completions()
 
 
 def _start(
@@ -191,7 +198,7 @@ def test_worker_failure_recovery(redis_url: str, raw: redis.Redis, dirs: Path) -
     # and in the run: the survivors' shards of epoch 0 that were done before the kill were
     # done by their owner (leases take their own shards first)
     done0 = _done(raw, 0)
-    mine = [s for s, v in done0.items() if v.split(" ", 1)[1] == before.worker_of(int(s))]
+    mine = [s for s, (w, _) in done0.items() if w == before.worker_of(s)]
     assert len(mine) >= 0.5 * len(done0), (len(mine), len(done0))
 
 

@@ -1,5 +1,5 @@
-"""An epoch's pool is built in bounded chunks: no call carries more than ``INIT_CHUNK``
-shards, racing acquirers and a preparer that died half-way end with every shard once."""
+"""An epoch's pool opens in one O(1) call at any size (the pool is the taken bitmap's zeros):
+racing preparers open it once, and every shard is leased once."""
 
 from __future__ import annotations
 
@@ -7,20 +7,12 @@ import re
 import threading
 from collections.abc import Callable
 
-import numpy as np
 import pytest
 import redis
 
 import strata_redis
 from strata_redis import ShardManager
-from strata_redis.data import leases as leases_module
 from strata_redis.server import RedisServer
-
-
-def _pool(raw: redis.Redis, job: str, dataset: str, epoch: int = 0) -> list[int]:
-    return sorted(
-        int(m) for m in raw.zrange(f"strata:{{{job}}}:shards_todo:{epoch}:{dataset}", 0, -1)
-    )
 
 
 def _args(entry: dict[str, object]) -> int:
@@ -32,104 +24,96 @@ def _args(entry: dict[str, object]) -> int:
 
 
 @pytest.mark.timeout(240)
-def test_no_call_carries_more_than_a_chunk(
+def test_opening_a_pool_of_a_million_shards_is_one_small_call(
     redis_factory: Callable[..., RedisServer],
 ) -> None:
     server = redis_factory(extra=["--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000"])
     job = strata_redis.connect(server.url, "big")
-    ShardManager(job).register_dataset_params("ds", 200_000, 1)  # 200,000 shards
+    ShardManager(job).register_dataset_params("ds", 1_000_000, 1)  # 10^6 shards
     job.register_worker("w", heartbeat_interval=None)
     raw = redis.Redis.from_url(server.url, decode_responses=True)
     raw.slowlog_reset()
-    job.leases("ds", 0, "w").prepare()
+    leases = job.leases("ds", 0, "w")
+    leases.prepare()
     entries = raw.slowlog_get(100_000)
     evals = [e for e in entries if e["command"][:8].upper() in (b"EVALSHA ", "EVALSHA ")]
-    assert len(evals) >= 200_000 // leases_module.INIT_CHUNK
-    # EVALSHA sha numkeys, 3 keys + the 3 anchors, the era and the clock keys, total, offset,
-    # two arguments per shard, the era and the clock: 15 words
-    assert max(_args(e) for e in evals) <= 2 * leases_module.INIT_CHUNK + 15
-    assert _pool(raw, "big", "ds") == list(range(200_000))
+    evals = [e for e in evals if "epoch_meta" in str(e["command"])]  # (not the era's reads)
+    assert len({str(e["command"]) for e in evals}) == 1  # (sent again after a NOSCRIPT)
+    # EVALSHA sha numkeys, meta, the job's epoch, 2 bitmaps, the 3 anchors, the era and the
+    # clock keys, total, "" (none), the summary's ttl, the era and the clock
+    assert max(_args(e) for e in evals) <= 17
+    assert max(e["duration"] for e in evals) < 1000  # microseconds
+    progress = leases.progress()
+    assert (progress.total, progress.done, progress.leased, progress.todo) == (10**6, 0, 0, 10**6)
+    lease = leases.acquire()
+    assert lease is not None and lease.complete() is True
+    assert leases.progress().done == 1
     job.close()
 
 
-def test_racing_preparers_add_every_shard_once(
-    redis_url: str, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+def test_racing_preparers_open_the_pool_once_and_every_shard_is_leased_once(
+    redis_url: str, raw: redis.Redis
 ) -> None:
-    monkeypatch.setattr(leases_module, "INIT_CHUNK", 100)
     job = strata_redis.connect(redis_url, "race")
-    ShardManager(job).register_dataset_params("ds", 5_000, 1)  # 5,000 shards, 50 chunks
+    ShardManager(job).register_dataset_params("ds", 500, 1)  # 500 shards
     names = [f"w-{i}" for i in range(8)]
     for name in names:
         job.register_worker(name, heartbeat_interval=None)
     errors: list[BaseException] = []
+    done: dict[str, list[int]] = {name: [] for name in names}
 
-    def prepare(name: str) -> None:
+    def drain(name: str) -> None:
         try:
-            strata_redis.connect(job, "race").leases("ds", 0, name).prepare()
+            for lease in strata_redis.connect(job, "race").leases("ds", 0, name):
+                if lease.complete():
+                    done[name].append(lease.shard_id)
         except BaseException as exc:  # recorded, asserted below
             errors.append(exc)
 
-    threads = [threading.Thread(target=prepare, args=(n,)) for n in names]
+    threads = [threading.Thread(target=drain, args=(n,)) for n in names]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
     assert not errors
-    assert _pool(raw, "race", "ds") == list(range(5_000))
-    assert raw.hget("strata:{race}:epoch_meta:0:ds", "swept") == "-1"
+    assert raw.hget("strata:{race}:epoch_meta:0:ds", "swept") is not None
+    everything = sorted(s for shards in done.values() for s in shards)
+    assert everything == list(range(500)), "every shard once, none twice"
+    record = job.leases("ds", 0, "w-0").completions()
+    assert {s: w for s, (w, _) in record.items()} == {
+        s: name for name, shards in done.items() for s in shards
+    }
 
 
-def test_a_preparer_that_died_half_way_is_finished_by_the_next(
-    redis_url: str, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(leases_module, "INIT_CHUNK", 64)
-    job = strata_redis.connect(redis_url, "crash")
-    ShardManager(job).register_dataset_params("ds", 1_000, 1)
+def test_a_closed_epoch_is_not_opened_again(redis_url: str, raw: redis.Redis) -> None:
+    job = strata_redis.connect(redis_url, "closed")
+    ShardManager(job).register_dataset_params("ds", 30, 1)
     job.register_worker("a", heartbeat_interval=None)
-    job.register_worker("b", heartbeat_interval=None)
-    dying = job.leases("ds", 0, "a")
-    calls = {"n": 0}
-    real = dying.context.scripts.run
-
-    def die_after_three(name: str, *args: object, **kwargs: object) -> object:
-        if name == "init_epoch":
-            calls["n"] += 1
-            if calls["n"] > 3:
-                raise KeyboardInterrupt  # the process dies between two chunks
-        return real(name, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(dying.context.scripts, "run", die_after_three)
-    with pytest.raises(KeyboardInterrupt):
-        dying.prepare()
-    monkeypatch.undo()
-    assert len(_pool(raw, "crash", "ds")) == 3 * 64
-    # a half-built pool is not open: nobody leases from it
-    assert raw.hget("strata:{crash}:epoch_meta:0:ds", "swept") is None
-    survivor = strata_redis.connect(redis_url, "crash").leases("ds", 0, "b")
-    done = []
-    for lease in survivor:
-        done.append(lease.shard_id)
-        assert lease.complete()
-    assert sorted(done) == list(range(1_000))
-    assert sorted(survivor.completions()) == list(range(1_000))
+    for epoch in (0, 1):
+        for lease in job.leases("ds", epoch, "a"):
+            assert lease.complete()
+    assert raw.hget("strata:{closed}:epoch_meta:0:ds", "closed_ms") is not None
+    late = job.leases("ds", 0, "a")
+    late.prepare()  # a late preparer of the closed epoch
+    assert late.acquire() is None and late.drained
+    assert raw.hget("strata:{closed}:epoch_meta:0:ds", "swept") is None
+    assert raw.exists("strata:{closed}:shards_taken:0:ds") == 0
 
 
-def test_another_shard_count_is_refused_mid_build(redis_url: str, raw: redis.Redis) -> None:
+def test_another_shard_count_is_refused(redis_url: str, raw: redis.Redis) -> None:
     job = strata_redis.connect(redis_url, "mismatch")
     job.register_worker("w", heartbeat_interval=None)
-    # a half-built pool of 10,000 shards
-    reply = job.scripts.run(
-        "init_epoch",
-        ["strata:{mismatch}:epoch_meta:0:ds", "strata:{mismatch}:shards_todo:0:ds",
-         "strata:{mismatch}:shards_done:0:ds"],
-        [10_000, 0, *np.column_stack([np.zeros(10), np.arange(10)]).astype(int).ravel().tolist()],
-        {"job_id": "mismatch"},
-    )  # fmt: skip
-    assert [int(x) for x in reply] == [0, 10]  # not complete: go on from shard 10
+    keys = [
+        "strata:{mismatch}:epoch_meta:0:ds",
+        "strata:{mismatch}:epoch",
+        "strata:{mismatch}:shards_taken:0:ds",
+        "strata:{mismatch}:shards_done_bits:0:ds",
+    ]
+    reply = job.scripts.run("init_epoch", keys, [10_000, "", 60, 60], {"job_id": "mismatch"})
+    assert [int(x) for x in reply] == [1, 10_000, 0]  # open, nothing closed
     with pytest.raises(strata_redis.DatasetConflictError, match="different number of shards"):
         job.scripts.run(
-            "init_epoch",
-            ["strata:{mismatch}:epoch_meta:0:ds", "strata:{mismatch}:shards_todo:0:ds",
-             "strata:{mismatch}:shards_done:0:ds"],
-            [20, 10, 1, 10], {"job_id": "mismatch", "dataset": "ds", "epoch": 0, "worker_id": "w"},
+            "init_epoch", keys, [20, "", 60, 60],
+            {"job_id": "mismatch", "dataset": "ds", "epoch": 0, "worker_id": "w"},
         )  # fmt: skip
+    assert raw.hget(keys[0], "num_shards") == "10000"

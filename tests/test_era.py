@@ -11,6 +11,7 @@ from collections.abc import Callable
 from multiprocessing.queues import Queue
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 
@@ -119,14 +120,20 @@ def test_a_flushall_mid_epoch_stops_every_worker_process_with_state_lost(
     procs = [spawn(drain_until_lost, server.url, w, out) for w in ids]
     raw: redis.Redis = redis.Redis.from_url(server.url, decode_responses=True)
     try:
-        done = strata_redis.Keys(JOB).lease_keys("ds", 0).done
+        lk = strata_redis.Keys(JOB).lease_keys("ds", 0)
+
+        def completers() -> set[str]:
+            return {f[3:] for f in raw.hkeys(lk.meta) if f.startswith("by:")}
+
         # every worker is mid-epoch: each has completions recorded, and most shards remain
-        wait_for(lambda: {str(v).split(" ", 1)[1] for v in raw.hvals(done)} == set(ids), 90,
-                 why=lambda: raw.hvals(done))  # fmt: skip
-        with raw.pipeline(transaction=True) as pipe:  # the record as it was at the flush
-            pipe.hgetall(done)
+        wait_for(lambda: completers() == set(ids), 90, why=completers)
+        with redis.Redis.from_url(server.url) as binary, binary.pipeline() as pipe:
+            pipe.hgetall(lk.workers)  # the record as it was at the flush
+            pipe.get(lk.done)
+            pipe.get(lk.record(0))  # (< 65,535 shards: one segment)
             pipe.flushall()
-            at_flush, _ = pipe.execute()
+            workers, bits, record, _ = pipe.execute()
+        at_flush = _record({f.decode(): v.decode() for f, v in workers.items()}, bits, record)
         flushed = time.monotonic()
         assert 0 < len(at_flush) < 1000, len(at_flush)  # mid-epoch
         reports = {}
@@ -147,10 +154,18 @@ def test_a_flushall_mid_epoch_stops_every_worker_process_with_state_lost(
     # shard once, and nothing acknowledged after it (under the old era or any other)
     told = {shard: (w, token) for w, r in reports.items() for shard, token in r[0]}
     assert sum(len(r[0]) for r in reports.values()) == len(told)
-    assert told == {int(s): (v.split(" ", 1)[1], int(v.split(" ", 1)[0]))
-                    for s, v in at_flush.items()}  # fmt: skip
+    assert told == at_flush
     assert raw.keys(f"*{JOB}*") == []  # nothing written after the flush: no new era either
     raw.close()
+
+
+def _record(workers: dict[str, str], bits: bytes, record: bytes) -> dict[int, tuple[str, int]]:
+    """Shard -> (worker, token) from an epoch's workers hash, done bitmap and first record
+    segment (``LeaseKeys.record``: a big-endian i64 token and u32 worker index per shard)."""
+    done = np.flatnonzero(np.unpackbits(np.frombuffer(bits, dtype=np.uint8))).tolist()
+    rows = np.frombuffer(record, dtype=np.dtype([("token", ">i8"), ("worker", ">u4")]))
+    names = {int(f[2:]): v for f, v in workers.items() if f.startswith("i:")}
+    return {s: (names[int(rows["worker"][s])], int(rows["token"][s])) for s in done}
 
 
 def test_a_lost_dataset_is_a_lost_state_not_an_unregistered_one(
@@ -188,7 +203,7 @@ def test_a_flush_of_the_era_key_alone_is_caught_by_every_script(
         with pytest.raises(strata_redis.StateLostError) as info:
             call()
         assert info.value.found == "another"
-    assert raw.hlen(leases.keys.done) == 0
+    assert raw.bitcount(leases.keys.done) == 0  # nothing recorded
     job.close()
 
 

@@ -12,6 +12,7 @@ import redis
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.data import leases as leases_module
 
 from .conftest import decoding_client
 from .procs import join_all, kill9, spawn
@@ -400,3 +401,124 @@ def test_bad_lease_arguments(job: strata_redis.Job, raw: redis.Redis) -> None:
     with pytest.raises(ValueError, match="worker_id"):
         job.leases("ds", 0, "")
     assert sorted(raw.keys("*")) == before
+
+
+# -- finished epochs: closed into a summary of constant size -------------------------------
+
+
+def drain(job: strata_redis.Job, dataset: str, epoch: int, workers: list[str]) -> None:
+    """Drain one epoch, the workers taking turns (one acquire + complete each)."""
+    leases = [job.leases(dataset, epoch, w) for w in workers]
+    while True:
+        got = [lz.acquire() for lz in leases]
+        if not any(got):
+            return
+        for lease in got:
+            if lease is not None:
+                assert lease.complete() is True
+
+
+def job_bytes(raw: redis.Redis, job_id: str) -> int:
+    """MEMORY USAGE summed over every key of the job."""
+    keys = list(raw.scan_iter(f"strata:{{{job_id}}}:*", count=1000))
+    return sum(raw.memory_usage(k, samples=0) or 0 for k in keys)
+
+
+def test_a_finished_epoch_closes_into_its_summary_when_the_next_begins(
+    job: strata_redis.Job, raw: redis.Redis
+) -> None:
+    params = ShardManager(job).register_dataset_params("ds", 200, 10)  # 20 shards
+    for w in ("a", "b"):
+        job.register_worker(w, heartbeat_interval=None)
+    la, lb = job.leases("ds", 0, "a"), job.leases("ds", 0, "b")
+    last = None
+    for lz in (la, lb) * 10:
+        lease = lz.acquire()
+        assert lease is not None
+        last = lease
+        if lease.shard_id != 0:
+            assert lease.complete() is True
+    stale = lb.acquire()
+    assert stale is None
+    zero = [ls for ls in la._held.values()] + [ls for ls in lb._held.values()]
+    assert [ls.shard_id for ls in zero] == [0]
+    assert zero[0].complete() is True
+    assert last is not None
+    before = la.completed_by()
+    assert sum(before.values()) == 20 and set(before) == {"a", "b"}
+    whole = la.completions()
+    assert sorted(whole) == list(range(20))  # kept whole until the next epoch begins
+    k = la.keys
+    assert raw.exists(k.done)
+    job.leases("ds", 1, "a").prepare()  # the next epoch's pool closes this one
+    closed = leases_module.epoch_keys(job.context, params, 0)
+    assert closed[0] == k.meta and raw.exists(k.meta) and not any(map(raw.exists, closed[1:]))
+    assert 0 < raw.ttl(k.meta) <= leases_module.RECORD_TTL_S
+    progress = la.progress()
+    assert (progress.done, progress.leased, progress.todo, progress.finished) == (20, 0, 0, True)
+    assert la.completed_by() == before
+    assert leases_module.done_count(job.context, params, 0) == 20
+    assert leases_module.done_shards(job.context, params, 0) == set(range(20))
+    assert leases_module.epoch_record(job.context, params, 0) == (set(range(20)), {})
+    assert la.completions() == {}
+    assert job.leases("ds", 0, "a").acquire() is None  # a closed epoch leases nothing
+    # exactly-once holds across the close: a retry of a completion records nothing, any
+    # other completion (a stale token) is refused
+    retry = leases_module.Lease(zero[0].shard, zero[0].token, 0, zero[0].owner)
+    assert retry.complete() is False
+    stale_retry = leases_module.Lease(zero[0].shard, zero[0].token - 1, 0, zero[0].owner)
+    with pytest.raises(strata_redis.LeaseLostError):
+        stale_retry.complete()
+    assert la.completed_by() == before  # nothing counted twice
+
+
+def test_closing_an_epoch_the_job_is_past_even_when_shards_were_dropped(
+    job: strata_redis.Job, raw: redis.Redis
+) -> None:
+    ShardManager(job).register_dataset_params("ds", 100, 10)
+    job.register_worker("a", heartbeat_interval=None)
+    first = job.leases("ds", 0, "a")
+    lease = first.acquire()
+    assert lease is not None and lease.complete() is True
+    held = job.leases("ds", 1, "a", ttl=600).acquire()  # epoch 0 unfinished, job not past it
+    assert held is not None
+    assert raw.exists(first.keys.done) and first.completions() == {
+        lease.shard_id: ("a", lease.token)
+    }
+    raw.set(job.keys.epoch, 2)  # the job advanced past epoch 1 (its shards dropped)
+    job.leases("ds", 2, "a").prepare()
+    k1 = job.keys.lease_keys("ds", 1)
+    assert raw.exists(k1.taken) == 0 and raw.exists(k1.holders) == 0
+    assert raw.hget(k1.meta, "closed_ms") is not None and raw.hget(k1.meta, "swept") is None
+    assert job.leases("ds", 1, "a").progress().done == 0
+    with pytest.raises(strata_redis.LeaseLostError):
+        held.complete()  # its epoch is closed: nothing of it is recorded any more
+
+
+def test_keep_whole_keeps_earlier_records(job: strata_redis.Job, raw: redis.Redis) -> None:
+    ShardManager(job).register_dataset_params("ds", 50, 10)
+    job.register_worker("a", heartbeat_interval=None)
+    leases_module.keep_whole(job.context, "ds", 1)
+    for epoch in range(3):
+        drain(job, "ds", epoch, ["a"])
+    assert sorted(job.leases("ds", 1, "a").completions()) == list(range(5))  # kept whole
+    assert job.leases("ds", 0, "a").completions() == {}  # closed by epoch 2's pool
+    with pytest.raises(ValueError, match="epochs"):
+        leases_module.keep_whole(job.context, "ds", -1)
+
+
+def test_nine_finished_epochs_cost_about_what_three_do(
+    job: strata_redis.Job, raw: redis.Redis
+) -> None:
+    """Issue 24's bar: the same job and dataset after 9 epochs <= 1.25x the bytes after 3."""
+    ShardManager(job).register_dataset_params("ds", 30_000, 10)  # 3,000 shards
+    workers = ["w0", "w1", "w2"]
+    for w in workers:
+        job.register_worker(w, heartbeat_interval=None)
+    for epoch in range(3):
+        drain(job, "ds", epoch, workers)
+    three = job_bytes(raw, job.job_id)
+    for epoch in range(3, 9):
+        drain(job, "ds", epoch, workers)
+    nine = job_bytes(raw, job.job_id)
+    assert nine <= 1.25 * three, (three, nine)

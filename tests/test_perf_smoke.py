@@ -39,8 +39,14 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     assert "| metric | measured |" in (tmp_path / "report.md").read_text()
     # the load scenarios, the per-worker cost and every scaling curve ran, with its chart
     for name in ("load_peak", "load_raw", "load_sustained", "load_burst", "cost", "sharding",
-                 "limits", "heartbeat"):  # fmt: skip
+                 "limits", "heartbeat", "epochs"):  # fmt: skip
         assert json.loads((tmp_path / f"{name}.json").read_text()), name
+    # what an epoch costs Redis: its rows are filled (issue 24's bytes bars)
+    epochs = json.loads((tmp_path / "epochs.json").read_text())
+    assert 0 < epochs["progress_bytes_per_shard"] <= 16, epochs
+    assert len(epochs["job_bytes_by_epoch"]) == 9, epochs
+    rows = {r["metric"]: r for r in doc["rows"]}
+    assert rows["Redis bytes per shard, an epoch in progress (10^7 shards)"]["measured"]
     for name in ("load_peak", "load_sustained", "load_burst"):  # two generator processes
         scenario = json.loads((tmp_path / f"{name}.json").read_text())
         assert scenario["processes"] == 2 and scenario["errors"] == 0, scenario["error_kinds"]

@@ -76,7 +76,7 @@ def test_a_job_follows_a_failover_to_a_synced_replica(
     assert first is not None and leases.complete(first)
     era = job.context.era.value()
     with redis.Redis(port=replica.port, decode_responses=True) as copy:
-        wait_for(lambda: copy.hlen(leases.keys.done) == 1, 10)  # replicated
+        wait_for(lambda: copy.bitcount(leases.keys.done) == 1, 10)  # replicated
 
     _failover(primary, replica, sentinels)
     second = _retry(leases.acquire)
@@ -84,7 +84,7 @@ def test_a_job_follows_a_failover_to_a_synced_replica(
     assert sorted(leases.completions()) == sorted({first.shard_id, second.shard_id})
     with redis.Redis(port=replica.port, decode_responses=True) as promoted:
         assert promoted.get(job.keys.era) == era  # the same era: nothing was lost
-        assert promoted.hlen(leases.keys.done) == 2  # the calls went to the promoted replica
+        assert promoted.bitcount(leases.keys.done) == 2  # the calls went to the promoted one
         # heartbeats resumed on the new primary
         wait_for(lambda: (promoted.zscore(job.keys.heartbeats, "w") or 0) > 0, 20)
         seen = promoted.zscore(job.keys.heartbeats, "w")

@@ -94,10 +94,9 @@ def test_prefetching_loader_saves_what_the_step_consumed(redis_url: str, tmp_pat
         assert _position_samples(params, position) == set(consumed)
         (saved,), _ = decode_positions(orch.checkpoints.load(info.step, POSITION_PART, 0))
         assert _position_samples(params, saved) == set(consumed)
-        raw = redis.Redis.from_url(redis_url, decode_responses=True)
-        done = {int(s) for s in raw.hkeys(f"strata:{{{JOB}}}:shards_done:0:{DATASET}")}
+        with strata_redis.connect(redis_url, JOB) as reader:
+            done = set(reader.leases(DATASET, 0, "reader").completions())
         assert done <= position.done(), "a lease completed before its last batch was consumed"
-        raw.close()
 
 
 def test_a_full_epoch_through_the_loader_is_exactly_once(redis_url: str, tmp_path: Path) -> None:

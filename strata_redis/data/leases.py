@@ -37,37 +37,55 @@ log = logging.getLogger("strata_redis.leases")
 
 #: own candidates sent per acquire (bounds the script's arguments)
 CANDIDATES = 8
-#: shards per init_epoch call: one chunk (a ZADD of this many) holds Redis for a few ms
-INIT_CHUNK = 1024
-#: pools of more shards than this get chunks of a quarter the size: inserting into a sorted
-#: set of millions misses the CPU caches (1,024 members took 10-20 ms into a pool of 10^7)
-BIG_POOL = 1_000_000
-
-
-def chunk_size(num_shards: int, base: int | None = None) -> int:
-    """Entries per call when an epoch of ``num_shards`` is built or restored (``base``:
-    ``INIT_CHUNK`` by default): a function of the epoch alone, so every caller cuts the same
-    chunks."""
-    base = INIT_CHUNK if base is None else base
-    return base if num_shards <= BIG_POOL else max(1, base // 4)
-
+#: shards per record segment (``LeaseKeys.record``; acquire_shard.lua's ``SEG``): a segment
+#: is created whole by its first completion, 65,535 x 12 bytes + the string's header: just
+#: the allocator's 768 KiB size class (65,536 would take the next, 896 KiB)
+RECORD_SEGMENT = 65535
+#: bytes of one shard's completion record: fencing token (i64), completer's index (u32)
+RECORD_BYTES = 12
+#: record segments one call UNLINKs when an epoch is closed (init_epoch.lua's UNLINK_NOW;
+#: freeing a 768 KiB string takes up to 0.1 ms)
+CLOSE_STEP = 8
+#: seconds to live of the segments of a closed epoch left to UNLINK (if the closer dies)
+CLOSE_TTL_S = 600
+#: bytes per GETRANGE step when a bitmap or record segment is read
+READ_STEP = 1 << 18
 
 #: how long a (dataset, epoch)'s record is kept in Redis
 RECORD_TTL_S = 30 * 86400
 
+_RECORD = np.dtype([("token", ">i8"), ("worker", ">u4")])
 
-def steal_priority(
-    ids: np.ndarray[Any, np.dtype[np.int64]], owners: np.ndarray[Any, np.dtype[np.intp]]
-) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """Each shard's steal priority (indexed by shard id), from ``Assignment.grouped``.
 
-    Steal priority = a shard's position in its owner's order: thieves take the shards their
-    owners would reach last.
-    """
-    positions = np.arange(len(ids)) - np.searchsorted(owners, owners)
-    priority = np.empty(len(ids), dtype=np.int64)
-    priority[ids] = positions
-    return priority
+def segments(num_shards: int) -> int:
+    """How many record segments an epoch of ``num_shards`` shards has."""
+    return max(1, -(-num_shards // RECORD_SEGMENT))
+
+
+def epoch_keys(ctx: JobContext, params: DatasetParams, epoch: int) -> list[str]:
+    """Every key of a (dataset, epoch)'s leases: meta, taken, holders, expiry, done,
+    offsets, workers, then the record segments (the lockstep quota hash is
+    ``walks/lockstep.py``'s)."""
+    k = ctx.keys.lease_keys(params.name, epoch)
+    keys = [k.meta, k.taken, k.holders, k.expiry, k.done, k.offsets, k.workers]
+    return keys + [k.record(i) for i in range(segments(params.num_shards))]
+
+
+def _read_string(client: Any, key: str, size: int) -> bytes:
+    """The first ``size`` bytes of a STRING (zeros past its end), in ``GETRANGE`` steps."""
+    parts = []
+    for start in range(0, size, READ_STEP):
+        end = min(size, start + READ_STEP) - 1  # (bytes: the client decodes the rest)
+        parts.append(client.execute_command("GETRANGE", key, start, end, NEVER_DECODE=True))
+    raw = b"".join(parts)
+    return raw + bytes(size - len(raw))
+
+
+def _bits(client: Any, key: str, num_shards: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The ids of the bits set in a bitmap of ``num_shards`` bits."""
+    raw = _read_string(client, key, -(-num_shards // 8))
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:num_shards]
+    return np.flatnonzero(bits)
 
 
 @dataclass
@@ -119,22 +137,40 @@ class Lease:
 def epoch_record(
     ctx: JobContext, params: DatasetParams, epoch: int
 ) -> tuple[set[int], dict[int, int]]:
-    """A (dataset, epoch)'s record as a walk begins: the shards done, and shard -> samples
-    already trained of the shards restored part-way (read in ``HSCAN`` steps: an epoch of
-    10^7 shards has a record of 10^7 fields)."""
+    """A (dataset, epoch)'s record as a walk begins: the shards done (its done bitmap, read
+    in ``GETRANGE`` steps), and shard -> samples already trained of the shards restored
+    part-way. A closed epoch has every shard done."""
     k = ctx.keys.lease_keys(params.name, epoch)
     done = done_shards(ctx, params, epoch)
+    if len(done) == params.num_shards:
+        return done, {}
     return done, {int(s): int(o) for s, o in hash_items(ctx.client, k.offsets).items()}
 
 
 def done_shards(ctx: JobContext, params: DatasetParams, epoch: int) -> set[int]:
-    """The shards completed in a (dataset, epoch), read in ``HSCAN`` steps."""
-    return {int(s) for s in hash_items(ctx.client, ctx.keys.lease_keys(params.name, epoch).done)}
+    """The shards completed in a (dataset, epoch) (its done bitmap, ``num_shards / 8`` bytes
+    read in ``GETRANGE`` steps). Every shard of a closed epoch (``init_epoch.lua``: nothing
+    of it is trained any more)."""
+    k = ctx.keys.lease_keys(params.name, epoch)
+    if ctx.client.hget(k.meta, "closed_ms") is not None:
+        return set(range(params.num_shards))
+    return set(_bits(ctx.client, k.done, params.num_shards).tolist())
 
 
 def done_count(ctx: JobContext, params: DatasetParams, epoch: int) -> int:
-    """How many shards of a (dataset, epoch) are completed (one ``HLEN``)."""
-    return int(ctx.client.hlen(ctx.keys.lease_keys(params.name, epoch).done))
+    """How many shards of a (dataset, epoch) are completed (one ``HGET`` of its meta, open or
+    closed)."""
+    return int(ctx.client.hget(ctx.keys.lease_keys(params.name, epoch).meta, "done") or 0)
+
+
+def keep_whole(ctx: JobContext, dataset: str, epochs: int) -> None:
+    """Keep the per-shard record (``ShardLeases.completions``) of the ``epochs`` finished
+    epochs before the newest whole, for a dataset of the job (default 0: an epoch is closed
+    into its summary when the next epoch's pool is built). For tools that check records after
+    the fact (the demo); each kept epoch costs its per-shard record until it closes."""
+    check_id("dataset", dataset)
+    check_int("epochs", epochs, low=0, high=2**31)
+    ctx.client.set(ctx.keys.epochs_kept_whole(dataset), epochs)
 
 
 @dataclass(frozen=True)
@@ -191,7 +227,7 @@ class ShardLeases:
         self.on_lost = on_lost
         self.keys = k = ctx.keys.lease_keys(params.name, self.epoch)
         jk = ctx.keys
-        self._acquire_keys = [k.meta, k.todo, k.holders, k.expiry, k.done, jk.fence,
+        self._acquire_keys = [k.meta, k.taken, k.holders, k.expiry, k.done, jk.fence,
                               jk.heartbeats, jk.status, jk.generation, k.offsets]  # fmt: skip
         self._acquire_args = [self.worker_id, int(self.ttl * 1000), "1" if steal else "0"]
         self._prepared = False
@@ -224,31 +260,26 @@ class ShardLeases:
         plan = assignment(self.params, workers)
         ids, owners = plan.grouped(self.epoch)
         self._own = ids[owners == plan.index(self.worker_id)].tolist()
-        self._init_pool(steal_priority(ids, owners))
+        kept = int(self.context.client.get(self.context.keys.epochs_kept_whole(self.params.name))
+                   or 0)  # fmt: skip
+        self._init_pool(self.epoch - 1 - kept)
         self._prepared = True
 
-    def _init_pool(self, priority: np.ndarray) -> None:
-        """Create the epoch's pool in chunks of ``chunk_size`` shards (ids in order).
-
-        Every caller cuts the same chunks, and the script adds only the next one, so racing
-        callers and a caller that died half-way neither double nor miss a shard; a caller
-        that finds chunks added by others goes on from where they are.
-        """
-        total = self.params.num_shards
-        k = self.keys
-        offset = 0
-        while True:
-            end = min(offset + chunk_size(total), total)
-            pairs = np.empty(2 * (end - offset), dtype=np.int64)
-            pairs[0::2] = priority[offset:end]
-            pairs[1::2] = np.arange(offset, end)
-            complete, loaded = self.context.scripts.run(
-                "init_epoch", [k.meta, k.todo, k.done],
-                [total, offset, *pairs.tolist()], self._context(),
-            )  # fmt: skip
-            if int(complete):
-                return
-            offset = int(loaded)
+    def _init_pool(self, close: int) -> None:
+        """Open the epoch's pool (one O(1) call: the pool is the taken bitmap's zeros), and
+        close epoch ``close`` (negative: none) if it is finished or the job is past it: the
+        script UNLINKs its first ``CLOSE_STEP`` record segments, this the rest in steps."""
+        keys = [self.keys.meta, self.context.keys.epoch, self.keys.taken, self.keys.done]
+        if close >= 0:
+            keys += epoch_keys(self.context, self.params, close)
+        _, _, closed = self.context.scripts.run(
+            "init_epoch", keys,
+            [self.params.num_shards, close if close >= 0 else "", RECORD_TTL_S, CLOSE_TTL_S],
+            self._context(),
+        )  # fmt: skip
+        rest = keys[4 + 7 + CLOSE_STEP :] if int(closed) else []
+        for start in range(0, len(rest), CLOSE_STEP):
+            self.context.client.unlink(*rest[start : start + CLOSE_STEP])
 
     # -- the four lease calls --------------------------------------------------------------
     def acquire(self) -> Lease | None:
@@ -270,7 +301,8 @@ class ShardLeases:
         if not self._prepared:
             self.prepare()
         args = [*self._acquire_args, "", "", *self._own[:CANDIDATES]]
-        reply = self.context.scripts.run("acquire_shard", self._acquire_keys, args, self._context)
+        keys = [*self._acquire_keys, self.keys.record(0), self.keys.workers]
+        reply = self.context.scripts.run("acquire_shard", keys, args, self._context)
         if int(reply[0]) == Acquire.NO_POOL:  # the pool was removed (expired record): again
             self._prepared = False
             return self.acquire()
@@ -340,7 +372,9 @@ class ShardLeases:
                 return self._context(lease.shard_id, lease.token)
 
             try:
-                reply = self.context.scripts.run("acquire_shard", self._acquire_keys, args, context)
+                segment = self.keys.record(lease.shard_id // RECORD_SEGMENT)
+                keys = [*self._acquire_keys, segment, self.keys.workers]
+                reply = self.context.scripts.run("acquire_shard", keys, args, context)
                 if prefetch:
                     self._next = self._granted(reply[1:])
                     if int(reply[0]) < 0:  # refused, but the next lease is ours
@@ -369,7 +403,7 @@ class ShardLeases:
         with self._lock:
             try:
                 self.context.scripts.run(
-                    "release_shard", [k.holders, k.expiry, k.todo, k.offsets],
+                    "release_shard", [k.holders, k.expiry, k.taken, k.offsets],
                     [lease.shard_id, lease.token, "" if offset is None else offset],
                     lambda: self._context(lease.shard_id, lease.token),
                 )  # fmt: skip
@@ -392,14 +426,13 @@ class ShardLeases:
         return take_progress(replies, self.params.num_shards)
 
     def keep_record(self) -> None:
-        """Keep a finished epoch's record ``RECORD_TTL_S`` more, then let it expire."""
+        """Keep a finished epoch's record ``RECORD_TTL_S`` more, then let it expire (unless
+        the next epoch's pool closes it first)."""
         # A finished epoch's record is kept RECORD_TTL_S more; an unfinished one stays
         # until it is finished (a restarted job resumes from it).
         with self.context.client.pipeline(transaction=False) as pipe:
-            pipe.expire(self.keys.done, RECORD_TTL_S)
-            pipe.expire(self.keys.meta, RECORD_TTL_S)
-            pipe.expire(self.keys.offsets, RECORD_TTL_S)
-            pipe.expire(self.keys.todo, RECORD_TTL_S)  # a lockstep epoch leaves what it dropped
+            for key in epoch_keys(self.context, self.params, self.epoch):
+                pipe.expire(key, RECORD_TTL_S)
             pipe.execute()
 
     def holders(self) -> dict[int, LeaseHolder]:
@@ -411,10 +444,43 @@ class ShardLeases:
             take_holders,
         )
 
+    def completed_by(self) -> Counter[str]:
+        """Worker id -> shards it completed in this (dataset, epoch), open or closed."""
+        ctx = self.context
+        return run_read(
+            ctx.client,
+            lambda pipe: queue_completed_by(pipe, ctx.job_id, self.params.name, self.epoch),
+            take_completed_by,
+        )
+
     def completions(self) -> dict[int, tuple[str, int]]:
-        """The completion record: shard id -> (worker id, fencing token)."""
-        done = hash_items(self.context.client, self.keys.done)
-        return {int(shard): _completion(value) for shard, value in done.items()}
+        """The completion record: shard id -> (worker id, fencing token); a shard restored
+        done from a checkpoint reads ("restored", 0). Empty once the epoch is closed
+        (``init_epoch.lua``): its summary keeps ``completed_by`` and ``progress`` only.
+        Reads the done bitmap and the record segments holding done shards (12 bytes a
+        shard), in ``GETRANGE`` steps."""
+        client, total = self.context.client, self.params.num_shards
+        done = _bits(client, self.keys.done, total)
+        if len(done) == 0:
+            return {}
+        indexed = client.hgetall(self.keys.workers)
+        names = {int(f[2:]): v for f, v in indexed.items() if f.startswith("i:")}
+        names[0] = "restored"
+        out: dict[int, tuple[str, int]] = {}
+        for segment in np.unique(done // RECORD_SEGMENT).tolist():
+            low = segment * RECORD_SEGMENT
+            size = min(RECORD_SEGMENT, total - low)
+            raw = _read_string(client, self.keys.record(segment), size * RECORD_BYTES)
+            record = np.frombuffer(raw, dtype=_RECORD)
+            mine = done[(done >= low) & (done < low + size)]
+            for shard, token, worker in zip(
+                mine.tolist(),
+                record["token"][mine - low].tolist(),
+                record["worker"][mine - low].tolist(),
+                strict=True,
+            ):
+                out[shard] = (names.get(worker, str(worker)), token)
+        return out
 
     # -- iteration ---------------------------------------------------------------------------
     @property
@@ -525,7 +591,8 @@ class LeaseHolder(NamedTuple):
         shard_id: the leased shard.
         token: the grant's fencing token.
         expires_ms: when it expires unless renewed, ms on Redis' clock.
-        priority: the shard's steal priority.
+        priority: always 0 (kept in the format: leases have no priority since the pool is a
+            bitmap).
         worker_id: the worker holding it.
     """
 
@@ -541,26 +608,23 @@ def _holder(shard: str, value: str) -> LeaseHolder:
     return LeaseHolder(int(shard), int(token), int(expires), int(priority), worker)
 
 
-def _completion(value: str) -> tuple[str, int]:
-    """A completion record's value: (worker id, fencing token)."""
-    token, worker = value.split(" ", 1)
-    return worker, int(token)
-
-
 def queue_progress(pipe: Any, job_id: str, dataset: str, epoch: int) -> None:
     """Queue the counts of a (dataset, epoch): shards done, leased, waiting; steals; whether
     its pool was created (``ShardLeases.progress`` runs it in a transaction of its own)."""
     k = Keys(job_id).lease_keys(dataset, epoch)
-    pipe.hlen(k.done)
     pipe.hlen(k.holders)
-    pipe.zcard(k.todo)
-    pipe.hmget(k.meta, ["created_ms", "steals"])
+    pipe.hmget(k.meta, ["created_ms", "steals", "closed_ms", "done"])
 
 
 def take_progress(replies: Replies, num_shards: int) -> EpochProgress:
-    """The progress ``queue_progress`` read, of an epoch of ``num_shards`` shards."""
-    done, leased, todo = (int(take_reply(replies)) for _ in range(3))
-    created, steals = take_reply(replies)
+    """The progress ``queue_progress`` read, of an epoch of ``num_shards`` shards (waiting:
+    the shards neither done nor leased; a closed epoch: nothing leased or waiting)."""
+    leased = int(take_reply(replies))
+    created, steals, closed, done_field = take_reply(replies)
+    done = int(done_field or 0)
+    todo = max(0, num_shards - done - leased) if created is not None else 0
+    if closed is not None:
+        leased, todo = 0, 0
     return EpochProgress(num_shards, done, leased, todo, int(steals or 0), created is not None)
 
 
@@ -576,14 +640,15 @@ def take_holders(replies: Replies) -> dict[int, LeaseHolder]:
 
 
 def queue_completed_by(pipe: Any, job_id: str, dataset: str, epoch: int) -> None:
-    """Queue a read of who completed each done shard of a (dataset, epoch) (one value per
-    shard done: the caller bounds the epoch's size)."""
-    pipe.hvals(Keys(job_id).lease_keys(dataset, epoch).done)
+    """Queue a read of how many shards each worker completed in a (dataset, epoch) (the
+    epoch meta's counts: one field per worker that completed any, open or closed)."""
+    pipe.hgetall(Keys(job_id).lease_keys(dataset, epoch).meta)
 
 
 def take_completed_by(replies: Replies) -> Counter[str]:
     """Worker id -> shards it completed, as ``queue_completed_by`` read them."""
-    return Counter(_completion(value)[0] for value in take_reply(replies))
+    meta = take_reply(replies)
+    return Counter({f[3:]: int(v) for f, v in meta.items() if f.startswith("by:")})
 
 
 def queue_lease_grants(pipe: Any, job_id: str) -> None:

@@ -20,8 +20,8 @@ import numpy as np
 import orjson
 
 from ..context import JobContext
-from .leases import chunk_size, steal_priority
-from .sharding import DatasetParams, assignment
+from .leases import epoch_keys
+from .sharding import DatasetParams
 
 __all__ = ["POSITION_PART", "Position", "merge_positions", "restore_position"]
 
@@ -109,8 +109,8 @@ def merge_positions(positions: Iterable[Position]) -> tuple[set[int], dict[int, 
     return done, {s: o for s, o in offsets.items() if s not in done and o > 0}
 
 
-#: the most entries (a done shard, an offset, or a pool shard) one restore call carries (a
-#: restore call writes more per entry than a build call: 256 per call took 21 ms at 10^7)
+#: the most entries (a done shard or an offset) one restore call carries (two SETBITs per
+#: done shard, an HSET per offset: about a millisecond)
 RESTORE_CHUNK = 512
 
 
@@ -138,7 +138,7 @@ def restore_position(
         epoch: the checkpoint's epoch.
         done: shards the checkpoint's model consumed in full.
         offsets: shard -> samples consumed, for shards consumed in part.
-        workers: the members of the restoring round (they set the own-shards-first order).
+        workers: the members of the restoring round (unused: the pool has no order now).
         mark: the restoring round: the first calls with a mark restore, the rest do nothing.
         later_epochs: how many epochs after ``epoch`` may have pools to delete.
 
@@ -169,26 +169,21 @@ def restore_chunks(
 ) -> tuple[list[str], Callable[[int], list[Any]]]:
     """The keys of a restore and a function giving chunk k's arguments (``restore_position``).
 
-    The entries — done shards, offsets, then pool (priority, shard) pairs, each sorted — are
-    cut into chunks of ``RESTORE_CHUNK`` (a quarter of it past ``leases.BIG_POOL`` shards): the
-    same for every caller with the same inputs.
+    The entries — done shards, then offsets, each sorted — are cut into chunks of
+    ``RESTORE_CHUNK``: the same for every caller with the same inputs. (``workers``: the
+    restoring round's members; the pool has no order of its own now, so it is unused.)
     """
-    plan = assignment(params, workers)
-    priority = steal_priority(*plan.grouped(epoch))
+    del workers
     done_ids = np.fromiter(sorted(done), dtype=np.int64, count=len(done))
-    todo = np.setdiff1d(np.arange(params.num_shards), done_ids)
-    pairs = np.empty((len(todo), 2), dtype=np.int64)
-    pairs[:, 0] = priority[todo]
-    pairs[:, 1] = todo
     partial = np.array(sorted(offsets.items()), dtype=np.int64).reshape(-1, 2)
     k = ctx.keys
-    keys = [k.restores, k.epoch]
-    for e in range(epoch, epoch + later_epochs + 1):
-        lk = k.lease_keys(params.name, e)
-        keys += [lk.meta, lk.todo, lk.holders, lk.expiry, lk.done, lk.offsets]
-    sections = (done_ids, partial, pairs)
+    own = epoch_keys(ctx, params, epoch)
+    keys = [k.restores, k.epoch, *own[:6], *own[6:]]
+    for e in range(epoch + 1, epoch + later_epochs + 1):
+        keys += epoch_keys(ctx, params, e)
+    sections = (done_ids, partial)
     bounds = np.cumsum([0, *map(len, sections)])
-    size = chunk_size(params.num_shards, RESTORE_CHUNK)
+    size = RESTORE_CHUNK
     count = max(1, -(-int(bounds[-1]) // size))
 
     def chunk(c: int) -> list[Any]:
@@ -199,7 +194,7 @@ def restore_chunks(
         ]
         args: list[Any] = [f"restored:{params.name}", mark, epoch, params.num_shards, c, count]
         args += [len(parts[0]), *parts[0].tolist()]
-        args += [len(parts[1]), *parts[1].ravel().tolist(), *parts[2].ravel().tolist()]
+        args += [len(parts[1]), *parts[1].ravel().tolist()]
         return args
 
     return keys, chunk
