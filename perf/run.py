@@ -54,7 +54,8 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
     parser.add_argument(
-        "--no-load", action="store_true",
+        "--no-load",
+        action="store_true",
         help="skip load.py, cost.py, curves.py, limits.py, epochs.py",
     )
     parser.add_argument(
