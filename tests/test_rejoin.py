@@ -120,7 +120,9 @@ def test_a_rank_relaunched_mid_epoch_under_its_id_commits_its_next_save(
     )  # fmt: skip
     kill9(procs[1])
     killed_at = time.time()
-    done_at_kill = raw.hgetall(f"strata:{{{JOB}}}:shards_done:0:{DATASET}")
+    reader = strata_redis.connect(redis_url, JOB)
+    done_at_kill = reader.leases(DATASET, 0, "reader").completions()  # through the owner
+    reader.close()
     assert len(done_at_kill) < params.num_shards - 10, "the kill came too late in the epoch"
     victim = json.loads((logs / "joined-0-1").read_text())["worker"]
     relaunched = spawn(_loop, redis_url, 1, str(ckpt_dir), str(logs), {**cfg, "restarts": 1})
@@ -167,7 +169,7 @@ def test_a_rank_relaunched_mid_epoch_under_its_id_commits_its_next_save(
     # no sample trained twice: the killed incarnation's work that survived it is the shards
     # it completed (recorded done under its id before the kill); its shard in flight died
     # with it (with its model) and is trained again from its start by whoever leases it
-    own = {int(s) for s, v in done_at_kill.items() if v.split(" ", 1)[1] == victim}
+    own = {shard for shard, (worker, _) in done_at_kill.items() if worker == victim}
     kept = set().union(*(_shard_samples(params, 0, s) for s in own)) if own else set()
     killed = _samples([logs / "0-1.log"])[0]
     lost = set(killed) - kept
