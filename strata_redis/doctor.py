@@ -29,8 +29,9 @@ from typing import Any, Final
 import redis
 from redis.exceptions import NoPermissionError, ResponseError
 
-from .connection import is_cluster
-from .era import eviction_risk
+from .connection import is_cluster, run_read, take_reply
+from .coordination import registry
+from .era import eviction_risk, queue_era_state, take_era_state
 from .keys import Keys
 
 __all__ = ["MIN_VERSION", "Check", "diagnose", "render"]
@@ -165,7 +166,7 @@ Probe = tuple[str, Callable[[Any, Keys], Any]]
 
 
 def _probe_key(keys: Keys, what: str) -> str:
-    return f"{keys.base}:doctor:{what}"
+    return keys.doctor_probe(what)
 
 
 def _write_probe(client: Any, keys: Keys) -> Any:
@@ -193,15 +194,25 @@ def _pop_probe(client: Any, keys: Keys) -> Any:
 
 
 def _read_probe(client: Any, keys: Keys) -> Any:
-    return client.get(keys.era), client.hgetall(keys.status), client.zrange(keys.heartbeats, 0, 0)
+    """The reads the dashboard and ``strata status`` make, through the owners."""
+
+    def queue(pipe: Any) -> None:
+        queue_era_state(pipe, keys.job_id)
+        registry.queue_heartbeats(pipe, keys.job_id)
+
+    return run_read(client, queue, lambda replies: (take_era_state(replies), take_reply(replies)))
 
 
 def _scan_probe(client: Any, keys: Keys) -> Any:
-    return client.scan(0, match="strata:*", count=10)
+    if is_cluster(client):  # one node's first step is the same right
+        return registry.scan_jobs(client.get_default_node().redis_connection, 0, 10)
+    return registry.scan_jobs(client, 0, 10)
 
 
 def _stream_probe(client: Any, keys: Keys) -> Any:
-    return client.xrange(keys.events, count=1)
+    return run_read(
+        client, lambda pipe: registry.queue_events(pipe, keys.job_id, 1), registry.take_events
+    )
 
 
 WORKER_PROBES: Final[list[Probe]] = [
@@ -212,7 +223,7 @@ WORKER_PROBES: Final[list[Probe]] = [
     ("blocking pops (BLPOP)", _pop_probe),
 ]
 READER_PROBES: Final[list[Probe]] = [
-    ("reads (GET, HGETALL, ZRANGE)", _read_probe),
+    ("reads (GET, ZRANGE)", _read_probe),
     ("listing jobs (SCAN)", _scan_probe),
     ("streams (XRANGE)", _stream_probe),
 ]

@@ -122,6 +122,11 @@ class Keys:
         they exist for as long as the era stands; every script checks those made."""
         return tuple(getattr(self, name) for name in ANCHORS)
 
+    def doctor_probe(self, what: str) -> str:
+        """``strata doctor``'s probe of one right (``what``: string, hash, script, transaction,
+        list): written and deleted (or expired) at once; nothing else reads it."""
+        return f"{self.base}:doctor:{what}"
+
     @property
     def events(self) -> str:
         """STREAM membership events (join/leave/fail), capped; waiters block on it."""

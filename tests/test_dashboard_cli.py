@@ -169,13 +169,15 @@ def test_status_watch_rides_out_a_redis_outage(redis_factory: Any) -> None:
     job.close()
     proc = popen("status", "--redis-url", server.url, "--job", "watched", "--watch", "0.5",
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    time.sleep(1.5)
-    server.stop()
-    time.sleep(2.0)
-    server.start()
-    time.sleep(2.5)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
+    try:
+        time.sleep(1.5)
+        server.stop()
+        time.sleep(2.0)
+        server.start()
+        time.sleep(2.5)
+    finally:  # the watcher stops whatever happened above
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     frames = [f for f in stdout.split("\n\n") if f.strip()]
     down = [i for i, f in enumerate(frames) if f.startswith("Redis unreachable since ")]

@@ -36,11 +36,13 @@ def test_events_follow_prints_what_happens_in_time_order(
     job.register_worker("early", heartbeat_interval=None).deregister()  # before --follow
     proc = popen("events", "--redis-url", server.url, "--job", "feed", "--follow", "--json",
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    time.sleep(1.5)
-    _train(server.url, "feed", tmp_path)
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
+    try:
+        time.sleep(1.5)
+        _train(server.url, "feed", tmp_path)
+        time.sleep(1.5)
+    finally:  # the follower stops whatever happened above
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     events = [orjson.loads(line) for line in stdout.splitlines()]
     said = [(e["kind"], e.get("type") or e.get("outcome"), e.get("worker_id")) for e in events]
