@@ -376,8 +376,8 @@ def test_metrics_match_the_api(scenario: Scenario, redis_url: str) -> None:
             == ds["progress"][state]
         )
     assert value("strata_lease_steals", job_id=JOB, dataset="images") == ds["progress"]["steals"]
-    for q, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
-        assert value("strata_barrier_release_latency_seconds", job_id=JOB, quantile=q) == (
+    for q, key in (("50", "p50_ms"), ("99", "p99_ms"), ("100", "max_ms")):
+        assert value("strata_barrier_release_latency_seconds", job_id=JOB, percentile=q) == (
             pytest.approx(m["barrier"][key] / 1000)
         )
     assert value("strata_redis_up") == 1

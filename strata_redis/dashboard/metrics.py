@@ -168,8 +168,9 @@ class _DocumentCollector(Collector):
 
         latency = GaugeMetricFamily(
             "strata_barrier_release_latency_seconds",
-            f"Barrier release latency quantiles over the newest {LATENCIES_READ} releases",
-            labels=["job_id", "quantile"],
+            f"Barrier release latency percentiles (nearest rank; 100: the slowest) over the "
+            f"newest {LATENCIES_READ} releases (a gauge: 'quantile' is a summary's label)",
+            labels=["job_id", "percentile"],
         )
         releases = GaugeMetricFamily(
             "strata_barrier_releases_recorded",
@@ -179,7 +180,7 @@ class _DocumentCollector(Collector):
         for job_id, m in per_job.items():
             b = m["barrier"]
             releases.add_metric([job_id], b["releases"])
-            for q, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
+            for q, key in (("50", "p50_ms"), ("99", "p99_ms"), ("100", "max_ms")):
                 if b[key] is not None:
                     latency.add_metric([job_id, q], b[key] / 1000)
         yield latency
