@@ -213,6 +213,12 @@ def test_alert_rules_pass_their_unit_tests() -> None:
     check = subprocess.run([promtool, "check", "rules", "strata.rules.yml"], cwd=rules,
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+    # the compose file's Prometheus config (which loads the rules) is valid too
+    config = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=rules,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert config.returncode == 0 and "1 rule files found" in config.stdout, (
+        config.stdout + config.stderr
+    )
     done = subprocess.run([promtool, "test", "rules", "strata.rules.test.yml"], cwd=rules,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
