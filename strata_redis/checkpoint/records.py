@@ -4,6 +4,8 @@ An entry's fields (``keys.checkpoint_records``; written by ``ack_checkpoint.lua`
 ``abort_checkpoint.lua``): ``step``, ``epoch`` (empty when none), ``run`` — the checkpoint's
 numbers as the loop gave them — and ``rank``, ``worker``, ``bytes``, ``seconds``, ``mb_s``,
 ``outcome`` (``uploaded`` or ``aborted``), ``at_ms``. ``decode_record`` is the one parser.
+The same scripts count the job's checkpoint totals (``keys.checkpoint_totals``), which the
+capped stream cannot give: ``take_totals`` reads them (``/metrics``' counters).
 """
 
 from __future__ import annotations
