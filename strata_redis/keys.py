@@ -283,7 +283,7 @@ class Keys:
     @property
     def checkpoint_totals(self) -> str:
         """HASH the job's checkpoint totals over its life, never reset (``checkpoint/
-        records.py``): ``saves`` and ``saved_bytes``, ``save_seconds`` (each rank's acked
+        records.py``): ``saves`` and ``saved_bytes``, ``save_ms`` (each rank's acked
         save, by ``ack_checkpoint.lua``), ``aborted_steps`` (checkpoints that became aborted,
         by ``abort_checkpoint.lua`` or a superseded ack), ``aborted_saves`` (failed saves
         recorded by ``abort_checkpoint.lua``)."""

@@ -119,7 +119,8 @@ class CheckpointTotals:
     Attributes:
         saves: ranks' saves acked (uploaded).
         saved_bytes: bytes those saves uploaded.
-        save_seconds: seconds those saves took, summed over ranks.
+        save_seconds: seconds those saves took, summed over ranks (counted in whole ms:
+            ``HINCRBYFLOAT`` is not in the README's worker ACL rule).
         aborted_steps: checkpoints that became aborted.
         aborted_saves: failed saves recorded with an abort.
     """
@@ -131,7 +132,7 @@ class CheckpointTotals:
     aborted_saves: int = 0
 
 
-_TOTALS = ("saves", "saved_bytes", "save_seconds", "aborted_steps", "aborted_saves")
+_TOTALS = ("saves", "saved_bytes", "save_ms", "aborted_steps", "aborted_saves")
 
 
 def queue_totals(pipe: Any, job_id: str) -> None:
@@ -141,11 +142,11 @@ def queue_totals(pipe: Any, job_id: str) -> None:
 
 def take_totals(replies: Replies) -> CheckpointTotals:
     """The totals ``queue_totals`` read (zeros where none was counted yet)."""
-    saves, nbytes, seconds, steps, aborted = take_reply(replies)
+    saves, nbytes, ms, steps, aborted = take_reply(replies)
     return CheckpointTotals(
         saves=int(saves or 0),
         saved_bytes=int(nbytes or 0),
-        save_seconds=float(seconds or 0.0),
+        save_seconds=int(ms or 0) / 1000,
         aborted_steps=int(steps or 0),
         aborted_saves=int(aborted or 0),
     )
