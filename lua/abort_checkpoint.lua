@@ -4,6 +4,7 @@
 -- committing one but by its own leader (another participant cannot know whether
 -- metadata.json was written).
 -- KEYS[1] = checkpoint HASH   KEYS[2] = wake LIST   KEYS[3] = save records STREAM
+-- KEYS[4] = checkpoint totals HASH (aborted_steps, aborted_saves: +1 here; never reset)
 -- ARGV[1] = run   ARGV[2] = epoch ("" for none)   ARGV[3] = step
 -- ARGV[4] = worker id (the culprit)   ARGV[5] = reason   ARGV[6] = rank
 -- ARGV[7] = world size   ARGV[8] = time-to-live of the checkpoint's keys, ms
@@ -17,6 +18,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'state', 'aborted', 'culprit', ARGV[4], 'reason', ARGV[5],
   'aborted_ms', now)
+redis.call('HINCRBY', KEYS[4], 'aborted_steps', 1)
+redis.call('HINCRBY', KEYS[4], 'aborted_saves', 1)
 if not state[2] then
   redis.call('HSET', KEYS[1], 'world_size', ARGV[7], 'run', ARGV[1], 'epoch', ARGV[2],
     'step', ARGV[3])

@@ -6,6 +6,7 @@
 -- and its waiters are woken at once.
 -- KEYS[1] = checkpoint HASH   KEYS[2] = acks HASH   KEYS[3] = wake LIST
 -- KEYS[4] = committed checkpoints ZSET   KEYS[5] = save records STREAM
+-- KEYS[6] = checkpoint totals HASH (saves, saved_bytes, save_ms, aborted_steps: never reset)
 -- ARGV[1] = the checkpoint's index member   ARGV[2] = run   ARGV[3] = epoch ("" for none)
 -- ARGV[4] = step   ARGV[5] = rank   ARGV[6] = worker id   ARGV[7] = the rank's files, JSON
 -- ARGV[8] = time-to-live of the checkpoint's keys, ms   ARGV[9] = records cap (approximate)
@@ -37,6 +38,7 @@ if #redis.call('ZRANGEBYLEX', KEYS[4], '[' .. ARGV[1], '+', 'LIMIT', 0, 1) > 0 t
   local reason = 'superseded: checkpoint ' .. newest .. ' committed first'
   redis.call('HSET', KEYS[1], 'state', 'aborted', 'culprit', ARGV[6], 'reason', reason,
     'aborted_ms', now)
+  redis.call('HINCRBY', KEYS[6], 'aborted_steps', 1)
   for _ = 1, tonumber(state[2]) do redis.call('RPUSH', KEYS[3], 'aborted') end
   redis.call('PEXPIRE', KEYS[3], ARGV[8])
   return {S.STEP_NOT_FORWARD, newest}
@@ -47,6 +49,9 @@ redis.call('PEXPIRE', KEYS[1], ARGV[8])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[9], '*', 'step', ARGV[4], 'epoch', ARGV[3],
   'run', ARGV[2], 'rank', ARGV[5], 'worker', ARGV[6], 'bytes', ARGV[10], 'seconds', ARGV[11],
   'mb_s', ARGV[12], 'outcome', 'uploaded', 'at_ms', now)
+redis.call('HINCRBY', KEYS[6], 'saves', 1)
+redis.call('HINCRBY', KEYS[6], 'saved_bytes', ARGV[10])
+redis.call('HINCRBY', KEYS[6], 'save_ms', math.floor(tonumber(ARGV[11]) * 1000 + 0.5))
 if redis.call('HLEN', KEYS[2]) < tonumber(state[2]) then return {S.OK, 0} end
 redis.call('HSET', KEYS[1], 'state', 'committing', 'leader', ARGV[6], 'acked_ms', now,
   'acked_clock', CLOCK)

@@ -14,6 +14,7 @@
 -- begins the grace, from the last stamped step, like a stamped one.
 -- KEYS[1] = heartbeats ZSET   KEYS[2] = status HASH   KEYS[3] = generation STRING
 -- KEYS[4] = events STREAM     KEYS[5] = reaper HASH (last, quiet, grace, failed: ms)
+-- KEYS[6] = failures STRING (workers declared failed over the job's life; +1 each)
 -- ARGV[1] = heartbeat timeout, ms   ARGV[2] = events stream cap
 -- ARGV[3] = at most this many workers per call (bounds the script's run time)
 -- ARGV[4] = when the caller sent this call, ms on Redis' clock (its estimate), or ""
@@ -54,6 +55,7 @@ for i = 1, #stale, 2 do
   local id = stale[i]
   redis.call('ZREM', KEYS[1], id)
   redis.call('HSET', KEYS[2], id, 'failed')
+  redis.call('INCR', KEYS[6])
   local gen = redis.call('INCR', KEYS[3])
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*',
     'type', 'fail', 'worker', id, 'generation', gen, 'ms', now, 'last_seen_ms', stale[i + 1])

@@ -175,6 +175,9 @@ def raw_reads(client: redis.Redis, n: int, newest: list[str]) -> None:
             pipe.xlen(key)
         pipe.zrange(k.checkpoints, 0, CHECKPOINTS_READ - 1, desc=True)
         pipe.get(k.fence)
+        pipe.get(k.failures)
+        pipe.hmget(k.checkpoint_totals, ["saves", "saved_bytes", "save_ms",
+                                         "aborted_steps", "aborted_saves"])  # fmt: skip
         heads = pipe.execute()
     listed = [w for w, _ in heads[2]] + [f"gone-{i:02d}" for i in range(LEFT)]
     page = listed[:1000]

@@ -30,12 +30,13 @@ if ! find_redis; then
   fi
 fi
 
-BROWSER=0 TORCH=0
+BROWSER=0 TORCH=0 PROMETHEUS=0
 for arg in "$@"; do
   case "$arg" in
     --browser) BROWSER=1 ;;
     --torch) TORCH=1 ;;
-    *) say "unknown option $arg (known: --browser, --torch)"; exit 2 ;;
+    --prometheus) PROMETHEUS=1 ;;
+    *) say "unknown option $arg (known: --browser, --torch, --prometheus)"; exit 2 ;;
   esac
 done
 
@@ -50,6 +51,22 @@ if [ "$BROWSER" = 1 ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromed
   else
     say "no /usr/bin/chromium and no apt-get: the dashboard's browser test will fail until"
     say "Chromium and its chromedriver are installed at /usr/bin/chromium and /usr/bin/chromedriver"
+  fi
+fi
+
+# tests/test_prometheus.py runs a real Prometheus against the dashboard and promtool on
+# /metrics and the alert rules: `setup.sh --prometheus` (what scripts/test.sh runs) installs
+# Debian's prometheus package when either binary is missing. (On Debian it also enables a
+# prometheus service where systemd runs; the tests start their own, on a free port.)
+if [ "$PROMETHEUS" = 1 ] && { [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; }; then
+  if command -v apt-get >/dev/null; then
+    say "no /usr/bin/prometheus or /usr/bin/promtool: installing Debian's prometheus"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
+      || { say "apt-get install prometheus failed: run it as root (or with sudo), then retry"; exit 1; }
+  else
+    say "no /usr/bin/prometheus and no apt-get: tests/test_prometheus.py will fail until"
+    say "prometheus and promtool are installed at /usr/bin (https://prometheus.io/download/)"
   fi
 fi
 

@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. -k barrier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --browser --torch
+scripts/setup.sh --browser --torch --prometheus
 .venv/bin/ruff check strata_redis tests perf examples
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layer contract in pyproject.toml: imports only point down

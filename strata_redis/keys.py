@@ -138,6 +138,13 @@ class Keys:
         ``quiet``, ``grace``, ``failed`` (the last step that declared a failure; ms)."""
         return f"{self.base}:reaper"
 
+    @property
+    def failures(self) -> str:
+        """STRING workers declared failed over the job's life: +1 per failure, written only
+        by ``reap_workers.lua`` (``coordination/registry.py``); never reset, so a failed
+        worker that rejoins stays counted (``strata_worker_failures_total``)."""
+        return f"{self.base}:failures"
+
     # -- barriers and epochs -------------------------------------------------------------
     def barrier(self, name: str) -> str:
         """HASH a barrier's state: gen, expected, first_us, ev, r:<gen> recent outcomes."""
@@ -283,6 +290,15 @@ class Keys:
         """STREAM one entry per save, capped: step, epoch ("" if none), run, rank, worker,
         bytes, seconds, mb_s, outcome (uploaded/aborted), at_ms."""
         return f"{self.base}:checkpoint_records"
+
+    @property
+    def checkpoint_totals(self) -> str:
+        """HASH the job's checkpoint totals over its life, never reset (``checkpoint/
+        records.py``): ``saves`` and ``saved_bytes``, ``save_ms`` (each rank's acked
+        save, by ``ack_checkpoint.lua``), ``aborted_steps`` (checkpoints that became aborted,
+        by ``abort_checkpoint.lua`` or a superseded ack), ``aborted_saves`` (failed saves
+        recorded by ``abort_checkpoint.lua``)."""
+        return f"{self.base}:checkpoint_totals"
 
     @property
     def checkpoint_run(self) -> str:

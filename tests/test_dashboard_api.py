@@ -159,6 +159,9 @@ def test_document_matches_the_library_and_the_schema(scenario: Scenario, redis_u
     (m,) = doc["metrics"]["jobs"]
     assert m["workers"] == {"idle": 1, "training": 1, "checkpointing": 0, "failed": 1, "left": 1,
                             "stale": 0}  # fmt: skip
+    assert m["worker_failures_total"] == 1
+    assert m["checkpoint_totals"]["saves"] == 2 and m["checkpoint_totals"]["aborted_steps"] == 1
+    assert m["checkpoint_totals"]["saved_bytes"] >= 500_000
 
     # the membership timeline is the events stream
     events = job.events(500)
@@ -306,15 +309,29 @@ def test_token_header_or_cookie(redis_url: str, job: strata_redis.Job) -> None:
 
 
 def test_redis_down_is_503_without_credentials(redis_factory: Callable[..., RedisServer]) -> None:
+    """The API answers 503 naming the server; /metrics answers 200 with strata_redis_up 0
+    and nothing that needs Redis (Prometheus sees the exporter up and Redis down)."""
     server = redis_factory()
     url = f"redis://user:pa55word@127.0.0.1:{server.port}/0"
     client = create_app(url).test_client()
+    plain = create_app(server.url, min_interval=0).test_client()
+    strata_redis.connect(server.url, JOB).register_worker("w", heartbeat_interval=None)
+    up = plain.get("/metrics").get_data(as_text=True)
+    assert "strata_redis_up 1.0" in up and f'strata_workers{{job_id="{JOB}"' in up
     server.stop()
-    for path in ("/api/dashboard", "/metrics"):
-        reply = client.get(path)
-        assert reply.status_code == 503, path
-        text = reply.get_data(as_text=True)
-        assert f"127.0.0.1:{server.port}" in text and "pa55word" not in text
+    reply = client.get("/api/dashboard")
+    assert reply.status_code == 503
+    text = reply.get_data(as_text=True)
+    assert f"127.0.0.1:{server.port}" in text and "pa55word" not in text
+    for c in (client, plain):
+        reply = c.get("/metrics")
+        assert reply.status_code == 200 and reply.mimetype == "text/plain"
+        body = reply.get_data(as_text=True)
+        assert "pa55word" not in body
+        families = list(text_string_to_metric_families(body))
+        assert [(f.name, f.type, [s.value for s in f.samples]) for f in families] == [
+            ("strata_redis_up", "gauge", [0.0])
+        ]
 
 
 def test_security_headers_and_no_cdn(redis_url: str) -> None:
@@ -347,28 +364,40 @@ def test_metrics_match_the_api(scenario: Scenario, redis_url: str) -> None:
 
     (m,) = doc["metrics"]["jobs"]
     for status, count in m["workers"].items():
-        assert value("strata_workers", job=JOB, status=status) == count
+        assert value("strata_workers", job_id=JOB, status=status) == count
     assert families["strata_membership_changes"].type == "counter"
-    assert value("strata_membership_changes", job=JOB) == doc["jobs"][0]["membership_generation"]
-    assert value("strata_lease_grants", job=JOB) == m["lease_grants_total"] > 0
-    assert value("strata_epoch", job=JOB) == doc["jobs"][0]["epoch"]
+    assert value("strata_membership_changes", job_id=JOB) == doc["jobs"][0]["membership_generation"]
+    assert value("strata_lease_grants", job_id=JOB) == m["lease_grants_total"] > 0
+    assert value("strata_epoch", job_id=JOB) == doc["jobs"][0]["epoch"]
     (ds,) = doc["datasets"]
     for state in ("done", "leased", "todo"):
         assert (
-            value("strata_shards", job=JOB, dataset="images", state=state) == ds["progress"][state]
+            value("strata_shards", job_id=JOB, dataset="images", state=state)
+            == ds["progress"][state]
         )
-    assert value("strata_lease_steals", job=JOB, dataset="images") == ds["progress"]["steals"]
-    for q, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
-        assert value("strata_barrier_release_latency_seconds", job=JOB, quantile=q) == (
+    assert value("strata_lease_steals", job_id=JOB, dataset="images") == ds["progress"]["steals"]
+    for q, key in (("50", "p50_ms"), ("99", "p99_ms"), ("100", "max_ms")):
+        assert value("strata_barrier_release_latency_seconds", job_id=JOB, percentile=q) == (
             pytest.approx(m["barrier"][key] / 1000)
         )
-    c = m["checkpoint"]
-    assert value("strata_checkpoint_saves", job=JOB, outcome="uploaded") == c["saves"]
-    assert value("strata_checkpoint_saves", job=JOB, outcome="aborted") == c["aborted_saves"]
-    assert value("strata_checkpoint_saved_bytes", job=JOB) == c["bytes"]
-    assert value("strata_checkpoint_aborted_steps", job=JOB) == c["aborted_steps"] == 1
-    assert value("strata_checkpoint_latest_step", job=JOB) == 200
-    assert value("strata_checkpoint_latest_epoch", job=JOB) == 0
+    assert value("strata_redis_up") == 1
+    assert value("strata_worker_failures", job_id=JOB) == m["worker_failures_total"]
+    c, t = m["checkpoint"], m["checkpoint_totals"]
+    for name in ("saves", "saved_bytes", "save_seconds", "aborted_steps", "aborted_saves"):
+        assert families[f"strata_checkpoint_{name}"].type == "counter", name
+        assert value(f"strata_checkpoint_{name}", job_id=JOB) == pytest.approx(t[name]), name
+    # the scenario's saves are few: the newest records read hold them all
+    assert t["saves"] == c["saves"] > 0 and t["saved_bytes"] == c["bytes"]
+    assert t["aborted_steps"] == c["aborted_steps"] == 1
+    assert t["aborted_saves"] == c["aborted_saves"]
+    assert value("strata_checkpoint_last_commit_timestamp_seconds", job_id=JOB) == (
+        m["last_commit_ms"] / 1000
+    )
+    assert abs(m["last_commit_ms"] / 1000 - time.time()) < 600
+    (ratio,) = [s.value for s in families["strata_epoch_progress_ratio"].samples]
+    assert ratio == ds["progress"]["done"] / ds["num_shards"]
+    assert value("strata_checkpoint_latest_step", job_id=JOB) == 200
+    assert value("strata_checkpoint_latest_epoch", job_id=JOB) == 0
     workers = {s.labels["worker"]: s.labels["status"]
                for s in families["strata_worker_status"].samples}  # fmt: skip
     assert workers == {w["worker_id"]: w["status"] for w in doc["workers"]}
@@ -376,6 +405,30 @@ def test_metrics_match_the_api(scenario: Scenario, redis_url: str) -> None:
     assert {s.labels["worker"]: s.value for s in ages} == {
         w["worker_id"]: w["last_seen_s"] for w in doc["workers"] if w["last_seen_s"] is not None
     }
+
+
+def test_failures_count_survives_a_rejoin(redis_url: str, job: strata_redis.Job) -> None:
+    """strata_worker_failures_total counts every failure of the job's life: a failed worker
+    that registers again (status back to idle) stays counted, and a second failure adds."""
+    client = create_app(redis_url, min_interval=0).test_client()
+
+    def failures() -> float:
+        text = client.get("/metrics").get_data(as_text=True)
+        (family,) = [f for f in text_string_to_metric_families(text)
+                     if f.name == "strata_worker_failures"]  # fmt: skip
+        assert family.type == "counter"
+        (sample,) = family.samples
+        assert sample.name == "strata_worker_failures_total"
+        return sample.value
+
+    job.register_worker("w", heartbeat_interval=None)
+    assert failures() == 0
+    for n in (1, 2):
+        wait_for(lambda: job.reap() == ["w"], 10)
+        assert failures() == n
+        job.register_worker("w", heartbeat_interval=None)  # rejoins: no longer failed
+        assert {w.worker_id: w.status for w in job.workers()}["w"] == "idle"
+        assert failures() == n
 
 
 def test_gone_workers_drop_out_after_the_window(redis_url: str, job: strata_redis.Job) -> None:

@@ -376,7 +376,7 @@ def test_demo_starts_serves_and_stops_cleanly() -> None:
 
         wait_for(moving, 90, step=0.5)
         status, body = _get(f"{url}metrics")
-        assert status == 200 and b'strata_workers{job="demo",status="training"}' in body
+        assert status == 200 and b'strata_workers{job_id="demo",status="training"}' in body
         descendants = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(p.cmdline()) for p in descendants)
         assert "redis-server" in names and names.count("multiprocessing.spawn") >= 3, names

@@ -89,9 +89,9 @@ def _stale_within_timeout(proc: Any, redis_url: str, job_id: str, raw: Any) -> N
     assert doc["metrics"]["jobs"][0]["workers"]["stale"] == 1
     assert doc["metrics"]["jobs"][0]["workers"]["training"] == 0
     text = render_metrics(doc)[0].decode()
-    assert f'strata_workers{{job="{job_id}",status="stale"}} 1.0' in text
-    assert f'strata_job_state{{job="{job_id}",state="stale"}} 1.0' in text
-    assert f'strata_job_heartbeat_timeout_seconds{{job="{job_id}"}} 2.0' in text
+    assert f'strata_workers{{job_id="{job_id}",status="stale"}} 1.0' in text
+    assert f'strata_job_state{{job_id="{job_id}",state="stale"}} 1.0' in text
+    assert f'strata_job_heartbeat_timeout_seconds{{job_id="{job_id}"}} 2.0' in text
     # nobody reaped it: the registry still says training
     assert raw.hget(reader.keys.status, "doomed") == "training"
     out = strata("jobs", "--json", "--redis-url", redis_url, "--heartbeat-timeout", "60")

@@ -129,7 +129,7 @@ class StepProtocol:
         reply = self._run(
             "ack_checkpoint", cid,
             [k.checkpoint_step(label), k.checkpoint_acks(label), k.checkpoint_wake(label),
-             self.index.keys[0], k.checkpoint_records],
+             self.index.keys[0], k.checkpoint_records, k.checkpoint_totals],
             [cid.member, *_numbers(cid), self.rank, self.worker_id, orjson.dumps(doc),
              STEP_TTL_MS, RECORDS_CAP, nbytes, f"{seconds:.6f}", f"{mb_s:.3f}"],
         )  # fmt: skip
@@ -147,7 +147,8 @@ class StepProtocol:
         try:
             self._run(
                 "abort_checkpoint", cid,
-                [k.checkpoint_step(cid.label), k.checkpoint_wake(cid.label), k.checkpoint_records],
+                [k.checkpoint_step(cid.label), k.checkpoint_wake(cid.label), k.checkpoint_records,
+                 k.checkpoint_totals],
                 [*_numbers(cid), self.worker_id, reason[:1000], self.rank, self.world_size,
                  STEP_TTL_MS, RECORDS_CAP, nbytes, f"{seconds:.6f}"],
             )  # fmt: skip

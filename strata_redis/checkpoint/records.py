@@ -4,6 +4,8 @@ An entry's fields (``keys.checkpoint_records``; written by ``ack_checkpoint.lua`
 ``abort_checkpoint.lua``): ``step``, ``epoch`` (empty when none), ``run`` — the checkpoint's
 numbers as the loop gave them — and ``rank``, ``worker``, ``bytes``, ``seconds``, ``mb_s``,
 ``outcome`` (``uploaded`` or ``aborted``), ``at_ms``. ``decode_record`` is the one parser.
+The same scripts count the job's checkpoint totals (``keys.checkpoint_totals``), which the
+capped stream cannot give: ``take_totals`` reads them (``/metrics``' counters).
 """
 
 from __future__ import annotations
@@ -13,13 +15,19 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from ..connection import Replies, StreamPage, queue_stream_page, take_stream_page
+from ..connection import (
+    Replies,
+    StreamPage,
+    queue_stream_page,
+    take_reply,
+    take_stream_page,
+)
 from ..context import JobContext
 from ..keys import Keys
 from ..validate import check_int
 from .ids import CheckpointId
 
-__all__ = ["SaveRecord", "decode_record", "save_records"]
+__all__ = ["CheckpointTotals", "SaveRecord", "decode_record", "save_records"]
 
 
 @dataclass(frozen=True)
@@ -102,3 +110,43 @@ def queue_save_records(pipe: Any, job_id: str, count: int, after: str | None = N
 def take_save_records(replies: Replies) -> StreamPage[SaveRecord]:
     """The records ``queue_save_records`` read, newest first, and the stream's length."""
     return take_stream_page(replies, _record)
+
+
+@dataclass(frozen=True)
+class CheckpointTotals:
+    """The job's checkpoint totals over its life (``keys.checkpoint_totals``); never reset.
+
+    Attributes:
+        saves: ranks' saves acked (uploaded).
+        saved_bytes: bytes those saves uploaded.
+        save_seconds: seconds those saves took, summed over ranks (counted in whole ms:
+            ``HINCRBYFLOAT`` is not in the README's worker ACL rule).
+        aborted_steps: checkpoints that became aborted.
+        aborted_saves: failed saves recorded with an abort.
+    """
+
+    saves: int = 0
+    saved_bytes: int = 0
+    save_seconds: float = 0.0
+    aborted_steps: int = 0
+    aborted_saves: int = 0
+
+
+_TOTALS = ("saves", "saved_bytes", "save_ms", "aborted_steps", "aborted_saves")
+
+
+def queue_totals(pipe: Any, job_id: str) -> None:
+    """Queue a read of the job's checkpoint totals (one ``HMGET``)."""
+    pipe.hmget(Keys(job_id).checkpoint_totals, list(_TOTALS))
+
+
+def take_totals(replies: Replies) -> CheckpointTotals:
+    """The totals ``queue_totals`` read (zeros where none was counted yet)."""
+    saves, nbytes, ms, steps, aborted = take_reply(replies)
+    return CheckpointTotals(
+        saves=int(saves or 0),
+        saved_bytes=int(nbytes or 0),
+        save_seconds=int(ms or 0) / 1000,
+        aborted_steps=int(steps or 0),
+        aborted_saves=int(aborted or 0),
+    )

@@ -252,7 +252,7 @@ def reap_call(ctx: JobContext, sent_ms: float | None = None) -> Call:
     sent = "" if sent_ms is None else int(sent_ms)
     return (
         "reap_workers",
-        [k.heartbeats, k.status, k.generation, k.events, k.reaper],
+        [k.heartbeats, k.status, k.generation, k.events, k.reaper, k.failures],
         [
             timeout_ms,
             ctx.events_cap,
@@ -439,6 +439,17 @@ def queue_generation(pipe: Any, job_id: str) -> None:
 
 def take_generation(replies: Replies) -> int:
     """The membership generation ``queue_generation`` read (0: none yet)."""
+    return int(take_reply(replies) or 0)
+
+
+def queue_failures(pipe: Any, job_id: str) -> None:
+    """Queue a read of the job's failure count (workers declared failed over its life)."""
+    pipe.get(Keys(job_id).failures)
+
+
+def take_failures(replies: Replies) -> int:
+    """The failure count ``queue_failures`` read (0: none yet); never goes back, a rejoin
+    included."""
     return int(take_reply(replies) or 0)
 
 

@@ -219,10 +219,13 @@ def create_app(
 
     @app.get("/metrics")
     def metrics() -> Response:
+        # Redis down or stalled: HTTP 200 with strata_redis_up 0, so Prometheus sees the
+        # exporter up and Redis down (an alert on strata_redis_up == 0)
+        doc: dict[str, Any] | None
         try:
             doc = reads.get(job, 0, MAX_LIMIT)
-        except (redis_py.RedisError, ReadsBusyError) as exc:
-            return _redis_error(exc)
+        except (redis_py.RedisError, ReadsBusyError):
+            doc = None
         text, content_type = render_metrics(doc)
         return Response(text, content_type=content_type)
 

@@ -1,10 +1,18 @@
 """``/metrics``: the dashboard document in Prometheus' text format (``prometheus_client``).
 
 Names follow Prometheus' conventions: a ``strata_`` prefix, base units (``_seconds``,
-``_bytes``), ``_total`` on counters only, and labels for job, status, dataset. Counters are
-exported only where Redis keeps a count that never goes back (the membership generation,
-the fencing-token counter); what comes from capped records (barrier releases, saves) is a
-gauge over the newest records read, said so in its help text.
+``_bytes``), ``_total`` on counters only, and labels for the job (``job_id``: never ``job``
+or ``instance``, Prometheus' own target labels), status, dataset. Counters are exported only
+where Redis keeps a count that never goes back for the life of the job (the membership
+generation, the fencing-token counter, the registry's failure count, the checkpoint
+totals); what comes from capped records (barrier releases) is a gauge over the newest
+records read, said so in its help text. ``strata_lease_steals_total`` is the one exception:
+the lease owner counts steals per epoch only, so it resets at a new epoch (``rate()``
+treats that as a counter reset).
+
+``strata_redis_up`` is 1 when the document was read, 0 when Redis failed or stalled: then
+the exposition holds that gauge alone, with HTTP 200, so Prometheus tells a Redis outage
+from a dashboard that is down.
 
 Label sets stay bounded: jobs are the ones the document shows (at most
 ``state.MAX_JOBS``), and workers are the live ones plus those that failed or left within
@@ -25,7 +33,7 @@ from prometheus_client.registry import Collector
 from strata_redis.coordination.lifecycle import JOB_STATES
 from strata_redis.coordination.registry import STATUSES
 
-from .state import LATENCIES_READ, RECORDS_READ
+from .state import LATENCIES_READ
 
 
 class _DocumentCollector(Collector):
@@ -39,12 +47,17 @@ class _DocumentCollector(Collector):
         jobs = doc["jobs"]
         per_job = {m["job_id"]: m for m in doc["metrics"]["jobs"]}
 
+        yield GaugeMetricFamily(
+            "strata_redis_up",
+            "1: the dashboard read Redis for this scrape; 0: Redis failed",
+            value=1,
+        )
         workers = GaugeMetricFamily(
             "strata_workers",
             "Workers by status: live ones, and those that failed or left within the "
             "dashboard's gone window; 'stale' counts live workers past the job's heartbeat "
             "timeout (not also under the status they last set)",
-            labels=["job", "status"],
+            labels=["job_id", "status"],
         )
         for job_id, m in per_job.items():
             for key in (*STATUSES, "stale"):
@@ -54,15 +67,17 @@ class _DocumentCollector(Collector):
         status = GaugeMetricFamily(
             "strata_worker_status",
             "1 for each listed worker, labelled with its status",
-            labels=["job", "worker", "status"],
+            labels=["job_id", "worker", "status"],
         )
         age = GaugeMetricFamily(
             "strata_worker_heartbeat_age_seconds",
             "Seconds since a live worker's last heartbeat, on Redis' clock",
-            labels=["job", "worker"],
+            labels=["job_id", "worker"],
         )
         gpus = GaugeMetricFamily(
-            "strata_worker_gpus", "GPUs a listed worker registered with", labels=["job", "worker"]
+            "strata_worker_gpus",
+            "GPUs a listed worker registered with",
+            labels=["job_id", "worker"],
         )
         for w in doc["workers"]:
             status.add_metric([w["job_id"], w["worker_id"], w["status"]], 1)
@@ -76,19 +91,19 @@ class _DocumentCollector(Collector):
         changes = CounterMetricFamily(
             "strata_membership_changes",
             "Membership changes (joins, leaves, failures): the job's membership generation",
-            labels=["job"],
+            labels=["job_id"],
         )
-        epoch = GaugeMetricFamily("strata_epoch", "The job's epoch", labels=["job"])
+        epoch = GaugeMetricFamily("strata_epoch", "The job's epoch", labels=["job_id"])
         state = GaugeMetricFamily(
             "strata_job_state",
             "1 for the job's lifecycle state (running, stale, ended, lost, idle), else 0",
-            labels=["job", "state"],
+            labels=["job_id", "state"],
         )
         timeout = GaugeMetricFamily(
             "strata_job_heartbeat_timeout_seconds",
             "The job's heartbeat timeout (stored with the job): live workers silent for "
             "longer are stale",
-            labels=["job"],
+            labels=["job_id"],
         )
         for j in jobs:
             changes.add_metric([j["job_id"]], j["membership_generation"])
@@ -103,27 +118,49 @@ class _DocumentCollector(Collector):
 
         grants = CounterMetricFamily(
             "strata_lease_grants", "Shard leases granted (the fencing-token counter)",
-            labels=["job"],
+            labels=["job_id"],
         )  # fmt: skip
         for job_id, m in per_job.items():
             grants.add_metric([job_id], m["lease_grants_total"])
         yield grants
 
+        failures = CounterMetricFamily(
+            "strata_worker_failures",
+            "Workers declared failed over the job's life (the registry's failure count: a "
+            "failed worker that rejoins stays counted)",
+            labels=["job_id"],
+        )
+        for job_id, m in per_job.items():
+            failures.add_metric([job_id], m["worker_failures_total"])
+        yield failures
+
         shards = GaugeMetricFamily(
             "strata_shards",
             "Shards of a dataset in the job's current epoch: done (completions), leased, todo",
-            labels=["job", "dataset", "state"],
+            labels=["job_id", "dataset", "state"],
         )
         for d in doc["datasets"]:
             for key in ("done", "leased", "todo"):
                 shards.add_metric([d["job_id"], d["name"], key], d["progress"][key])
         yield shards
 
+        ratio = GaugeMetricFamily(
+            "strata_epoch_progress_ratio",
+            "Fraction (0..1) of a dataset's shards done in the job's current epoch",
+            labels=["job_id", "dataset"],
+        )
+        for d in doc["datasets"]:
+            total = d["progress"]["total"] or d["num_shards"]
+            ratio.add_metric(
+                [d["job_id"], d["name"]], d["progress"]["done"] / total if total else 0
+            )
+        yield ratio
+
         steals = CounterMetricFamily(
             "strata_lease_steals",
             "Shard leases stolen in the job's current epoch (grants from the shared pool once "
             "the worker's own shards were gone); resets at a new epoch",
-            labels=["job", "dataset"],
+            labels=["job_id", "dataset"],
         )
         for d in doc["datasets"]:
             steals.add_metric([d["job_id"], d["name"]], d["progress"]["steals"])
@@ -131,70 +168,88 @@ class _DocumentCollector(Collector):
 
         latency = GaugeMetricFamily(
             "strata_barrier_release_latency_seconds",
-            f"Barrier release latency quantiles over the newest {LATENCIES_READ} releases",
-            labels=["job", "quantile"],
+            f"Barrier release latency percentiles (nearest rank; 100: the slowest) over the "
+            f"newest {LATENCIES_READ} releases (a gauge: 'quantile' is a summary's label)",
+            labels=["job_id", "percentile"],
         )
         releases = GaugeMetricFamily(
             "strata_barrier_releases_recorded",
             f"Barrier releases in the record read (at most {LATENCIES_READ})",
-            labels=["job"],
+            labels=["job_id"],
         )
         for job_id, m in per_job.items():
             b = m["barrier"]
             releases.add_metric([job_id], b["releases"])
-            for q, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
+            for q, key in (("50", "p50_ms"), ("99", "p99_ms"), ("100", "max_ms")):
                 if b[key] is not None:
                     latency.add_metric([job_id, q], b[key] / 1000)
         yield latency
         yield releases
 
-        window = f"over the newest {RECORDS_READ} save records"
-        saves = GaugeMetricFamily(
-            "strata_checkpoint_saves", f"Checkpoint saves by outcome, {window}",
-            labels=["job", "outcome"],
-        )  # fmt: skip
-        saved = GaugeMetricFamily(
-            "strata_checkpoint_saved_bytes", f"Bytes uploaded by checkpoint saves, {window}",
-            labels=["job"],
-        )  # fmt: skip
-        seconds = GaugeMetricFamily(
-            "strata_checkpoint_save_seconds", f"Seconds spent by checkpoint saves, {window}",
-            labels=["job"],
-        )  # fmt: skip
-        aborted = GaugeMetricFamily(
-            "strata_checkpoint_aborted_steps", f"Checkpoint steps aborted, {window}",
-            labels=["job"],
-        )  # fmt: skip
+        life = "over the job's life (the checkpoint totals: never reset)"
+        totals = {
+            "saves": CounterMetricFamily(
+                "strata_checkpoint_saves",
+                f"Ranks' checkpoint saves acked (uploaded), {life}",
+                labels=["job_id"],
+            ),
+            "saved_bytes": CounterMetricFamily(
+                "strata_checkpoint_saved_bytes",
+                f"Bytes uploaded by acked saves, {life}",
+                labels=["job_id"],
+            ),
+            "save_seconds": CounterMetricFamily(
+                "strata_checkpoint_save_seconds",
+                f"Seconds taken by acked saves, summed over ranks, {life}",
+                labels=["job_id"],
+            ),
+            "aborted_saves": CounterMetricFamily(
+                "strata_checkpoint_aborted_saves",
+                f"Failed saves that aborted a step, {life}",
+                labels=["job_id"],
+            ),
+            "aborted_steps": CounterMetricFamily(
+                "strata_checkpoint_aborted_steps",
+                f"Checkpoints that became aborted, {life}",
+                labels=["job_id"],
+            ),
+        }
+        last_commit = GaugeMetricFamily(
+            "strata_checkpoint_last_commit_timestamp_seconds",
+            "When the newest committed checkpoint's last rank acked, Unix seconds on Redis' "
+            "clock (absent: none committed)",
+            labels=["job_id"],
+        )
         last_bytes = GaugeMetricFamily(
             "strata_checkpoint_last_save_bytes", "Bytes of the newest successful save",
-            labels=["job"],
+            labels=["job_id"],
         )  # fmt: skip
         last_seconds = GaugeMetricFamily(
             "strata_checkpoint_last_save_seconds", "Seconds of the newest successful save",
-            labels=["job"],
+            labels=["job_id"],
         )  # fmt: skip
         for job_id, m in per_job.items():
+            for key, family in totals.items():
+                family.add_metric([job_id], m["checkpoint_totals"][key])
+            if m["last_commit_ms"] is not None:
+                last_commit.add_metric([job_id], m["last_commit_ms"] / 1000)
             c = m["checkpoint"]
-            saves.add_metric([job_id, "uploaded"], c["saves"])
-            saves.add_metric([job_id, "aborted"], c["aborted_saves"])
-            saved.add_metric([job_id], c["bytes"])
-            seconds.add_metric([job_id], c["seconds"])
-            aborted.add_metric([job_id], c["aborted_steps"])
             if c["last_bytes"] is not None:
                 last_bytes.add_metric([job_id], c["last_bytes"])
                 last_seconds.add_metric([job_id], c["last_seconds"])
-        yield from (saves, saved, seconds, aborted, last_bytes, last_seconds)
+        yield from totals.values()
+        yield from (last_commit, last_bytes, last_seconds)
 
         # The newest committed checkpoint is the loop's (epoch, step), in (run, epoch, step)
         # order: a relaunched job's run 1 step 0 is newer than run 0's step 200.
         latest = GaugeMetricFamily(
             "strata_checkpoint_latest_step",
-            "The loop's step of the newest committed checkpoint", labels=["job"],
+            "The loop's step of the newest committed checkpoint", labels=["job_id"],
         )  # fmt: skip
         latest_epoch = GaugeMetricFamily(
             "strata_checkpoint_latest_epoch",
             "The loop's epoch of the newest committed checkpoint (absent: saved without one)",
-            labels=["job"],
+            labels=["job_id"],
         )  # fmt: skip
         for j in jobs:
             newest = j["latest_checkpoint"]
@@ -214,8 +269,20 @@ class _DocumentCollector(Collector):
             )
 
 
-def render_metrics(doc: dict[str, Any]) -> tuple[bytes, str]:
-    """``(body, content type)`` of the Prometheus text exposition of ``doc``."""
+class _DownCollector(Collector):
+    """The exposition when Redis could not be read: ``strata_redis_up`` 0 alone."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "strata_redis_up",
+            "1: the dashboard read Redis for this scrape; 0: Redis failed",
+            value=0,
+        )
+
+
+def render_metrics(doc: dict[str, Any] | None) -> tuple[bytes, str]:
+    """``(body, content type)`` of the Prometheus text exposition of ``doc``; with ``doc``
+    None (Redis could not be read), ``strata_redis_up 0`` and nothing else."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_DocumentCollector(doc))
+    registry.register(_DocumentCollector(doc) if doc is not None else _DownCollector())
     return generate_latest(registry), CONTENT_TYPE_LATEST

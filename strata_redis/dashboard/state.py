@@ -38,6 +38,7 @@ It knows no key and no stored value format: a change of either is made in its ow
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -456,6 +457,8 @@ class _JobRead:
         self.generation = 0
         self.epoch = 0
         self.fence = 0
+        self.failures = 0
+        self.totals = records.CheckpointTotals()
         self.dataset_params: list[DatasetParams] = []
         self.events: list[tuple[str, MembershipEvent]] = []
         self.committed_steps: list[CheckpointId] = []
@@ -493,6 +496,8 @@ class _JobRead:
         index.queue_newest_steps(pipe, job, CHECKPOINTS_READ)
         records.queue_save_records(pipe, job, RECORDS_READ, self._record_tail.after)
         leases.queue_lease_grants(pipe, job)
+        registry.queue_failures(pipe, job)
+        records.queue_totals(pipe, job)
         lifecycle.queue_record(pipe, job)
         era.queue_era_state(pipe, job)
 
@@ -510,6 +515,8 @@ class _JobRead:
         saves = records.take_save_records(replies)
         self.records = self._record_tail.take(saves)
         self.fence = leases.take_lease_grants(replies)
+        self.failures = registry.take_failures(replies)
+        self.totals = records.take_totals(replies)
         self.record = lifecycle.take_record(replies)
         self.era = era.take_era_state(replies)
         self.exists = bool(
@@ -741,12 +748,23 @@ class _JobRead:
             out.append(row)
         return out
 
+    def _last_commit_ms(self) -> int | None:
+        """When the newest committed checkpoint's last rank acked (its metadata's
+        ``acked_ms``), None if none is committed or its metadata is unreadable."""
+        if not self.committed_steps:
+            return None
+        summary = self.committed.get(self.committed_steps[0])
+        return None if summary is None else int(summary["acked_ms"])
+
     def metrics(self, now_ms: int) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
             "workers": self.counts(now_ms),
             "membership_generation": self.generation,
             "lease_grants_total": self.fence,
+            "worker_failures_total": self.failures,
+            "checkpoint_totals": dataclasses.asdict(self.totals),
+            "last_commit_ms": self._last_commit_ms(),
             "shards": {
                 key: sum(p[key] for p in self.progress.values())
                 for key in ("done", "leased", "todo")
