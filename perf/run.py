@@ -1,11 +1,13 @@
 """Run every pyperf benchmark in perf/, print the side-by-side ratios, compare to a baseline.
 
-    python perf/run.py                    # full run; results in perf/results/
+    python perf/run.py                    # full run; results in perf/results/ (a scratch
+                                          # folder git ignores: no run rewrites a tracked file)
     python perf/run.py --fast             # fewer values (pyperf --fast)
     python perf/run.py --smoke            # one value each: proves every benchmark still runs
     python perf/run.py --save-baseline    # then copy the results to perf/baseline/: the
                                           # pyperf suites and the summaries (load, cost,
                                           # sharding, limits, heartbeat, epochs, curves)
+                                          # and the curves' table and charts
     python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
     python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
@@ -150,13 +152,18 @@ def main() -> int:
     return report.report(args.results, use, args.fail_on)
 
 
+#: what the baseline keeps of a run besides the summaries: the curves' table and charts
+CURVE_FILES = ("curves.md", "curve_*.png")
+
+
 def save_summaries(results: Path, baseline: Path, since: float = 0.0) -> None:
     """Copy the run's summaries (``report.BASELINE_SUMMARIES``) into the baseline folder, so
-    that ``--compare`` checks the load, cost, sharding, limits, heartbeat and curve rows too.
-    Only files written since ``since`` (this run's): a stale summary is never saved."""
+    that ``--compare`` checks the load, cost, sharding, limits, heartbeat and curve rows too,
+    with the curves' table and charts (``CURVE_FILES``). Only files written since ``since``
+    (this run's): a stale summary is never saved."""
     baseline.mkdir(exist_ok=True)
     saved = []
-    for pattern in report.BASELINE_SUMMARIES:
+    for pattern in (*report.BASELINE_SUMMARIES, *CURVE_FILES):
         for path in sorted(results.glob(pattern)):
             if path.stat().st_mtime < since:
                 continue

@@ -240,10 +240,26 @@ def test_save_baseline_keeps_the_summaries(tmp_path: Path) -> None:
     for name in ("curves", "heartbeat", "limits", "sharding"):
         (results / f"{name}.json").write_text("{}")
     (results / "bench_x.json").write_text("{}")  # pyperf suites are copied as they finish
+    (results / "curves.md").write_text("| curve |")  # the curves' table and charts go along
+    (results / "curve_lease-epoch.png").write_bytes(b"\x89PNG")
     stale = results / "load_old.json"
     stale.write_text("{}")
     os.utime(stale, (1.0, 1.0))  # from an earlier run: never saved
     run.save_summaries(results, baseline, since=1000.0)
     saved = sorted(p.name for p in baseline.iterdir())
-    assert saved == ["cost.json", "curves.json", "heartbeat.json", "limits.json",
-                     "load_peak.json", "load_raw.json", "sharding.json"]  # fmt: skip
+    assert saved == ["cost.json", "curve_lease-epoch.png", "curves.json", "curves.md",
+                     "heartbeat.json", "limits.json", "load_peak.json", "load_raw.json",
+                     "sharding.json"]  # fmt: skip
+
+
+def test_no_run_rewrites_a_tracked_file() -> None:
+    """perf/results is a run's scratch folder: git ignores all of it, and what the README
+    quotes of a run lives in perf/baseline (issue 27: a smoke run rewrote tracked curves)."""
+    root = Path(__file__).resolve().parent.parent
+    rules = [line.strip() for line in (root / ".gitignore").read_text().splitlines()]
+    assert "perf/results/" in rules
+    assert not [r for r in rules if r.startswith("!perf/results")], rules
+    readme = (root / "README.md").read_text()
+    for quoted in ("curves.md", "curve_*.png"):
+        assert f"perf/baseline/{quoted}" in readme, quoted
+    assert list((root / "perf" / "baseline").glob("curve_*.png")), "the charts the README names"
