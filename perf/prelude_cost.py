@@ -35,7 +35,6 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4000, help="calls per variant per round")
     args = parser.parse_args()
     with RedisServer() as server:
-        server.start()
         job = strata_redis.connect(server.url, "prelude-cost")
         worker = job.register_worker("w", heartbeat_interval=None)
         job.client.set(job.keys.epoch, 0)  # every anchor made: the prelude's full check runs
