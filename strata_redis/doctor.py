@@ -165,32 +165,28 @@ def _memory(client: Any) -> Check:
 Probe = tuple[str, Callable[[Any, Keys], Any]]
 
 
-def _probe_key(keys: Keys, what: str) -> str:
-    return keys.doctor_probe(what)
-
-
 def _write_probe(client: Any, keys: Keys) -> Any:
-    return client.set(_probe_key(keys, "string"), 1, px=1)
+    return client.set(keys.doctor_probe("string"), 1, px=1)
 
 
 def _hash_probe(client: Any, keys: Keys) -> Any:
-    client.hset(_probe_key(keys, "hash"), "x", 1)
-    return client.delete(_probe_key(keys, "hash"))
+    client.hset(keys.doctor_probe("hash"), "x", 1)
+    return client.delete(keys.doctor_probe("hash"))
 
 
 def _script_probe(client: Any, keys: Keys) -> Any:
     sha = client.script_load("return redis.call('EXISTS', KEYS[1])")
-    return client.evalsha(sha, 1, _probe_key(keys, "script"))
+    return client.evalsha(sha, 1, keys.doctor_probe("script"))
 
 
 def _transaction_probe(client: Any, keys: Keys) -> Any:
     with client.pipeline(transaction=True) as pipe:
-        pipe.exists(_probe_key(keys, "transaction"))
+        pipe.exists(keys.doctor_probe("transaction"))
         return pipe.execute()
 
 
 def _pop_probe(client: Any, keys: Keys) -> Any:
-    return client.blpop([_probe_key(keys, "list")], timeout=0.01)
+    return client.blpop([keys.doctor_probe("list")], timeout=0.01)
 
 
 def _read_probe(client: Any, keys: Keys) -> Any:

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redis
 
 import strata_redis
 from strata_redis.checkpoint.ids import CheckpointId
@@ -102,7 +101,7 @@ def _shard_samples(params: DatasetParams, epoch: int, shard: int) -> set[int]:
 
 
 def test_a_rank_relaunched_mid_epoch_under_its_id_commits_its_next_save(
-    redis_url: str, raw: redis.Redis, tmp_path: Path
+    redis_url: str, tmp_path: Path
 ) -> None:
     params = strata_redis.ShardManager(redis_url, job_id=JOB).register_dataset_params(
         DATASET, 6000, 100, True, 7
