@@ -214,7 +214,9 @@ def test_document_matches_the_library_and_the_schema(scenario: Scenario, redis_u
     assert (c["saves"], c["aborted_saves"], c["aborted_steps"]) == (2, 1, 1)
     assert c["bytes"] == sum(r.nbytes for r in records if r.outcome == "uploaded")
     newest = max((r for r in records if r.outcome == "uploaded"), key=lambda r: r.at_ms)
+    # the newest checkpoint's (here of one rank each): its row's figures
     assert (c["last_step"], c["last_bytes"]) == (newest.step, newest.nbytes)
+    assert (c["last_mb_s"], c["last_seconds"]) == (steps[200]["mb_s"], steps[200]["seconds"])
 
     # the all-jobs view holds the same job
     everything = api(client)
