@@ -22,6 +22,7 @@ from .connection import describe, make_client, redact
 from .coordination import epochs, lifecycle
 from .coordination.lifecycle import JobState
 from .coordination.registry import list_jobs
+from .dashboard.serving import PortError
 from .dashboard.text import plain
 from .demo import run_demo
 from .job import Job
@@ -287,12 +288,33 @@ def _dashboard(args: argparse.Namespace) -> int:
         args.redis_url, job=args.job, token=token, heartbeat_timeout=args.heartbeat_timeout
     )
     where = redact(args.redis_url) if args.redis_url else "$STRATA_REDIS_URL or localhost"
+    _warn_if_unreachable(app.config["STRATA_STATE"].client)
 
     def ready(url: str) -> None:
         print(f"strata dashboard: serving {url} (reading {where}; Ctrl-C stops)", flush=True)
 
     serve(app, args.host, args.port, threads=args.threads, ready=ready)
     return 0
+
+
+def _warn_if_unreachable(client: redis.Redis) -> None:
+    """One warning on stderr when Redis does not answer at start; the dashboard serves
+    anyway (its page shows a banner until Redis answers)."""
+    try:
+        client.ping()
+    except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+        problem = f"refuses the credentials ({_text(exc)})"
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        problem = f"is unreachable ({_text(exc)})"
+    except redis.RedisError:
+        return  # it answers: what it refused the page will say
+    else:
+        return
+    print(
+        f"strata dashboard: warning: Redis at {describe(client)} {problem}; serving anyway: "
+        "the page shows a banner until Redis answers",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
 
 
 def _int_in(low: int, high: int) -> Callable[[str], int]:
@@ -571,6 +593,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"{where} refused a command: {_text(exc)}", 1)
     except redis.RedisError as exc:
         return _fail(f"Redis error from {where}: {_text(exc)}", 1)
+    except PortError as exc:  # `strata dashboard` on a busy port: which one, and the way out
+        way_out = "; pick another with --port N, or --port 0 for a free one" if exc.in_use else ""
+        return _fail(f"cannot serve the dashboard: {exc}{way_out}", 2)
     except RedisClusterException as exc:  # (not a RedisError: e.g. a plain server)
         return _fail(f"cannot use {where} as a Redis Cluster: {_text(exc)}", 2)
     except (ValueError, TypeError, OSError, LookupError) as exc:  # LookupError: unknown job

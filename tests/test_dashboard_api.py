@@ -24,6 +24,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 import strata_redis
+from strata_redis.checkpoint.records import decode_record
 from strata_redis.coordination.registry import queue_events, take_events
 from strata_redis.dashboard import DashboardState, create_app
 from strata_redis.dashboard.app import COOKIE, schema_text
@@ -213,7 +214,9 @@ def test_document_matches_the_library_and_the_schema(scenario: Scenario, redis_u
     assert (c["saves"], c["aborted_saves"], c["aborted_steps"]) == (2, 1, 1)
     assert c["bytes"] == sum(r.nbytes for r in records if r.outcome == "uploaded")
     newest = max((r for r in records if r.outcome == "uploaded"), key=lambda r: r.at_ms)
+    # the newest checkpoint's (here of one rank each): its row's figures
     assert (c["last_step"], c["last_bytes"]) == (newest.step, newest.nbytes)
+    assert (c["last_mb_s"], c["last_seconds"]) == (steps[200]["mb_s"], steps[200]["seconds"])
 
     # the all-jobs view holds the same job
     everything = api(client)
@@ -318,11 +321,26 @@ def test_redis_down_is_503_without_credentials(redis_factory: Callable[..., Redi
     strata_redis.connect(server.url, JOB).register_worker("w", heartbeat_interval=None)
     up = plain.get("/metrics").get_data(as_text=True)
     assert "strata_redis_up 1.0" in up and f'strata_workers{{job_id="{JOB}"' in up
+    read_ms = api(plain)["time_ms"]
     server.stop()
     reply = client.get("/api/dashboard")
     assert reply.status_code == 503
     text = reply.get_data(as_text=True)
     assert f"127.0.0.1:{server.port}" in text and "pa55word" not in text
+    # what the page's banner says: where (no credentials), since when, numbers from when
+    body = reply.get_json()
+    assert body["redis"] == f"redis://127.0.0.1:{server.port}/0"
+    assert body["last_read_ms"] is None  # this app never read
+    since = body["redis_down_since_ms"]
+    assert abs(since / 1000 - time.time()) < 60
+    time.sleep(0.01)
+    again = plain.get("/api/dashboard").get_json()
+    assert again["last_read_ms"] == read_ms and again["redis_down_since_ms"] >= since
+    assert (
+        plain.get("/api/dashboard").get_json()["redis_down_since_ms"]
+        == again["redis_down_since_ms"]
+    )  # since the first failure, not the latest
+    assert "Connection refused.." not in again["error"]
     for c in (client, plain):
         reply = c.get("/metrics")
         assert reply.status_code == 200 and reply.mimetype == "text/plain"
@@ -429,6 +447,76 @@ def test_failures_count_survives_a_rejoin(redis_url: str, job: strata_redis.Job)
         job.register_worker("w", heartbeat_interval=None)  # rejoins: no longer failed
         assert {w.worker_id: w.status for w in job.workers()}["w"] == "idle"
         assert failures() == n
+
+
+def test_failed_in_the_window_counts_a_rejoined_worker(
+    redis_url: str, job: strata_redis.Job
+) -> None:
+    """The FAILED tile's count: fail events of the membership stream in the window. A worker
+    declared failed that rejoined since still counts; one failed before the window no more."""
+    client = create_app(redis_url, gone_window=3.0, min_interval=0).test_client()
+    job.register_worker("w", heartbeat_interval=None)
+    assert api(client)["metrics"]["jobs"][0]["recent"]["failed"] == 0
+    wait_for(lambda: job.reap() == ["w"], 10)
+    failed_at = time.monotonic()
+    job.register_worker("w", heartbeat_interval=None)  # rejoins: idle, not failed, now
+    (m,) = api(client)["metrics"]["jobs"]
+    assert m["recent"] == {"window_s": 3.0, "failed": 1, "left": 0, "complete": True}
+    assert m["workers"]["failed"] == 0 and m["workers"]["idle"] == 1
+    time.sleep(max(0.0, failed_at + 3.2 - time.monotonic()))  # the failure leaves the window
+    assert api(client)["metrics"]["jobs"][0]["recent"]["failed"] == 0
+    assert api(client)["metrics"]["jobs"][0]["worker_failures_total"] == 1  # for life
+
+
+def test_one_mb_s_for_a_checkpoint_in_tile_table_and_metrics(
+    redis_url: str, job: strata_redis.Job, tmp_path: Path
+) -> None:
+    """A checkpoint's MB/s is all ranks' bytes over the slowest rank's seconds, the same
+    figure in the table row, the tile's field and /metrics (bytes over seconds)."""
+    managers = [
+        strata_redis.CheckpointManager(
+            tmp_path / "ckpt", redis=job, worker_id=f"w-{rank}", rank=rank, world_size=2
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        for step in (10, 20):
+            saves = [m.save(os.urandom(size), step=step, epoch=1)
+                     for m, size in zip(managers, (3_000_000, 500_000), strict=True)]  # fmt: skip
+            for f in saves:
+                f.result()
+    finally:
+        for m in managers:
+            m.close()
+    ranks = [decode_record(f) for _, f in job.client.xrange(job.keys.checkpoint_records)]
+    newest = [r for r in ranks if r.step == 20]
+    assert len(newest) == 2
+    expected = sum(r.nbytes for r in newest) / 1e6 / max(r.seconds for r in newest)
+
+    client = create_app(redis_url, min_interval=60).test_client()
+    doc = api(client)
+    row = next(c for c in doc["checkpoints"] if c["step"] == 20)
+    (m,) = doc["metrics"]["jobs"]
+    tile = m["checkpoint"]
+    assert (tile["last_step"], tile["last_epoch"]) == (20, 1)
+    assert tile["last_mb_s"] == row["mb_s"] == round(expected, 3)
+    assert all(r.mb_s != pytest.approx(tile["last_mb_s"], rel=1e-3) for r in newest)  # not a part
+    assert tile["last_bytes"] == row["bytes"] == 3_500_000 and row["ranks_saved"] == 2
+    assert tile["last_seconds"] == row["seconds"] == round(max(r.seconds for r in newest), 6)
+    # the chart: per checkpoint too (the two steps are in one bucket or in two)
+    rows = [c["mb_s"] for c in doc["checkpoints"]]
+    assert [p[1] for p in tile["series"]] in ([round(sum(rows) / 2, 3)], rows[::-1])
+    families = {f.name: f for f in text_string_to_metric_families(
+        client.get("/metrics").get_data(as_text=True))}  # fmt: skip
+    (nbytes,) = families["strata_checkpoint_last_save_bytes"].samples
+    (seconds,) = families["strata_checkpoint_last_save_seconds"].samples
+    assert nbytes.value / 1e6 / seconds.value == pytest.approx(tile["last_mb_s"], rel=1e-3)
+    assert (
+        "the slowest rank's save seconds"
+        in families["strata_checkpoint_last_save_bytes"].documentation
+    )
+    page = client.get("/").get_data(as_text=True)
+    assert "MB/s = all ranks&#39; bytes ÷ the slowest rank&#39;s save seconds" in page
 
 
 def test_gone_workers_drop_out_after_the_window(redis_url: str, job: strata_redis.Job) -> None:

@@ -1,19 +1,18 @@
 """The dashboard page in a real headless Chromium, served by ``strata dashboard``, over real
-worker processes: it loads clean, a SIGKILLed worker turns failed without a reload, charts
-draw, and a page that lost its server says so.
+worker processes: it loads clean, a SIGKILLed worker turns failed without a reload and is
+counted on the failures tile of its window, charts draw, the checkpoint tile and table give
+one MB/s under its definition, and a page whose Redis or server is gone says so.
 
-Run with ``STRATA_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to refresh the README's picture.
+The README's picture is made from the demo instead: ``scripts/screenshot.sh``.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 
 import strata_redis
 from strata_redis.checkpoint.ids import CheckpointId
+from strata_redis.server import RedisServer
 
 from .browser import chromium, full_page_screenshot
 from .procs import kill9, spawn, wait_for
@@ -52,6 +52,17 @@ def _trainer(url: str, worker_id: str, rank: int, checkpoints: str) -> None:
         lease.complete()
     worker.set_status("idle")
     time.sleep(300)
+
+
+@pytest.fixture
+def redis_own(redis_factory: Callable[..., RedisServer]) -> RedisServer:
+    """A redis-server of this test's own: the test stops it."""
+    return redis_factory()
+
+
+@pytest.fixture
+def redis_url(redis_own: RedisServer) -> str:
+    return redis_own.url
 
 
 @pytest.fixture
@@ -125,6 +136,7 @@ def _chart_report(driver: Any) -> dict[str, Any]:
 def test_the_page_live_in_a_real_browser(
     cluster: dict[str, Any],
     dashboard: tuple[subprocess.Popen[str], str],
+    redis_own: RedisServer,
     tmp_path: Path,
 ) -> None:
     from selenium.webdriver.common.by import By
@@ -176,18 +188,84 @@ def test_the_page_live_in_a_real_browser(
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors
 
+        # The failures tile counts the window's fail events and names the window.
+        tile = _tile(driver, "tile-failed")
+        assert tile["label"] == "failed, last 10 min" and tile["value"] == "1", tile
+        assert "a worker that rejoined since still counts" in tile["title"]
+
+        # One MB/s: the checkpoint tile's figure is its step's row's, under its definition.
+        definition = "MB/s = all ranks' bytes ÷ the slowest rank's save seconds"
+        mb_s = _mb_s_shown(driver)
+        assert mb_s["tile_step"] == "step 200" and mb_s["row"] == mb_s["tile"], mb_s
+        assert re.fullmatch(r"\d+\.\d", mb_s["tile"]), mb_s
+        assert mb_s["title"] == definition and mb_s["caption"] == definition, mb_s
+
         shot = full_page_screenshot(driver, tmp_path / "dashboard.png")
         assert shot.stat().st_size > 20_000
-        if os.environ.get("STRATA_DASHBOARD_SCREENSHOT"):
-            shutil.copy(shot, os.environ["STRATA_DASHBOARD_SCREENSHOT"])
+
+        # Redis goes away: the banner names it (no password), since when, and from when the
+        # numbers below are; the numbers grey out.
+        shown_from = int(driver.execute_script("return window.strataDashboard.doc.time_ms"))
+        redis_own.stop()
+        wait_for(lambda: driver.find_element(By.ID, "conn").get_attribute("data-state") == "lost",
+                 15)  # fmt: skip
+        banner = driver.find_element(By.ID, "error-text").text
+        hhmmss = r"\d{1,2}:\d\d:\d\d"
+        assert re.fullmatch(
+            rf"Redis at {re.escape(redis_own.url)} unreachable since {hhmmss}; numbers below "
+            rf"are from {hhmmss}", banner,
+        ), banner  # fmt: skip
+        assert banner.endswith(_clock(driver, shown_from)), banner
+        assert "Redis unreachable" in driver.find_element(By.ID, "conn-text").text
+        assert "stale" in (driver.find_element(By.TAG_NAME, "body").get_attribute("class") or "")
 
         # The server goes away: the page says so instead of showing stale numbers as live.
         server.terminate()
         server.wait(20)
-        wait_for(lambda: driver.find_element(By.ID, "conn").get_attribute("data-state") == "lost",
-                 15)  # fmt: skip
-        assert "lost the server" in driver.find_element(By.ID, "conn-text").text
-        assert "not live" in driver.find_element(By.ID, "error").text
+        wait_for(lambda: "lost the server" in driver.find_element(By.ID, "conn-text").text, 15)
+        banner = driver.find_element(By.ID, "error-text").text
+        assert re.fullmatch(
+            rf"Dashboard server unreachable since {hhmmss}; numbers below are from {hhmmss}, "
+            "not live", banner,
+        ), banner  # fmt: skip
         assert "stale" in (driver.find_element(By.TAG_NAME, "body").get_attribute("class") or "")
     finally:
         driver.quit()
+
+
+def _tile(driver: Any, tile_id: str) -> dict[str, str]:
+    """A tile's label, value (without its unit) and tooltip, read in one script."""
+    return dict(
+        driver.execute_script(
+            "const t = document.getElementById(arguments[0]);"
+            "return {label: t.querySelector('.label').textContent,"
+            " value: t.querySelector('.value').firstChild.textContent,"
+            " sub: t.querySelector('.sub').textContent, title: t.title};",
+            tile_id,
+        )
+    )
+
+
+def _mb_s_shown(driver: Any) -> dict[str, str]:
+    """The checkpoint tile's MB/s and step, and the MB/s of that step's table row, read in
+    one script (so from one document)."""
+    return dict(
+        driver.execute_script("""
+        const t = document.getElementById("tile-checkpoint");
+        const step = t.querySelector(".sub").textContent.split(" · ")[0];
+        const row = document.querySelector(
+          `#checkpoints tr[data-step="${step.replace("step ", "")}"] td.mb-s`);
+        return {tile: t.querySelector(".value").firstChild.textContent, tile_step: step,
+                row: row ? row.textContent : null, title: t.title,
+                caption: document.getElementById("mb-s-caption").textContent};
+        """)
+    )
+
+
+def _clock(driver: Any, ms: int) -> str:
+    """``ms`` as the page writes a time of day."""
+    return str(
+        driver.execute_script(
+            "return new Date(arguments[0]).toLocaleTimeString([], { hour12: false });", ms
+        )
+    )

@@ -102,7 +102,8 @@ def test_status_shows_the_pages_views(busy_job: strata_redis.Job, redis_url: str
     text = out.stdout
     lines = text.splitlines()
     assert "membership generation 3, 1 live of 2 workers; epoch 0" in lines[0]
-    assert "1 training, 0 checkpointing, 0 idle, 0 failed and 1 left" in text
+    assert "1 training, 0 checkpointing, 0 idle; 0 failed and 1 left in the last 10 min" in text
+    assert "(MB/s = all ranks' bytes ÷ the slowest rank's save seconds)" in text
     assert re.search(r"barrier release latency: p50 [\d.]+ ms, p99 [\d.]+ ms", text), text
     dataset = next(line for line in lines if line.startswith("images"))
     assert dataset.split()[1:6] == ["0", "25", "0", "75", "100"] and "25.0%" in dataset
@@ -111,6 +112,33 @@ def test_status_shows_the_pages_views(busy_job: strata_redis.Job, redis_url: str
     row = next(line for line in lines if line.startswith("worker-01"))
     assert row.split()[:2] == ["worker-01", "training"] and "10.0.0.5:29500" in row
     assert next(line for line in lines if line.startswith("worker-02")).split()[1] == "left"
+
+
+def test_status_counts_a_failure_of_the_window_after_a_rejoin(
+    job: strata_redis.Job, redis_url: str
+) -> None:
+    """A worker declared failed that registered again since is no longer failed now, but
+    its failure lies in the window: `strata status` and the API count it, as the event feed
+    beside them lists it."""
+    job.register_worker("w-back", heartbeat_interval=None)
+    wait_for(lambda: job.reap() == ["w-back"], 10)
+    job.register_worker("w-back", heartbeat_interval=None)  # rejoins: idle now
+    assert {w.worker_id: w.status for w in job.workers()}["w-back"] == "idle"
+    out = strata("status", "--redis-url", redis_url, "--job", job.job_id)
+    assert out.returncode == 0, out.stderr
+    assert "0 training, 0 checkpointing, 1 idle; 1 failed and 0 left in the last 10 min" in (
+        " ".join(out.stdout.split())
+    ), out.stdout
+    doc = json.loads(strata("status", "--redis-url", redis_url, "--job", job.job_id,
+                            "--json").stdout)  # fmt: skip
+    (m,) = doc["metrics"]["jobs"]
+    assert m["recent"] == {"window_s": 600.0, "failed": 1, "left": 0, "complete": True}
+    assert m["workers"]["failed"] == 0  # by status now: the count the tile used to show
+    assert [(e["type"], e["worker_id"]) for e in doc["events"]][-3:] == [
+        ("join", "w-back"),
+        ("fail", "w-back"),
+        ("join", "w-back"),
+    ]
 
 
 def test_status_json_is_the_api_document(busy_job: strata_redis.Job, redis_url: str) -> None:
@@ -304,11 +332,53 @@ def test_dashboard_refuses_an_open_address_without_a_token(redis_url: str) -> No
     assert "reachable from other machines: set a token" in out.stderr
 
 
-def _serve(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+def test_dashboard_warns_once_when_redis_is_unreachable_at_start_and_serves() -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    url = f"redis://user:pa55word@127.0.0.1:{dead}/0"
+    seen: list[str] = []
+    proc, page = _serve("dashboard", "--redis-url", url, "--port", "0", seen=seen)
+    try:
+        warnings = [line for line in seen if "warning" in line]
+        assert warnings == [
+            f"strata dashboard: warning: Redis at redis://127.0.0.1:{dead}/0 is unreachable "
+            f"(Error 111 connecting to 127.0.0.1:{dead}. Connection refused.); serving anyway: "
+            "the page shows a banner until Redis answers\n"
+        ], seen
+        assert _get(page + "healthz") == (200, b"ok\n")
+        status, body = _get(page + "api/dashboard")
+        assert status == 503
+        reply = json.loads(body)
+        assert reply["redis"] == f"redis://127.0.0.1:{dead}/0" and reply["last_read_ms"] is None
+        assert abs(reply["redis_down_since_ms"] / 1000 - time.time()) < 60
+    finally:
+        rest = stop(proc)
+    assert "pa55word" not in "".join(seen) + rest and "Traceback" not in rest
+    assert sum("warning" in line for line in [*seen, *rest.splitlines()]) == 1
+
+
+def test_dashboard_on_a_busy_port_names_it_and_suggests_port_0(redis_url: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        out = strata("dashboard", "--redis-url", redis_url, "--port", str(port))
+    assert out.returncode == 2, out
+    assert out.stderr == (
+        f"strata: cannot serve the dashboard: 127.0.0.1:{port} is already in use; pick another "
+        "with --port N, or --port 0 for a free one\n"
+    )
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def _serve(
+    *args: str, env: dict[str, str] | None = None, seen: list[str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
     proc = popen(*args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
-    seen = []
+    seen = [] if seen is None else seen
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         seen.append(line)

@@ -3,14 +3,15 @@
 An entry's fields (``keys.checkpoint_records``; written by ``ack_checkpoint.lua`` and
 ``abort_checkpoint.lua``): ``step``, ``epoch`` (empty when none), ``run`` — the checkpoint's
 numbers as the loop gave them — and ``rank``, ``worker``, ``bytes``, ``seconds``, ``mb_s``,
-``outcome`` (``uploaded`` or ``aborted``), ``at_ms``. ``decode_record`` is the one parser.
+``outcome`` (``uploaded`` or ``aborted``), ``at_ms``. ``decode_record`` is the one parser,
+and ``checkpoint_throughput`` the one definition of a checkpoint's MB/s.
 The same scripts count the job's checkpoint totals (``keys.checkpoint_totals``), which the
 capped stream cannot give: ``take_totals`` reads them (``/metrics``' counters).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -27,7 +28,15 @@ from ..keys import Keys
 from ..validate import check_int
 from .ids import CheckpointId
 
-__all__ = ["CheckpointTotals", "SaveRecord", "decode_record", "save_records"]
+__all__ = [
+    "MB_S_DEFINITION",
+    "CheckpointThroughput",
+    "CheckpointTotals",
+    "SaveRecord",
+    "checkpoint_throughput",
+    "decode_record",
+    "save_records",
+]
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,51 @@ def save_records(ctx: JobContext, count: int = 100) -> list[SaveRecord]:
     count = check_int("count", count, low=1, high=100_000)
     entries = ctx.client.xrevrange(ctx.keys.checkpoint_records, count=count)
     return [decode_record(f) for _id, f in reversed(entries)]
+
+
+#: a checkpoint's MB/s in words, as pages and help texts say it
+MB_S_DEFINITION = "all ranks' bytes ÷ the slowest rank's save seconds"
+
+
+@dataclass(frozen=True)
+class CheckpointThroughput:
+    """How fast one checkpoint was saved: the one definition of a checkpoint's MB/s.
+
+    MB/s is every rank's uploaded bytes over the slowest rank's seconds (from taking its
+    snapshot to the end of its upload). The ranks save in parallel, so the checkpoint is in
+    storage when its slowest rank is done; each rank times itself on its own clock, so no
+    two machines' clocks are compared; and the figure is what the table beside it shows
+    (size ÷ seconds). A rank's own ``SaveRecord.mb_s`` is its part only.
+
+    Attributes:
+        ranks: ranks whose upload is recorded (``uploaded``).
+        nbytes: the bytes they uploaded.
+        seconds: the slowest of them, seconds (0.0 when none).
+        mb_s: ``nbytes`` / ``seconds`` in MB (10^6 bytes) per second; None when no rank
+            uploaded (or took no measurable time).
+        at_ms: when the newest of them was recorded, ms on Redis' clock (None: none).
+    """
+
+    ranks: int
+    nbytes: int
+    seconds: float
+    mb_s: float | None
+    at_ms: int | None
+
+
+def checkpoint_throughput(saves: Iterable[SaveRecord]) -> CheckpointThroughput:
+    """The throughput of one checkpoint from its save records (see ``CheckpointThroughput``);
+    records of other outcomes than ``uploaded`` are left out."""
+    uploaded = [r for r in saves if r.outcome == "uploaded"]
+    nbytes = sum(r.nbytes for r in uploaded)
+    seconds = max((r.seconds for r in uploaded), default=0.0)
+    return CheckpointThroughput(
+        ranks=len(uploaded),
+        nbytes=nbytes,
+        seconds=seconds,
+        mb_s=nbytes / 1e6 / seconds if seconds > 0 else None,
+        at_ms=max((r.at_ms for r in uploaded), default=None),
+    )
 
 
 # -- batched reads (connection.py: the queue/take convention) ---------------------------------

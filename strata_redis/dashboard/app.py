@@ -20,6 +20,7 @@ import redis as redis_py
 from flask import Flask, Response, redirect, render_template, request
 
 import strata_redis
+from strata_redis.checkpoint.records import MB_S_DEFINITION
 from strata_redis.connection import make_client
 
 from .metrics import render_metrics
@@ -55,21 +56,35 @@ class _SharedReads:
         self.state = state
         self.min_interval = min_interval
         self.limit: int | None = None
+        #: Unix ms (this server's clock) of the first failed read since the last good one
+        self.down_since_ms: int | None = None
+        #: ``time_ms`` (Redis' clock) of the newest document read, None before the first
+        self.last_read_ms: int | None = None
         self._busy = 0
         self._lock = threading.Lock()
         self._locks: dict[tuple[Any, ...], threading.Lock] = {}
         self._docs: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
 
     def get(self, job: str | None, offset: int, limit: int) -> dict[str, Any]:
-        with self._lock:
-            if self.limit is not None and self._busy >= self.limit:
-                raise ReadsBusyError(f"{self._busy} requests already wait on Redis")
-            self._busy += 1
         try:
-            return self._get(job, offset, limit)
-        finally:
             with self._lock:
-                self._busy -= 1
+                if self.limit is not None and self._busy >= self.limit:
+                    raise ReadsBusyError(f"{self._busy} requests already wait on Redis")
+                self._busy += 1
+            try:
+                doc = self._get(job, offset, limit)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+        except (redis_py.RedisError, ReadsBusyError):
+            with self._lock:
+                if self.down_since_ms is None:
+                    self.down_since_ms = int(time.time() * 1000)
+            raise
+        with self._lock:
+            self.down_since_ms = None
+            self.last_read_ms = max(self.last_read_ms or 0, int(doc["time_ms"]))
+        return doc
 
     def _get(self, job: str | None, offset: int, limit: int) -> dict[str, Any]:
         key = (job, offset, limit)
@@ -179,7 +194,7 @@ def create_app(
         return render_template(
             "index.html", job=job_id, redis=state.redis_description,
             poll_ms=int(poll_interval * 1000), fixed_job=job is not None,
-            version=strata_redis.__version__,
+            version=strata_redis.__version__, mb_s_definition=MB_S_DEFINITION,
         )  # fmt: skip
 
     @app.get("/")
@@ -234,13 +249,21 @@ def create_app(
         return Response("ok\n", mimetype="text/plain")
 
     def _redis_error(exc: redis_py.RedisError | ReadsBusyError) -> Response:
+        # what the page's banner needs: where (no credentials), since when, and the time of
+        # the newest numbers this server read
+        where = {
+            "redis": state.redis_description,
+            "redis_down_since_ms": reads.down_since_ms,
+            "last_read_ms": reads.last_read_ms,
+        }
         if isinstance(exc, ReadsBusyError):
             response = _error(503, f"Redis at {state.redis_description} is slow to answer: "
-                                   f"{exc}; try again")  # fmt: skip
+                                   f"{exc}; try again", **where)  # fmt: skip
             response.headers["Retry-After"] = "1"
             return response
+        detail = " ".join(str(exc).split()).rstrip(".")
         return _error(503, f"Redis at {state.redis_description} failed: "
-                           f"{type(exc).__name__}: {exc}")  # fmt: skip
+                           f"{type(exc).__name__}: {detail}", **where)  # fmt: skip
 
     return app
 
@@ -258,14 +281,14 @@ def _int_arg(name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-def _error(status: int, message: str) -> Response:
+def _error(status: int, message: str, **extra: Any) -> Response:
     if (
         status == 404
         and request.accept_mimetypes.accept_html
         and not request.path.startswith("/api/")
     ):
         return Response(f"{message}\n", status=status, mimetype="text/plain")
-    body = orjson.dumps({"error": message, "status": status})
+    body = orjson.dumps({"error": message, "status": status, **extra})
     return Response(body, status=status, mimetype="application/json")
 
 

@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from strata_redis.checkpoint.records import MB_S_DEFINITION
 from strata_redis.coordination.lifecycle import JOB_STATES
 from strata_redis.coordination.registry import STATUSES
 
@@ -221,13 +222,17 @@ class _DocumentCollector(Collector):
             labels=["job_id"],
         )
         last_bytes = GaugeMetricFamily(
-            "strata_checkpoint_last_save_bytes", "Bytes of the newest successful save",
+            "strata_checkpoint_last_save_bytes",
+            "Bytes of the newest checkpoint saved, all its ranks' uploads (the page's MB/s is "
+            f"this over strata_checkpoint_last_save_seconds: {MB_S_DEFINITION})",
             labels=["job_id"],
-        )  # fmt: skip
+        )
         last_seconds = GaugeMetricFamily(
-            "strata_checkpoint_last_save_seconds", "Seconds of the newest successful save",
+            "strata_checkpoint_last_save_seconds",
+            "Seconds of the newest checkpoint saved: its slowest rank's, from snapshot to the "
+            "end of its upload",
             labels=["job_id"],
-        )  # fmt: skip
+        )
         for job_id, m in per_job.items():
             for key, family in totals.items():
                 family.add_metric([job_id], m["checkpoint_totals"][key])

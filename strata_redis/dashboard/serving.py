@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+
+class PortError(OSError):
+    """The dashboard cannot listen on ``host:port`` (in use, or not allowed).
+
+    Attributes:
+        host, port: where it tried to listen.
+        in_use: the address is already in use (by another server).
+    """
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        self.host = host
+        self.port = port
+        self.in_use = cause.errno == errno.EADDRINUSE
+        shown = f"[{host}]" if ":" in host else host
+        why = "is already in use" if self.in_use else f"cannot be used: {cause.strerror or cause}"
+        super().__init__(cause.errno, f"{shown}:{port} {why}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -30,6 +51,9 @@ def serve(
             them wait on Redis at once (more requests get 503 at once), so ``/healthz``
             answers during a Redis stall.
         ready: called with the URL once the socket listens (default: print it).
+
+    Raises:
+        PortError: ``host:port`` is in use or cannot be bound (named in the message).
     """
     from waitress import create_server
 
@@ -37,10 +61,13 @@ def serve(
     if reads is not None:  # keep a thread free of Redis: /healthz never waits behind a stall
         reads.limit = max(1, threads - 1)
 
-    server: Any = create_server(
-        app, host=host, port=port, threads=threads, ident="strata-dashboard",
-        clear_untrusted_proxy_headers=True,
-    )  # fmt: skip
+    try:
+        server: Any = create_server(
+            app, host=host, port=port, threads=threads, ident="strata-dashboard",
+            clear_untrusted_proxy_headers=True,
+        )  # fmt: skip
+    except OSError as exc:  # a busy or forbidden port: say which one
+        raise PortError(host, port, exc) from exc
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     shown = f"[{host}]" if ":" in host else host

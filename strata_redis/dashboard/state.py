@@ -452,6 +452,7 @@ class _JobRead:
             job_id, "barrier_latency", LATENCIES_READ
         )
         self._record_tail: StreamTail[SaveRecord] = state.tail(job_id, "records", RECORDS_READ)
+        self.window_s = state.gone_window
         self.beats: dict[str, float] = {}
         self.registered = 0
         self.generation = 0
@@ -719,14 +720,12 @@ class _JobRead:
         for step in steps:
             rows = saves.get(step, [])
             uploaded = [r for r in rows if r.outcome == "uploaded"]
-            nbytes = sum(r.nbytes for r in uploaded)
-            seconds = max((r.seconds for r in uploaded), default=0.0)
+            rate = _throughput(uploaded)
             row: dict[str, Any] = {
                 "job_id": self.job_id, "step": step.step, "state": "unknown",
                 "epoch": step.epoch, "run": step.run, "label": step.label,
-                "world_size": None, "ranks_saved": len(uploaded), "bytes": nbytes,
-                "files": None, "workers": {}, "seconds": round(seconds, 6) if uploaded else None,
-                "mb_s": round(nbytes / 1e6 / seconds, 3) if seconds > 0 else None,
+                "world_size": None, "ranks_saved": rate["ranks"], "bytes": rate["bytes"],
+                "files": None, "workers": {}, "seconds": rate["seconds"], "mb_s": rate["mb_s"],
                 "at_ms": max((r.at_ms for r in rows), default=None),
                 "culprit": None, "reason": None,
             }  # fmt: skip
@@ -756,6 +755,22 @@ class _JobRead:
         summary = self.committed.get(self.committed_steps[0])
         return None if summary is None else int(summary["acked_ms"])
 
+    def recent(self, now_ms: int) -> dict[str, Any]:
+        """Failures and leaves in the window (the dashboard's ``gone_window``), counted from
+        the membership events whose time lies in it: a worker declared failed that has
+        rejoined since still counts. ``complete`` is false when the events read (the newest
+        ``EVENTS_READ``) may not reach back to the window's start: the counts are then at
+        least these."""
+        since = now_ms - int(self.window_s * 1000)
+        kinds = Counter(e.type for _, e in self.events if e.ms >= since)
+        full = len(self.events) >= EVENTS_READ
+        return {
+            "window_s": self.window_s,
+            "failed": kinds["fail"],
+            "left": kinds["leave"],
+            "complete": not (full and self.events[-1][1].ms >= since),
+        }
+
     def metrics(self, now_ms: int) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
@@ -763,6 +778,7 @@ class _JobRead:
             "membership_generation": self.generation,
             "lease_grants_total": self.fence,
             "worker_failures_total": self.failures,
+            "recent": self.recent(now_ms),
             "checkpoint_totals": dataclasses.asdict(self.totals),
             "last_commit_ms": self._last_commit_ms(),
             "shards": {
@@ -849,6 +865,20 @@ def _barrier_metrics(entries: list[tuple[str, BarrierLatency]]) -> dict[str, Any
     }
 
 
+def _throughput(uploaded: Iterable[SaveRecord]) -> dict[str, Any]:
+    """One checkpoint's ranks, bytes, seconds and MB/s as the document shows them: the one
+    definition (``records.checkpoint_throughput``), rounded once here, so the tile, the
+    table, ``strata status`` and ``/metrics`` show the same number for the same step."""
+    t = records.checkpoint_throughput(uploaded)
+    return {
+        "ranks": t.ranks,
+        "bytes": t.nbytes,
+        "seconds": round(t.seconds, 6) if t.ranks else None,
+        "mb_s": round(t.mb_s, 3) if t.mb_s is not None else None,
+        "at_ms": t.at_ms,
+    }
+
+
 def _checkpoint_metrics(
     saves: list[tuple[str, SaveRecord]], step_state: dict[CheckpointId, StepState]
 ) -> dict[str, Any]:
@@ -856,21 +886,29 @@ def _checkpoint_metrics(
     aborted = [r for _, r in saves if r.outcome == "aborted"]
     aborted_steps = {r.checkpoint for r in aborted}
     aborted_steps |= {s for s, st in step_state.items() if st.state == "aborted"}
-    newest = max(uploaded, key=lambda r: r.at_ms, default=None)
-    # MB/s over time: the bytes of every save that ended in a bucket over the bucket's span.
+    by_step: dict[CheckpointId, list[SaveRecord]] = {}
+    for r in uploaded:
+        by_step.setdefault(r.checkpoint, []).append(r)
+    # Per checkpoint (not per rank): its MB/s, at the time its newest rank's save ended.
+    steps = sorted(
+        ((step, _throughput(rows)) for step, rows in by_step.items()),
+        key=lambda item: (item[1]["at_ms"], item[0]),
+    )
+    newest = steps[-1] if steps else None
     series = []
-    for start, group in _buckets((r.at_ms, r) for r in uploaded):
-        series.append([start / 1000, round(sum(r.mb_s for r in group) / len(group), 3)])
+    for start, group in _buckets((t["at_ms"], t) for _, t in steps if t["mb_s"] is not None):
+        series.append([start / 1000, round(sum(t["mb_s"] for t in group) / len(group), 3)])
     return {
         "saves": len(uploaded),
         "aborted_saves": len(aborted),
         "aborted_steps": len(aborted_steps),
         "bytes": sum(r.nbytes for r in uploaded),
         "seconds": round(sum(r.seconds for r in uploaded), 6),
-        "last_step": newest.step if newest else None,
-        "last_bytes": newest.nbytes if newest else None,
-        "last_seconds": newest.seconds if newest else None,
-        "last_mb_s": newest.mb_s if newest else None,
+        "last_step": newest[0].step if newest else None,
+        "last_epoch": newest[0].epoch if newest else None,
+        "last_bytes": newest[1]["bytes"] if newest else None,
+        "last_seconds": newest[1]["seconds"] if newest else None,
+        "last_mb_s": newest[1]["mb_s"] if newest else None,
         "series": series,
     }
 

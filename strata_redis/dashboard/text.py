@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from strata_redis.checkpoint.records import MB_S_DEFINITION
+
 #: the width when the output is no terminal and ``$COLUMNS`` is unset (a pipe, a file)
 PIPE_WIDTH: Final = 160
 #: the narrowest the last (flexible) column of a table gets
@@ -88,6 +90,19 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def window_words(seconds: float) -> str:
+    """A window's length as people say it: ``10 min``, ``90 s``, ``2 h``."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def _at_least(recent: dict[str, Any]) -> str:
+    return "" if recent["complete"] else "at least "
+
+
 def _bar(done: int, leased: int, total: int, width: int = 20) -> str:
     if total <= 0:
         return "[" + " " * width + "]"
@@ -132,6 +147,7 @@ def render_job(doc: dict[str, Any], job_id: str, width: int = PIPE_WIDTH) -> lis
     (job,) = (j for j in doc["jobs"] if j["job_id"] == job_id)
     (m,) = (x for x in doc["metrics"]["jobs"] if x["job_id"] == job_id)
     counts = m["workers"]
+    recent = m["recent"]
     stale = counts["stale"]
     lines = [
         f"job {job_id!r} ({job['state']}): membership generation "
@@ -139,8 +155,9 @@ def render_job(doc: dict[str, Any], job_id: str, width: int = PIPE_WIDTH) -> lis
         f"{job['live_workers']} live of {job['registered_workers']} workers; "
         f"epoch {job['epoch']}",
         f"  workers: {counts['training']} training, {counts['checkpointing']} checkpointing, "
-        f"{counts['idle']} idle, {counts['failed']} failed and {counts['left']} left in the "
-        f"last 10 min"
+        f"{counts['idle']} idle; {_at_least(recent)}{recent['failed']} failed and "
+        f"{recent['left']} left in the last {window_words(recent['window_s'])} (membership "
+        "events)"
         + (
             f", {stale} silent past the job's {job['heartbeat_timeout_s']:g}s timeout"
             if stale
@@ -192,6 +209,7 @@ def render_job(doc: dict[str, Any], job_id: str, width: int = PIPE_WIDTH) -> lis
             rows.append([epoch, str(c["step"]), str(c.get("run", 0)), c["state"],
                          _bytes(c["bytes"]), ranks, _num(c["mb_s"]), plain(note)])  # fmt: skip
         lines += table(CHECKPOINT_COLUMNS, rows, width)
+        lines += _wrap(f"(MB/s = {MB_S_DEFINITION})", width)
     else:
         lines.append("no checkpoints recorded")
     workers = [w for w in doc["workers"] if w["job_id"] == job_id]

@@ -13,10 +13,11 @@
   const TIMEOUT_MS = 10000;            // a request with no reply by then counts as lost
   const HIDDEN_POLL_MS = 5000;         // a background tab asks less often
   const job = cfg.job || null;
+  const MB_S_DEFINITION = cfg.mbSDefinition || "";
   const COLORS = ["#3949ab", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037", "#ad1457"];
 
   const state = {
-    doc: null, lastOk: null, failure: null, inFlight: false, offset: 0, limit: 500,
+    doc: null, lastOk: null, failure: null, failedSince: null, inFlight: false, offset: 0, limit: 500,
     charts: {}, datasetNodes: new Map(), polls: 0,
   };
   window.strataDashboard = state;     // for people poking around, and for the browser test
@@ -48,6 +49,14 @@
   function clock(ms) {
     return ms ? new Date(ms).toLocaleTimeString([], { hour12: false }) : "–";
   }
+  // A checkpoint's MB/s, the same digits on the tile and in the table.
+  const mbps = (v) => fmt(v, 1);
+  // A window's length as people say it: "10 min", "90 s", "2 h" (text.py's window_words).
+  function windowWords(s) {
+    if (s >= 3600 && s % 3600 === 0) return `${s / 3600} h`;
+    if (s >= 60 && s % 60 === 0) return `${s / 60} min`;
+    return `${s} s`;
+  }
   function jobUrl(id) { return cfg.jobBase + encodeURIComponent(id); }
 
   // -- polling --------------------------------------------------------------------------------
@@ -72,8 +81,14 @@
         const message = (body && body.error) || `HTTP ${reply.status}`;
         // 5xx: the server is up but cannot read Redis; 4xx: this page asks for something wrong.
         state.failure = { kind: reply.status >= 500 ? "lost" : "error", message };
+        if (body && body.redis) {
+          state.failure.redis = body.redis;
+          state.failure.since = body.redis_down_since_ms;
+        }
+        if (state.failedSince === null) state.failedSince = Date.now();
       } else {
         state.failure = null;
+        state.failedSince = null;
         state.lastOk = performance.now();
         state.doc = body;
         render(body);
@@ -83,6 +98,7 @@
         kind: "lost",
         message: err && err.name === "AbortError" ? `no reply within ${TIMEOUT_MS / 1000} s` : "cannot reach the dashboard server",
       };
+      if (state.failedSince === null) state.failedSince = Date.now();
     } finally {
       clearTimeout(timer);
       state.inFlight = false;
@@ -98,7 +114,10 @@
     const ago = age === null ? "never updated" : `updated ${age < 10 ? age.toFixed(1) : Math.round(age)} s ago`;
     let kind = "live";
     let message = ago;
-    if (state.failure && state.failure.kind === "lost") {
+    if (state.failure && state.failure.redis) {
+      kind = "lost";
+      message = `Redis unreachable · ${ago}`;
+    } else if (state.failure && state.failure.kind === "lost") {
       kind = "lost";
       message = `lost the server (${state.failure.message}) · ${ago}`;
     } else if (state.failure) {
@@ -116,11 +135,17 @@
     document.body.classList.toggle("stale", kind === "lost" || kind === "slow");
     const box = $("error");
     box.hidden = !state.failure;
-    box.textContent = state.failure
-      ? (state.failure.kind === "lost"
-        ? `Lost the server: ${state.failure.message}. The numbers below are from ${ago.replace("updated ", "")} and are not live.`
-        : state.failure.message)
-      : "";
+    $("error-text").textContent = state.failure ? banner(state.failure) : "";
+    $("error-detail").textContent = state.failure && state.failure.kind === "lost" ? `(${state.failure.message})` : "";
+  }
+
+  // The banner over numbers that are no longer live: what is unreachable, since when, and
+  // when the numbers shown were read (Redis' clock of the document shown).
+  function banner(f) {
+    if (f.kind !== "lost") return f.message;
+    const from = state.doc ? `numbers below are from ${clock(state.doc.time_ms)}` : "numbers below: never read";
+    if (f.redis) return `Redis at ${f.redis} unreachable since ${clock(f.since || state.failedSince)}; ${from}`;
+    return `Dashboard server unreachable since ${clock(state.failedSince)}; ${from}, not live`;
   }
 
   // -- rendering ------------------------------------------------------------------------------
@@ -136,8 +161,8 @@
     renderCheckpoints(doc);
   }
 
-  function card(label, value, small, bad, sub) {
-    return el("div", { class: bad ? "card bad" : "card" }, el("div", { class: "label", text: label }),
+  function card(label, value, small, bad, sub, title, id) {
+    return el("div", { class: bad ? "card bad" : "card", title, id }, el("div", { class: "label", text: label }),
       el("div", { class: "value" }, value, small ? el("small", { text: ` ${small}` }) : null),
       sub ? el("div", { class: "sub", text: sub }) : null);
   }
@@ -146,22 +171,30 @@
     const m = doc.metrics.jobs;
     const sum = (f) => m.reduce((a, j) => a + f(j), 0);
     const live = sum((j) => j.workers.idle + j.workers.training + j.workers.checkpointing);
-    const failed = sum((j) => j.workers.failed);
+    // Failures of the window from the membership events: one that rejoined since counts.
+    const failed = sum((j) => j.recent.failed);
+    const partial = m.some((j) => !j.recent.complete);
+    const window = m.length ? windowWords(m[0].recent.window_s) : "";
     const stale = sum((j) => j.workers.stale);
     const one = doc.jobs.length === 1 ? doc.jobs[0] : null;
     const p99 = m.map((j) => j.barrier.p99_ms).filter((v) => v !== null);
-    const mbs = m.map((j) => j.checkpoint.last_mb_s).filter((v) => v !== null);
+    // The newest checkpoint with a save (of the jobs shown): the same figure as its table row.
+    const saved = m.filter((j) => j.checkpoint.last_mb_s !== null);
+    const last = saved.length ? saved[0].checkpoint : null;
+    const lastJob = saved.length && !one ? `${saved[0].job_id} ` : "";
     const cards = [
       one ? card("epoch", one.epoch) : card("jobs", doc.jobs.length),
       one ? card("membership gen.", one.membership_generation) : card("datasets", doc.datasets.length),
       card("workers live", live, "", false,
         `${sum((j) => j.workers.training)} training · ${sum((j) => j.workers.checkpointing)} ckpt · ${sum((j) => j.workers.idle)} idle`),
-      card("failed", failed, "", failed + stale > 0,
-        `last 10 min${stale ? ` · ${stale} silent` : ""} · ${sum((j) => j.workers.left)} left`),
+      card(`failed, last ${window}`, `${failed}${partial ? "+" : ""}`, "", failed + stale > 0,
+        `${sum((j) => j.recent.left)} left${stale ? ` · ${stale} silent now` : ""}`,
+        `fail events of the membership stream in the last ${window}: a worker that rejoined since still counts`, "tile-failed"),
       card("barrier p99", p99.length ? fmt(Math.max(...p99), 1) : "–", "ms", false,
         `p50 ${fmt(Math.max(0, ...m.map((j) => j.barrier.p50_ms ?? 0)), 1)} ms · ${sum((j) => j.barrier.releases)} releases`),
-      card("checkpoint", mbs.length ? fmt(mbs[mbs.length - 1], 0) : "–", "MB/s", false,
-        `last save · ${sum((j) => j.checkpoint.aborted_steps)} steps aborted`),
+      card("checkpoint", last ? mbps(last.last_mb_s) : "–", "MB/s", false,
+        `${last ? `${lastJob}step ${last.last_step} · ` : ""}${sum((j) => j.checkpoint.aborted_steps)} aborted`,
+        `MB/s = ${MB_S_DEFINITION}`, "tile-checkpoint"),
       one ? latestCard(one.latest_checkpoint)
         : card("checkpoints", doc.checkpoints.filter((c) => c.state === "committed").length, "committed"),
       card("requests", fmt(doc.metrics.redis.commands_per_s, 0), "/s", false, "Redis commands, whole server"),
@@ -178,7 +211,7 @@
         el("td", {}, el("a", { href: jobUrl(j.job_id), text: j.job_id })),
         el("td", { class: "num", text: j.epoch }), el("td", { class: "num", text: j.membership_generation }),
         el("td", { class: "num", text: j.live_workers }),
-        el("td", { class: "num", text: `${m.workers.failed} / ${m.workers.left}` }),
+        el("td", { class: "num", text: `${m.recent.failed}${m.recent.complete ? "" : "+"} / ${m.recent.left}` }),
         el("td", { class: "num", text: j.datasets }),
         el("td", { class: "num", text: j.latest_checkpoint ?? "–" }));
     });
@@ -204,7 +237,8 @@
     $("workers").tBodies[0].replaceChildren(...rows);
     const page = doc.page;
     const last = Math.min(page.offset + page.limit, page.total);
-    $("workers-note").textContent = `${page.total} listed: live, and failed or left in the last 10 min`;
+    const recent = doc.metrics.jobs.length ? doc.metrics.jobs[0].recent : null;
+    $("workers-note").textContent = `${page.total} listed: live, and failed or left in the last ${recent ? windowWords(recent.window_s) : "window"}`;
     $("page-note").textContent = page.total ? `${page.offset + 1}–${last} of ${page.total}` : "none";
     $("prev").disabled = page.offset === 0;
     $("next").disabled = last >= page.total;
@@ -337,13 +371,13 @@
   function renderCheckpoints(doc) {
     const rows = doc.checkpoints.map((c) => {
       const note = c.state === "aborted" ? `by ${c.culprit ?? "?"}: ${c.reason ?? ""}` : (c.state === "committed" ? "every rank acked; metadata.json written" : "");
-      return el("tr", {},
+      return el("tr", { "data-job": c.job_id, "data-step": c.step, "data-epoch": c.epoch ?? "" },
         el("td", { class: "jobcol", text: c.job_id }), el("td", { class: "num", text: c.epoch ?? "–" }),
         el("td", { class: "num", text: c.step, title: c.label ?? "" }),
         el("td", {}, el("span", { class: `pill ${c.state}`, text: c.state })),
         el("td", { class: "num", text: bytes(c.bytes) }),
         el("td", { class: "num", text: c.world_size === null ? c.ranks_saved : `${c.ranks_saved}/${c.world_size}` }),
-        el("td", { class: "num", text: fmt(c.mb_s, 1) }), el("td", { class: "num", text: fmt(c.seconds, 2) }),
+        el("td", { class: "num mb-s", text: mbps(c.mb_s) }), el("td", { class: "num", text: fmt(c.seconds, 2) }),
         el("td", { text: clock(c.at_ms) }), el("td", { class: "note", text: note, title: note }));
     });
     $("checkpoints").tBodies[0].replaceChildren(...rows);
