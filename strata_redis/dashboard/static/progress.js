@@ -32,9 +32,10 @@
     if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
     return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
   }
-  function stat(name, label, value, small) {
+  function stat(name, label, value, small, sub) {
     return el("div", { class: "card", "data-progress": name }, el("div", { class: "label", text: label }),
-      el("div", { class: "value" }, value, small ? el("small", { text: ` ${small}` }) : null));
+      el("div", { class: "value" }, value, small ? el("small", { text: ` ${small}` }) : null),
+      sub ? el("div", { class: "sub", text: sub }) : null);
   }
 
   function jobPanel(job, multi) {
@@ -42,10 +43,10 @@
     const eta = p.eta_s === 0 ? "done" : duration(p.eta_s);
     const left = p.epoch_remaining_samples;
     const stats = el("div", { class: "cards progress-cards" },
-      stat("rate", "samples/s", rate(p.samples_per_s), p.rate_window_s ? `over ${Math.round(p.rate_window_s)} s` : ""),
-      stat("eta", `epoch ${job.epoch} ETA`, eta, left === null ? "" : `${left.toLocaleString()} samples left`),
-      stat("trained", "samples trained", p.samples_trained.toLocaleString(), "job's life"),
-      stat("slowest", "slowest worker", p.slowest_worker || "–", ""));
+      stat("rate", "samples/s", rate(p.samples_per_s), "", p.rate_window_s ? `job, over the last ${Math.round(p.rate_window_s)} s` : "needs two reads"),
+      stat("eta", `epoch ${job.epoch} ETA`, eta, "", left === null ? "epoch not started" : `${left.toLocaleString()} samples left`),
+      stat("trained", "samples trained", p.samples_trained.toLocaleString(), "", "over the job's life"),
+      stat("slowest", "slowest worker", p.slowest_worker || "–", "", "lowest samples/s, live"));
     const workers = el("table", { class: "progress-workers" },
       el("thead", {}, el("tr", {}, el("th", { text: "worker" }), el("th", { class: "num", text: "samples/s" }),
         el("th", { class: "num", text: "samples trained" }), el("th", { text: "" }))),
