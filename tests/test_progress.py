@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.coordination.lifecycle import delete_job
 from strata_redis.dashboard import DashboardState, create_app
 from strata_redis.dashboard.app import schema_text
 from strata_redis.dashboard.text import render
@@ -196,3 +197,20 @@ def test_progress_over_two_real_workers(redis_url: str, tmp_path: Path) -> None:
             proc.kill()
         join_all(procs, 10)
         job.close()
+
+
+def test_the_lifetime_counts_end_and_go_with_the_job(job: strata_redis.Job, tmp_path: Path) -> None:
+    ShardManager(job).register_dataset_params("ds", 20, 10)
+    job.register_worker("a", heartbeat_interval=None).deregister()
+    job.register_worker("b", heartbeat_interval=None)
+    for lease in job.leases("ds", 0, "b"):
+        lease.complete()
+    with strata_redis.CheckpointManager(tmp_path, redis=job, worker_id="b") as ckpt:
+        ckpt.save(b"x", step=1).result()
+    kept = [job.keys.lease_totals("ds"), job.keys.checkpoint_locations]
+    assert all(job.client.exists(k) for k in kept)
+    assert all(job.client.pttl(k) == -1 for k in kept), "kept for as long as the job runs"
+    expires_ms = job.end(retention=60)
+    assert all(job.client.pexpiretime(k) == expires_ms for k in kept)
+    delete_job(job.client, job.job_id)
+    assert not any(job.client.exists(k) for k in kept)
