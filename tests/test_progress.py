@@ -188,6 +188,10 @@ def test_progress_over_two_real_workers(redis_url: str, tmp_path: Path) -> None:
             assert again.read(JOB)["jobs"][0]["progress"]["checkpoints"][0]["location"] == (
                 location)  # fmt: skip
 
+        # the per-worker rows follow the requested page of workers (the slowest always shown)
+        paged = state.read(JOB, limit=1)["jobs"][0]["progress"]
+        ids = [w["worker_id"] for w in paged["workers"]]
+        assert ids[0] == "w-fast" and set(ids) <= {"w-fast", paged["slowest_worker"]}, paged
         assert metric(redis_url, "strata_samples_trained", job_id=JOB) == SAMPLES
         text = render(state.read(JOB), 100)
         assert "samples/s, epoch 0 done" in text and f"{SAMPLES} samples trained" in text

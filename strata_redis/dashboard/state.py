@@ -674,7 +674,10 @@ class _JobRead:
     def _training(self, now_ms: int, live: list[str], history: TrainedHistory) -> dict[str, Any]:
         """The job's training progress (``schema.json``'s ``jobs[].progress``)."""
         total = sum(t.samples for t in self.lease_totals.values())
-        mine = {w: sum(t.by_worker.get(w, 0) for t in self.lease_totals.values()) for w in live}
+        mine = dict.fromkeys(live, 0)
+        for t in self.lease_totals.values():
+            for w, samples in t.by_worker.items():
+                mine[w] += samples
         rate, span, per = history.rates(now_ms, total, mine)
         sets, remaining = [], None
         for p in self.dataset_params:
@@ -693,6 +696,7 @@ class _JobRead:
             eta = 0.0
         elif remaining is not None and rate:
             eta = round(remaining / rate, 1)
+        page = set(self._page)
         cutoff = now_ms - self.timeout_s * 1000
         ranked = [(r, w) for w, r in per.items() if r is not None and self.beats[w] >= cutoff]
         slowest = min(ranked)[1] if len(ranked) >= 2 else None
@@ -711,6 +715,7 @@ class _JobRead:
                     "slowest": w == slowest,
                 }
                 for w in live
+                if w in page or w == slowest
             ],
             "datasets": sets,
             "checkpoints": [

@@ -60,7 +60,7 @@
         el("td", { text: c.label }), el("td", { class: "location", text: c.location || "– (not recorded)" })))));
     return el("div", { class: "progress-job", "data-job": job.job_id },
       multi ? el("h3", { text: job.job_id }) : null, stats,
-      el("div", { class: "grid two" }, el("div", {}, workers), el("div", {}, places)));
+      el("div", { class: "grid two" }, el("div", { class: "scroll" }, workers), el("div", { class: "scroll" }, places)));
   }
 
   function render(doc) {
