@@ -9,14 +9,17 @@
 -- (SEG shards a segment: strata_redis.data.leases.RECORD_SEGMENT; created whole, zeros, by
 -- its first completion) a BITFIELD of 96 bits: the completion's token (i64) and the
 -- completer's index (u32) in the epoch's workers HASH (n, w:<worker>, i:<index>). A completion also counts in the meta (done, by:<worker>)
--- and is kept as the worker's last (last:<worker> = "<shard> <token>"): once init_epoch
+-- and is kept as the worker's last (last:<worker> = "<shard> <token>"), and the samples it
+-- trained (ARGV[6]) count in the dataset's lifetime totals (KEYS[13]: samples, w:<worker>,
+-- never reset; a retry records nothing twice): once init_epoch
 -- closed the epoch (its per-shard keys gone), a retry of that completion still answers 0,
 -- and any other is refused. A closed epoch leases nothing: acquiring answers A.NOTHING with
 -- every shard done.
 -- Acquiring leases one shard of a (dataset, epoch) to a live worker: the first of its own
 -- candidates still in the pool (bit 0 in the taken bitmap), else (if allowed) the first free
 -- shard from the meta's rotating `cursor` on (BITPOS; wrapping round to 0): stealing another
--- worker's unstarted shard; the epoch meta's 'steals' counts these grants.
+-- worker's unstarted shard; the epoch meta's 'steals' counts these grants, and the dataset's
+-- lifetime totals' 'steals' too (it never resets at a new epoch).
 -- Before choosing, expired leases, and leases of workers that are no longer live (checked
 -- once per membership generation), go back to the pool: at most 256 of each per call, a
 -- sweep of more holders goes on over the next calls (its cursor in the epoch meta).
@@ -27,10 +30,12 @@
 -- KEYS[10] = offsets HASH (shard -> samples of it already trained: the grant starts there)
 -- KEYS[11] = the record segment STRING of the shard to complete (any segment when none)
 -- KEYS[12] = workers HASH (the epoch's completers, indexed for the record)
+-- KEYS[13] = the dataset's lease totals HASH (lifetime: steals, samples, w:<worker>)
 -- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms
 -- ARGV[3] = "1" acquire, stealing if need be | "0" acquire own shards only | "" do not acquire
 -- ARGV[4] = shard id to complete first, or "" for none   ARGV[5] = its fencing token
--- ARGV[6..] = the worker's own candidate shard ids, in its order
+-- ARGV[6] = samples of that shard the caller trained (its length less its lease's start), or ""
+-- ARGV[7..] = the worker's own candidate shard ids, in its order
 -- (S and A are the status prelude's tables: strata_redis/status.py)
 -- returns, completing only: {S.OK, 1} recorded now | {S.OK, 0} already recorded with this
 --       token | {S.LEASE_LOST}
@@ -66,6 +71,11 @@ if ARGV[4] ~= '' then
     redis.call('HINCRBY', KEYS[1], 'done', 1)
     redis.call('HINCRBY', KEYS[1], 'by:' .. id, 1)
     redis.call('HSET', KEYS[1], 'last:' .. id, shard .. ' ' .. token)
+    local samples = tonumber(ARGV[6]) or 0
+    if samples > 0 then
+      redis.call('HINCRBY', KEYS[13], 'samples', samples)
+      redis.call('HINCRBY', KEYS[13], 'w:' .. id, samples)
+    end
     redis.call('HDEL', KEYS[3], shard)
     redis.call('ZREM', KEYS[4], shard)
     completion = 1
@@ -101,7 +111,7 @@ if not redis.call('ZSCORE', KEYS[7], id) then
 end
 local pool = redis.call('HMGET', KEYS[1], 'swept', 'closed_ms', 'num_shards', 'cursor')
 if pool[2] then  -- closed (init_epoch): nothing of it is leased any more
-  return answer({S.OK, A.NOTHING, tonumber(pool[3]), 0, NARGV - 5})
+  return answer({S.OK, A.NOTHING, tonumber(pool[3]), 0, NARGV - 6})
 end
 local swept = pool[1]
 if not swept then return answer({S.OK, A.NO_POOL}) end
@@ -143,11 +153,11 @@ if swept ~= gen then
 end
 
 local pick
-local consumed = NARGV - 5
-for i = 6, NARGV do
+local consumed = NARGV - 6
+for i = 7, NARGV do
   if redis.call('GETBIT', KEYS[2], tonumber(ARGV[i])) == 0 then
     pick = tonumber(ARGV[i])
-    consumed = i - 5
+    consumed = i - 6
     break
   end
 end
@@ -161,6 +171,7 @@ if not pick and ARGV[3] == '1' then
     pick = p
     redis.call('HSET', KEYS[1], 'cursor', p + 1)
     redis.call('HINCRBY', KEYS[1], 'steals', 1)
+    redis.call('HINCRBY', KEYS[13], 'steals', 1)
   end
 end
 if not pick then

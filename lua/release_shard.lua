@@ -1,15 +1,25 @@
 -- release_shard: give a leased shard back to the pool without completing it, optionally
 -- saying how much of it the caller took (the next grant starts there: a lockstep rank keeps
--- the part of a shard its quota needs and hands the rest back).
+-- the part of a shard its quota needs and hands the rest back). The samples the caller took
+-- (ARGV[4]: the new offset less its lease's start) count in the dataset's lifetime totals
+-- (samples, w:<holder>), as a completion's do.
 -- KEYS[1] = holders HASH   KEYS[2] = expiry ZSET   KEYS[3] = taken STRING (bitmap)
--- KEYS[4] = offsets HASH
+-- KEYS[4] = offsets HASH   KEYS[5] = the dataset's lease totals HASH
 -- ARGV[1] = shard id   ARGV[2] = fencing token   ARGV[3] = new offset (samples taken), or ""
+-- ARGV[4] = samples of the shard the caller took with this lease ("" or 0: none)
 -- returns {0} | {20} LEASE_LOST: the caller no longer holds it
 local held = redis.call('HGET', KEYS[1], ARGV[1])
 if not held then return {S.LEASE_LOST} end
-local token = string.match(held, '^(%d+) ')
+local token, holder = string.match(held, '^(%d+) %d+ %S+ (.*)$')
 if token ~= ARGV[2] then return {S.LEASE_LOST} end
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[4], ARGV[1], ARGV[3]) end
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
+  local samples = tonumber(ARGV[4]) or 0
+  if samples > 0 then
+    redis.call('HINCRBY', KEYS[5], 'samples', samples)
+    redis.call('HINCRBY', KEYS[5], 'w:' .. holder, samples)
+  end
+end
 redis.call('SETBIT', KEYS[3], tonumber(ARGV[1]), 0)
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])

@@ -257,6 +257,16 @@ class Keys:
         summary when the next epoch's pool is built)."""
         return f"{self.base}:epochs_kept_whole:{dataset}"
 
+    def lease_totals(self, dataset: str) -> str:
+        """HASH a dataset's lease counts over the job's life, never reset at a new epoch
+        (written only by ``acquire_shard.lua`` and ``release_shard.lua``, read through
+        ``data/leases.py``): ``steals`` (grants from the shared pool, as the epoch meta's
+        ``steals``), ``samples`` (samples trained: a completion counts its shard's samples
+        from its lease's start, a hand-back with an offset the part taken), ``w:<worker>``
+        (those samples by worker: one field per worker that trained any, bounded by the
+        job's workers). Expires with the job (``coordination/lifecycle.py``)."""
+        return f"{self.base}:lease_totals:{dataset}"
+
     def lease_keys(self, dataset: str, epoch: int) -> LeaseKeys:
         """The keys of one dataset epoch's shard leases."""
         return LeaseKeys(self, dataset, epoch)
@@ -279,6 +289,14 @@ class Keys:
         """HASH index member -> the committed checkpoint's metadata.json (JSON: run, epoch,
         step, world_size, acked_ms, workers, files with sizes and checksums)."""
         return f"{self.base}:checkpoint_info"
+
+    @property
+    def checkpoint_locations(self) -> str:
+        """HASH index member -> where the committed checkpoint lives (``s3://bucket/prefix/
+        <job>/checkpoints/<label>``, ``file:///...``): written with the commit
+        (``commit_checkpoint.lua``) or a rebuild of the index, dropped with the entry
+        (``checkpoint/index.py``); missing for checkpoints committed before it was kept."""
+        return f"{self.base}:checkpoint_locations"
 
     @property
     def checkpoint_indexed(self) -> str:
@@ -341,7 +359,8 @@ class LeaseKeys:
     @property
     def meta(self) -> str:
         """HASH num_shards, created_ms, swept generation (sweep_gen, sweep_cursor: a sweep of
-        the holders under way, in steps), steals, cursor (where the next steal looks for a
+        the holders under way, in steps), steals (this epoch's; ``Keys.lease_totals`` keeps the
+        job's), cursor (where the next steal looks for a
         free shard), done (shards done), by:<worker> (shards it completed),
         last:<worker> ("<shard> <token>": its last completion). Once the epoch is closed
         (``init_epoch.lua``: finished, or the job is past it, when a later epoch's pool is

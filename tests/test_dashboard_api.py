@@ -393,7 +393,11 @@ def test_metrics_match_the_api(scenario: Scenario, redis_url: str) -> None:
             value("strata_shards", job_id=JOB, dataset="images", state=state)
             == ds["progress"][state]
         )
-    assert value("strata_lease_steals", job_id=JOB, dataset="images") == ds["progress"]["steals"]
+    # the lifetime count (one epoch so far: the epoch's own count)
+    (lifetime,) = doc["jobs"][0]["progress"]["datasets"]
+    assert value("strata_lease_steals", job_id=JOB, dataset="images") == lifetime["steals_total"]
+    assert lifetime["steals_total"] == ds["progress"]["steals"]
+    assert value("strata_samples_trained", job_id=JOB) == lifetime["samples_trained"] == 350
     for q, key in (("50", "p50_ms"), ("99", "p99_ms"), ("100", "max_ms")):
         assert value("strata_barrier_release_latency_seconds", job_id=JOB, percentile=q) == (
             pytest.approx(m["barrier"][key] / 1000)

@@ -19,7 +19,7 @@ def test_wheel_carries_the_dashboard(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("strata_redis-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     base = "strata_redis/dashboard/"
-    for name in ("schema.json", "templates/index.html", "static/dashboard.js",
+    for name in ("schema.json", "templates/index.html", "static/dashboard.js", "static/progress.js",
                  "static/dashboard.css", "static/vendor/uplot/uPlot.iife.min.js",
                  "static/vendor/uplot/uPlot.min.css", "static/vendor/uplot/LICENSE"):  # fmt: skip
         assert base + name in names, name

@@ -195,7 +195,8 @@ class StepProtocol:
             "commit_checkpoint", cid,
             [k.checkpoint_step(label), k.checkpoint_acks(label), k.checkpoint_wake(label),
              *self.index.keys],
-            [cid.member, self.worker_id, raw, "1" if takeover else "0", DONE_TTL_MS],
+            [cid.member, self.worker_id, raw, "1" if takeover else "0", DONE_TTL_MS,
+             info.location],
         )  # fmt: skip
         return info
 

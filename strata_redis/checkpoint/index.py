@@ -5,7 +5,9 @@ to it atomically with the commit, through the keys ``keys`` gives it). The sorte
 each committed checkpoint's ``CheckpointId.member`` with score 0, so Redis orders it by
 member bytes, which is (run, epoch, step) order (``ids.py``); the hash maps the same member
 to the checkpoint's metadata.json bytes. Storage holds the truth: the index is rebuilt from
-the metadata.json files when Redis lost it.
+the metadata.json files when Redis lost it. A third hash keeps where each committed
+checkpoint lives in storage (its ``location``: what a dashboard shows without touching
+storage).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..connection import Replies, take_reply
@@ -33,16 +36,18 @@ class CheckpointIndex:
     def __init__(self, ctx: JobContext) -> None:
         self.context = ctx
         k = ctx.keys
-        self._ids, self._info, self._built = (
+        self._ids, self._info, self._built, self._where = (
             k.checkpoints,
             k.checkpoint_info,
             k.checkpoint_indexed,
+            k.checkpoint_locations,
         )
 
     @property
     def keys(self) -> list[str]:
-        """The index's keys as the commit scripts take them: (ids ZSET, metadata HASH)."""
-        return [self._ids, self._info]
+        """The index's keys as the commit scripts take them: (ids ZSET, metadata HASH,
+        locations HASH)."""
+        return [self._ids, self._info, self._where]
 
     def is_built(self) -> bool:
         """Whether Redis holds the index (False on a new or flushed Redis)."""
@@ -65,7 +70,8 @@ class CheckpointIndex:
     def infos(self, count: int | None = 100) -> list[CheckpointInfo]:
         """The newest ``count`` (None: all) committed checkpoints, newest first (Redis only).
 
-        ``location`` is left empty: what a dashboard shows, without touching storage.
+        ``location`` is the one recorded with the commit (empty if none was: a checkpoint
+        committed before locations were kept), without touching storage.
         """
         if count is not None:
             count = check_int("count", count, low=1, high=1_000_000)
@@ -74,23 +80,34 @@ class CheckpointIndex:
         if not members:
             return []
         out = []
-        for member, raw in zip(members, client.hmget(self._info, members), strict=True):
+        raws, wheres = client.hmget(self._info, members), client.hmget(self._where, members)
+        for member, raw, where in zip(members, raws, wheres, strict=True):
             try:
-                out.append(decode_metadata(raw or b"", job_id, CheckpointId.from_member(member)))
+                info = decode_metadata(raw or b"", job_id, CheckpointId.from_member(member))
+                out.append(replace(info, location=where or ""))
             except ValueError as exc:
                 log.warning("checkpoint %s: bad index entry (%s); rebuild_index() fixes it",
                             member, exc)  # fmt: skip
         return out
 
-    def replace(self, found: dict[CheckpointId, bytes], stale: list[CheckpointId]) -> None:
-        """Add ``found`` (id -> encoded metadata), drop ``stale``, mark the index built."""
+    def replace(
+        self,
+        found: dict[CheckpointId, bytes],
+        stale: list[CheckpointId],
+        locations: dict[CheckpointId, str] | None = None,
+    ) -> None:
+        """Add ``found`` (id -> encoded metadata) with their ``locations`` (id -> where it
+        lives), drop ``stale``, mark the index built."""
         with self.context.client.pipeline(transaction=True) as pipe:
             if found:
                 pipe.zadd(self._ids, {c.member: 0 for c in found})
                 pipe.hset(self._info, mapping={c.member: raw for c, raw in found.items()})
+            if locations:
+                pipe.hset(self._where, mapping={c.member: w for c, w in locations.items()})
             if stale:
                 pipe.zrem(self._ids, *(c.member for c in stale))
                 pipe.hdel(self._info, *(c.member for c in stale))
+                pipe.hdel(self._where, *(c.member for c in stale))
             pipe.set(self._built, int(time.time() * 1000))
             pipe.execute()
 
@@ -99,6 +116,7 @@ class CheckpointIndex:
         with self.context.client.pipeline(transaction=True) as pipe:
             pipe.zrem(self._ids, cid.member)
             pipe.hdel(self._info, cid.member)
+            pipe.hdel(self._where, cid.member)
             pipe.execute()
 
 
@@ -115,25 +133,30 @@ def take_newest_steps(replies: Replies) -> list[CheckpointId]:
 
 
 def queue_infos(pipe: Any, job_id: str, ids: Sequence[CheckpointId]) -> None:
-    """Queue a read of the indexed metadata of committed checkpoints ``ids`` (nothing if
-    none)."""
+    """Queue a read of the indexed metadata and locations of committed checkpoints ``ids``
+    (nothing if none)."""
     if ids:
-        pipe.hmget(Keys(job_id).checkpoint_info, [c.member for c in ids])
+        k = Keys(job_id)
+        pipe.hmget(k.checkpoint_info, [c.member for c in ids])
+        pipe.hmget(k.checkpoint_locations, [c.member for c in ids])
 
 
 def take_infos(
     replies: Replies, job_id: str, ids: Sequence[CheckpointId]
 ) -> dict[CheckpointId, CheckpointInfo | None]:
-    """Id -> its ``CheckpointInfo`` (``location`` empty), as ``queue_infos`` read them;
-    None for a checkpoint no longer indexed or whose entry is bad (logged)."""
+    """Id -> its ``CheckpointInfo`` (``location`` as recorded with the commit, else empty),
+    as ``queue_infos`` read them; None for a checkpoint no longer indexed or whose entry is
+    bad (logged)."""
     if not ids:
         return {}
     out: dict[CheckpointId, CheckpointInfo | None] = {}
-    for cid, raw in zip(ids, take_reply(replies), strict=True):
+    raws, wheres = take_reply(replies), take_reply(replies)
+    for cid, raw, where in zip(ids, raws, wheres, strict=True):
         out[cid] = None
         if raw is not None:
             try:
-                out[cid] = decode_metadata(raw, job_id, cid)
+                info = decode_metadata(raw, job_id, cid)
+                out[cid] = replace(info, location=where or "")
             except ValueError as exc:
                 log.warning("checkpoint %s: bad index entry (%s); rebuild_index() fixes it",
                             cid.label, exc)  # fmt: skip

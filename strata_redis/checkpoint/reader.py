@@ -117,6 +117,7 @@ class CheckpointReader:
             StorageError: the storage failed.
         """
         found: dict[CheckpointId, bytes] = {}
+        where: dict[CheckpointId, str] = {}
         for cid, files in scan(self.storage, self.job_id).items():
             if METADATA not in files:
                 continue
@@ -126,6 +127,7 @@ class CheckpointReader:
                 log.warning("checkpoint %s not indexed: %s", cid.label, exc)
                 continue
             found[cid] = encode_metadata(info)
+            where[cid] = located(info, self.storage).location
         indexed = set(self.index.ids())
         top = max(found, default=None)
         # One committed after our listing is newer than everything listed: keep it.
@@ -133,7 +135,7 @@ class CheckpointReader:
             c for c in indexed - set(found)
             if (top is not None and c <= top) or not self._committed_in_storage(c)
         ]  # fmt: skip
-        self.index.replace(found, stale)
+        self.index.replace(found, stale, where)
         if stale:
             log.info("checkpoint index of job %r: dropped %s", self.job_id,
                      [c.label for c in sorted(stale)])  # fmt: skip

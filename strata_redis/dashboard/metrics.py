@@ -5,10 +5,9 @@ Names follow Prometheus' conventions: a ``strata_`` prefix, base units (``_secon
 or ``instance``, Prometheus' own target labels), status, dataset. Counters are exported only
 where Redis keeps a count that never goes back for the life of the job (the membership
 generation, the fencing-token counter, the registry's failure count, the checkpoint
-totals); what comes from capped records (barrier releases) is a gauge over the newest
-records read, said so in its help text. ``strata_lease_steals_total`` is the one exception:
-the lease owner counts steals per epoch only, so it resets at a new epoch (``rate()``
-treats that as a counter reset).
+totals, the lease owner's lifetime counts of steals and samples trained); what comes from
+capped records (barrier releases) is a gauge over the newest records read, said so in its
+help text.
 
 ``strata_redis_up`` is 1 when the document was read, 0 when Redis failed or stalled: then
 the exposition holds that gauge alone, with HTTP 200, so Prometheus tells a Redis outage
@@ -159,13 +158,24 @@ class _DocumentCollector(Collector):
 
         steals = CounterMetricFamily(
             "strata_lease_steals",
-            "Shard leases stolen in the job's current epoch (grants from the shared pool once "
-            "the worker's own shards were gone); resets at a new epoch",
+            "Shard leases stolen over the job's life (grants from the shared pool once the "
+            "worker's own shards were gone; the lease owner's lifetime count, never reset)",
             labels=["job_id", "dataset"],
         )
-        for d in doc["datasets"]:
-            steals.add_metric([d["job_id"], d["name"]], d["progress"]["steals"])
+        samples = CounterMetricFamily(
+            "strata_samples_trained",
+            "Samples trained over the job's life, every dataset (the lease owner's count: a "
+            "completed lease counts its shard's samples from the lease's start, a hand-back "
+            "with an offset the part taken)",
+            labels=["job_id"],
+        )
+        for j in jobs:
+            progress = j["progress"]
+            samples.add_metric([j["job_id"]], progress["samples_trained"])
+            for d in progress["datasets"]:
+                steals.add_metric([j["job_id"], d["name"]], d["steals_total"])
         yield steals
+        yield samples
 
         latency = GaugeMetricFamily(
             "strata_barrier_release_latency_seconds",

@@ -19,6 +19,11 @@ reads is bounded by what the page shows, never by a job's history:
   read at most every ``DISTRIBUTION_EVERY_S`` seconds and only for datasets of at most
   ``DISTRIBUTION_MAX_SHARDS`` shards, so no read holds Redis for more than a few
   milliseconds;
+- training progress: each dataset's lifetime lease counts (``leases.LeaseTotals``: samples
+  trained, by live worker, and steals; one ``HMGET`` bounded by the live workers); the
+  samples/s of the job and of each worker are the deltas of those counts between documents
+  (``TrainedHistory``: the reader keeps a few points per job over ``RATE_WINDOW_S``), so the
+  first document has none;
 - the list of jobs (the all-jobs view only): the registry's ``SCAN`` for jobs
   (``registry.scan_jobs``), advanced by at most ``SCAN_CALLS`` steps per document and
   repeated every ``JOBS_REFRESH_S`` seconds (``JobDirectory``); with a job given there is
@@ -68,7 +73,7 @@ from strata_redis.coordination.registry import (
     scan_jobs,
 )
 from strata_redis.data import datasets, leases
-from strata_redis.data.leases import EpochProgress, LeaseHolder
+from strata_redis.data.leases import EpochProgress, LeaseHolder, LeaseTotals
 from strata_redis.data.sharding import DatasetParams
 from strata_redis.validate import check_id
 
@@ -100,6 +105,10 @@ SERIES_POINTS: Final = 60
 COMMITTED_CACHE: Final = 4096
 #: streams whose newest entries are kept between documents (three per job)
 TAILS_KEPT: Final = 3 * 4 * MAX_JOBS
+#: samples/s are the deltas of the samples trained over at most this many seconds
+RATE_WINDOW_S: Final = 20.0
+#: points of the samples trained kept per job at least this far apart (seconds)
+RATE_STEP_S: Final = 1.0
 
 
 class JobNotFoundError(LookupError):
@@ -219,6 +228,41 @@ class StreamTail(Generic[T]):
         return memo[name]
 
 
+class TrainedHistory:
+    """One job's samples trained as documents read them: ``(ms, job total, live workers'
+    totals)`` points at least ``RATE_STEP_S`` apart over the last ``RATE_WINDOW_S`` (so at
+    most about 21 points, each bounded by the live workers), for samples/s by deltas."""
+
+    def __init__(self) -> None:
+        self.points: deque[tuple[int, int, dict[str, int]]] = deque()
+
+    def rates(
+        self, now_ms: int, total: int, workers: dict[str, int]
+    ) -> tuple[float | None, float | None, dict[str, float | None]]:
+        """``(job samples/s, seconds it spans, worker -> samples/s)`` from the oldest point
+        of the window to this reading (None: no point a second or more older, or, for a
+        worker, none that has it), then this reading is kept if it is due."""
+        points = self.points
+        if points and (total < points[-1][1] or now_ms < points[-1][0]):
+            points.clear()  # the counts or the clock went back (state lost): start over
+        while len(points) > 1 and now_ms - points[1][0] >= RATE_WINDOW_S * 1000:
+            points.popleft()
+        rate: float | None = None
+        span: float | None = None
+        per: dict[str, float | None] = dict.fromkeys(workers)
+        if points and now_ms - points[0][0] >= 1000:
+            span = (now_ms - points[0][0]) / 1000
+            rate = round((total - points[0][1]) / span, 3)
+            for w, samples in workers.items():
+                for at, _, then in points:
+                    if w in then and now_ms - at >= 1000:
+                        per[w] = round(max(0, samples - then[w]) / ((now_ms - at) / 1000), 3)
+                        break
+        if not points or now_ms - points[-1][0] >= RATE_STEP_S * 1000:
+            points.append((now_ms, total, dict(workers)))
+        return rate, span, per
+
+
 class DashboardState:
     """Reads dashboard documents from one Redis. Thread-safe; keeps small caches.
 
@@ -252,6 +296,7 @@ class DashboardState:
         self._completed: dict[tuple[str, str, int], tuple[float, Counter[str]]] = {}
         # (redis ms, total commands processed, commands this reader sent so far)
         self._samples: deque[tuple[int, int, int]] = deque(maxlen=SERIES_POINTS * 10)
+        self._trained: OrderedDict[str, TrainedHistory] = OrderedDict()
         self._sent = 0
         self._info_allowed = True
 
@@ -408,6 +453,17 @@ class DashboardState:
             self._tails.move_to_end(key)
             return tail
 
+    def trained(self, job_id: str) -> TrainedHistory:
+        """The kept samples-trained points of ``job_id`` (at most ``4 * MAX_JOBS`` jobs)."""
+        with self._lock:
+            history = self._trained.get(job_id)
+            if history is None:
+                history = self._trained[job_id] = TrainedHistory()
+                while len(self._trained) > 4 * MAX_JOBS:
+                    self._trained.popitem(last=False)
+            self._trained.move_to_end(job_id)
+            return history
+
     def completed(self, key: tuple[str, str, int]) -> Counter[str] | None:
         """The kept per-worker completions of a dataset epoch, if read recently enough."""
         with self._lock:
@@ -472,6 +528,8 @@ class _JobRead:
         self.status: dict[str, str | None] = {}
         self.info: dict[str, WorkerInfo] = {}
         self.progress: dict[str, dict[str, Any]] = {}
+        self.lease_totals: dict[str, LeaseTotals] = {}
+        self.training: dict[str, Any] = {}
         self.holders: dict[str, dict[int, LeaseHolder]] = {}
         self.distribution: dict[str, list[dict[str, Any]] | None] = {}
         self.committed: dict[CheckpointId, dict[str, Any] | None] = {}
@@ -559,8 +617,10 @@ class _JobRead:
         self._details = []
         registry.queue_statuses(pipe, job, self._candidates)
         registry.queue_worker_infos(pipe, job, self._page)
+        live = sorted(self.beats)
         for params in self.dataset_params:
             leases.queue_progress(pipe, job, params.name, self.epoch)
+            leases.queue_lease_totals(pipe, job, params.name, live)
             small = params.num_shards <= DISTRIBUTION_MAX_SHARDS
             key = (job, params.name, self.epoch)
             kept = state.completed(key) if small else None
@@ -589,8 +649,10 @@ class _JobRead:
     def take_details(self, replies: Replies, now_ms: int, state: DashboardState) -> None:
         self.status = registry.take_statuses(replies, self._candidates)
         self.info = registry.take_worker_infos(replies, self._page, self.status, self.beats, now_ms)
+        live = sorted(self.beats)
         for params, small, key, kept in self._details:
             self.progress[params.name] = _progress(leases.take_progress(replies, params.num_shards))
+            self.lease_totals[params.name] = leases.take_lease_totals(replies, live)
             if small:
                 holders = leases.take_holders(replies)
                 if kept is None:
@@ -608,6 +670,60 @@ class _JobRead:
                 state.cache_committed(self.job_id, step, summary)
         for step in self._open_steps:
             self.step_state[step] = commit.take_step_state(replies)
+        self.training = self._training(now_ms, live, state.trained(self.job_id))
+
+    def _training(self, now_ms: int, live: list[str], history: TrainedHistory) -> dict[str, Any]:
+        """The job's training progress (``schema.json``'s ``jobs[].progress``)."""
+        total = sum(t.samples for t in self.lease_totals.values())
+        mine = dict.fromkeys(live, 0)
+        for t in self.lease_totals.values():
+            for w, samples in t.by_worker.items():
+                mine[w] += samples
+        rate, span, per = history.rates(now_ms, total, mine)
+        sets, remaining = [], None
+        for p in self.dataset_params:
+            prog, totals = self.progress[p.name], self.lease_totals[p.name]
+            left = None
+            if prog["initialized"]:
+                left = min(p.total_samples, (prog["total"] - prog["done"]) * p.samples_per_shard)
+                remaining = (remaining or 0) + left
+            sets.append({
+                "name": p.name, "epoch": self.epoch, "samples_trained": totals.samples,
+                "steals_total": totals.steals, "remaining_samples": left,
+                "ratio": prog["done"] / prog["total"] if prog["total"] else 0.0,
+            })  # fmt: skip
+        eta = None
+        if remaining == 0:
+            eta = 0.0
+        elif remaining is not None and rate:
+            eta = round(remaining / rate, 1)
+        page = set(self._page)
+        cutoff = now_ms - self.timeout_s * 1000
+        ranked = [(r, w) for w, r in per.items() if r is not None and self.beats[w] >= cutoff]
+        slowest = min(ranked)[1] if len(ranked) >= 2 else None
+        return {
+            "samples_trained": total,
+            "samples_per_s": rate,
+            "rate_window_s": span,
+            "epoch_remaining_samples": remaining,
+            "eta_s": eta,
+            "slowest_worker": slowest,
+            "workers": [
+                {
+                    "worker_id": w,
+                    "samples_trained": mine[w],
+                    "samples_per_s": per[w],
+                    "slowest": w == slowest,
+                }
+                for w in live
+                if w in page or w == slowest
+            ],
+            "datasets": sets,
+            "checkpoints": [
+                {**step.as_dict(), "location": (self.committed.get(step) or {}).get("location")}
+                for step in self.committed_steps
+            ],
+        }
 
     # -- the document's parts -----------------------------------------------------------------
     def worker_rows(self, now_ms: int) -> list[dict[str, Any]]:
@@ -673,6 +789,7 @@ class _JobRead:
             "gone_workers": max(0, self.registered - live),
             "datasets": len(self.dataset_params),
             "latest_checkpoint": newest,
+            "progress": self.training,
         }
 
     def events_out(self) -> list[dict[str, Any]]:
@@ -744,6 +861,7 @@ class _JobRead:
                 row["reason"] = st.reason
                 row["workers"] = {str(r.rank): r.worker_id for r in uploaded}
             row.pop("acked_ms", None)
+            row.pop("location", None)  # shown in the job's progress (``jobs[].progress``)
             out.append(row)
         return out
 
@@ -826,6 +944,7 @@ def _committed_summary(info: CheckpointInfo | None) -> dict[str, Any] | None:
         "files": len(info.files),
         "workers": {str(r): w for r, w in info.workers.items()},
         "acked_ms": info.acked_ms,
+        "location": info.location or None,
     }
 
 

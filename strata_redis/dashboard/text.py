@@ -179,6 +179,8 @@ def render_job(doc: dict[str, Any], job_id: str, width: int = PIPE_WIDTH) -> lis
         + ("-" if rate is None else f"{rate:.0f}")
         + " commands/s (whole server)"
     )
+    if "progress" in job:
+        lines.append(_training_line(job))
     lines = [part for line in lines for part in _wrap(line, width)]
     datasets = [d for d in doc["datasets"] if d["job_id"] == job_id]
     lines.append("")
@@ -230,6 +232,29 @@ def render_job(doc: dict[str, Any], job_id: str, width: int = PIPE_WIDTH) -> lis
             "(stale: no heartbeat for longer than the job's timeout; not yet reaped)", width
         )
     return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+
+
+def _training_line(job: dict[str, Any]) -> str:
+    """The job's samples/s, its epoch's ETA and its slowest worker, in one line."""
+    p = job["progress"]
+    rate = p["samples_per_s"]
+    eta, left = p["eta_s"], p["epoch_remaining_samples"]
+    line = "  training: " + ("-" if rate is None else f"{rate:.1f}") + " samples/s"
+    if eta == 0:
+        line += f", epoch {job['epoch']} done"
+    elif eta is not None:
+        line += f", epoch {job['epoch']} ETA {_duration(eta)} ({left} samples left)"
+    if p["slowest_worker"] is not None:
+        line += f"; slowest {p['slowest_worker']}"
+    return line + f"; {p['samples_trained']} samples trained"
 
 
 def plain(text: str) -> str:

@@ -15,7 +15,7 @@ import logging
 import threading
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -178,7 +178,8 @@ class EpochProgress:
     """Where a (dataset, epoch) stands: shards done, leased now, and not yet leased.
 
     ``steals`` counts the grants taken from the shared pool once a worker's own shards that
-    it asked for were gone (another worker's unstarted shard, as a rule). ``initialized``:
+    it asked for were gone (another worker's unstarted shard, as a rule), in this epoch
+    (``LeaseTotals.steals``: over the job's life). ``initialized``:
     whether the epoch's pool was created (before, ``todo`` is 0: no shard is in it yet).
     """
 
@@ -229,6 +230,7 @@ class ShardLeases:
         jk = ctx.keys
         self._acquire_keys = [k.meta, k.taken, k.holders, k.expiry, k.done, jk.fence,
                               jk.heartbeats, jk.status, jk.generation, k.offsets]  # fmt: skip
+        self._totals = jk.lease_totals(params.name)
         self._acquire_args = [self.worker_id, int(self.ttl * 1000), "1" if steal else "0"]
         self._prepared = False
         self._own: list[int] = []
@@ -300,8 +302,8 @@ class ShardLeases:
             return lease
         if not self._prepared:
             self.prepare()
-        args = [*self._acquire_args, "", "", *self._own[:CANDIDATES]]
-        keys = [*self._acquire_keys, self.keys.record(0), self.keys.workers]
+        args = [*self._acquire_args, "", "", "", *self._own[:CANDIDATES]]
+        keys = [*self._acquire_keys, self.keys.record(0), self.keys.workers, self._totals]
         reply = self.context.scripts.run("acquire_shard", keys, args, self._context)
         if int(reply[0]) == Acquire.NO_POOL:  # the pool was removed (expired record): again
             self._prepared = False
@@ -362,18 +364,19 @@ class ShardLeases:
             raise lease.lost
         with self._lock:
             prefetch = prefetch and self._iterating and self._next is None and self._prepared
+            trained = len(lease.shard) - lease.start  # counted once, if this call records it
             if prefetch:
-                args = [*self._acquire_args, lease.shard_id, lease.token,
+                args = [*self._acquire_args, lease.shard_id, lease.token, trained,
                         *self._own[:CANDIDATES]]  # fmt: skip
             else:
-                args = [self.worker_id, 0, "", lease.shard_id, lease.token]
+                args = [self.worker_id, 0, "", lease.shard_id, lease.token, trained]
 
             def context() -> dict[str, Any]:
                 return self._context(lease.shard_id, lease.token)
 
             try:
                 segment = self.keys.record(lease.shard_id // RECORD_SEGMENT)
-                keys = [*self._acquire_keys, segment, self.keys.workers]
+                keys = [*self._acquire_keys, segment, self.keys.workers, self._totals]
                 reply = self.context.scripts.run("acquire_shard", keys, args, context)
                 if prefetch:
                     self._next = self._granted(reply[1:])
@@ -391,7 +394,9 @@ class ShardLeases:
         Args:
             lease: the lease.
             offset: samples of the shard (from its start, in this epoch's order) taken care
-                of: the next grant starts there. None keeps the shard's offset as it is.
+                of: the next grant starts there, and the samples from the lease's start to
+                it count as trained by this worker (``LeaseTotals``). None keeps the shard's
+                offset as it is (and counts nothing).
 
         Raises:
             LeaseLostError: the caller no longer holds it.
@@ -403,8 +408,9 @@ class ShardLeases:
         with self._lock:
             try:
                 self.context.scripts.run(
-                    "release_shard", [k.holders, k.expiry, k.taken, k.offsets],
-                    [lease.shard_id, lease.token, "" if offset is None else offset],
+                    "release_shard", [k.holders, k.expiry, k.taken, k.offsets, self._totals],
+                    [lease.shard_id, lease.token, "" if offset is None else offset,
+                     "" if offset is None else offset - lease.start],
                     lambda: self._context(lease.shard_id, lease.token),
                 )  # fmt: skip
             finally:
@@ -649,6 +655,59 @@ def take_completed_by(replies: Replies) -> Counter[str]:
     """Worker id -> shards it completed, as ``queue_completed_by`` read them."""
     meta = take_reply(replies)
     return Counter({f[3:]: int(v) for f, v in meta.items() if f.startswith("by:")})
+
+
+@dataclass(frozen=True)
+class LeaseTotals:
+    """A dataset's lease counts over the job's life (``Keys.lease_totals``): never reset at a
+    new epoch, expired with the job.
+
+    Attributes:
+        steals: grants from the shared pool (the epochs' ``EpochProgress.steals`` summed).
+        samples: samples trained: a completed lease counts its shard's samples from the
+            lease's start; a hand-back with an offset, the part up to the offset.
+        by_worker: worker id -> its part of ``samples`` (the workers asked for only).
+    """
+
+    steals: int = 0
+    samples: int = 0
+    by_worker: dict[str, int] = field(default_factory=dict)
+
+
+def lease_totals(
+    ctx: JobContext, dataset: str, workers: Sequence[str] | None = None
+) -> LeaseTotals:
+    """A dataset's ``LeaseTotals``, with ``by_worker`` for ``workers`` (None: every worker
+    that trained any, one ``HGETALL`` bounded by the job's workers)."""
+    return run_read(
+        ctx.client,
+        lambda pipe: queue_lease_totals(pipe, ctx.job_id, dataset, workers),
+        lambda replies: take_lease_totals(replies, workers),
+    )
+
+
+def queue_lease_totals(
+    pipe: Any, job_id: str, dataset: str, workers: Sequence[str] | None = None
+) -> None:
+    """Queue a read of a dataset's lifetime lease counts: steals, samples, and the samples of
+    ``workers`` (one ``HMGET``; None: the whole hash, every worker that trained any)."""
+    key = Keys(job_id).lease_totals(dataset)
+    if workers is None:
+        pipe.hgetall(key)
+    else:
+        pipe.hmget(key, ["steals", "samples", *(f"w:{w}" for w in workers)])
+
+
+def take_lease_totals(replies: Replies, workers: Sequence[str] | None = None) -> LeaseTotals:
+    """The ``LeaseTotals`` ``queue_lease_totals`` read (``workers`` as given to it; a worker
+    that trained nothing is left out of ``by_worker``)."""
+    reply = take_reply(replies)
+    if workers is None:
+        by = {f[2:]: int(v) for f, v in reply.items() if f.startswith("w:")}
+        return LeaseTotals(int(reply.get("steals") or 0), int(reply.get("samples") or 0), by)
+    steals, samples, *mine = reply
+    by = {w: int(v) for w, v in zip(workers, mine, strict=True) if v is not None}
+    return LeaseTotals(int(steals or 0), int(samples or 0), by)
 
 
 def queue_lease_grants(pipe: Any, job_id: str) -> None:

@@ -1,0 +1,80 @@
+/* strata dashboard: the training-progress panel (each job's "progress" in /api/dashboard).
+ *
+ * It draws what dashboard.js fetched (window.strataDashboard.doc): no request of its own. Per
+ * job: samples trained and samples/s, the current epoch's remaining samples and ETA, each
+ * live worker's samples/s with the slowest one marked, and where each committed checkpoint
+ * lives. Samples/s are deltas of the lease owner's lifetime counts between the server's
+ * reads, so the first reads show "–". */
+(function () {
+  "use strict";
+
+  const CHECK_MS = 250;
+  let shown = null;
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+  const rate = (v) => (v === null || v === undefined ? "–" : Number(v).toFixed(v < 100 ? 1 : 0));
+  function duration(s) {
+    if (s === null || s === undefined) return "–";
+    if (s < 60) return `${Math.round(s)} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+    return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+  }
+  function stat(name, label, value, small, sub) {
+    return el("div", { class: "card", "data-progress": name }, el("div", { class: "label", text: label }),
+      el("div", { class: "value" }, value, small ? el("small", { text: ` ${small}` }) : null),
+      sub ? el("div", { class: "sub", text: sub }) : null);
+  }
+
+  function jobPanel(job, multi) {
+    const p = job.progress;
+    const eta = p.eta_s === 0 ? "done" : duration(p.eta_s);
+    const left = p.epoch_remaining_samples;
+    const stats = el("div", { class: "cards progress-cards" },
+      stat("rate", "samples/s", rate(p.samples_per_s), "", p.rate_window_s ? `job, over the last ${Math.round(p.rate_window_s)} s` : "needs two reads"),
+      stat("eta", `epoch ${job.epoch} ETA`, eta, "", left === null ? "epoch not started" : `${left.toLocaleString()} samples left`),
+      stat("trained", "samples trained", p.samples_trained.toLocaleString(), "", "over the job's life"),
+      stat("slowest", "slowest worker", p.slowest_worker || "–", "", "lowest samples/s, live"));
+    const workers = el("table", { class: "progress-workers" },
+      el("thead", {}, el("tr", {}, el("th", { text: "worker" }), el("th", { class: "num", text: "samples/s" }),
+        el("th", { class: "num", text: "samples trained" }), el("th", { text: "" }))),
+      el("tbody", {}, ...p.workers.map((w) => el("tr", { "data-worker": w.worker_id, class: w.slowest ? "slowest" : null },
+        el("td", { text: w.worker_id }), el("td", { class: "num", text: rate(w.samples_per_s) }),
+        el("td", { class: "num", text: w.samples_trained.toLocaleString() }),
+        el("td", {}, w.slowest ? el("span", { class: "pill slowest", text: "slowest" }) : null)))));
+    const places = el("table", { class: "progress-checkpoints" },
+      el("thead", {}, el("tr", {}, el("th", { text: "checkpoint" }), el("th", { text: "location" }))),
+      el("tbody", {}, ...p.checkpoints.map((c) => el("tr", { "data-label": c.label },
+        el("td", { text: c.label }), el("td", { class: "location", text: c.location || "– (not recorded)" })))));
+    return el("div", { class: "progress-job", "data-job": job.job_id },
+      multi ? el("h3", { text: job.job_id }) : null, stats,
+      el("div", { class: "grid two" }, el("div", { class: "scroll" }, workers), el("div", { class: "scroll" }, places)));
+  }
+
+  function render(doc) {
+    const target = document.getElementById("progress");
+    if (!target) return;
+    const multi = doc.jobs.length !== 1;
+    target.replaceChildren(...doc.jobs.filter((j) => j.progress).map((j) => jobPanel(j, multi)));
+  }
+
+  setInterval(() => {
+    const state = window.strataDashboard;
+    if (state && state.doc && state.doc !== shown) {
+      shown = state.doc;
+      render(shown);
+    }
+  }, CHECK_MS);
+})();
