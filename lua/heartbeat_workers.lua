@@ -16,7 +16,7 @@ local ids = {}
 for i = 1, n do ids[i] = ARGV[2 * i - 1] end
 local statuses = redis.call('HMGET', KEYS[2], unpack(ids))
 local incarnations = redis.call('HMGET', KEYS[3], unpack(ids))
-local beats = {}
+local beats, score = {}, tostring(now)  -- one number-to-string conversion, not one per worker
 for i = 1, n do
   local status, code = statuses[i], S.OK
   if not status then code = S.WORKER_NOT_REGISTERED
@@ -24,7 +24,7 @@ for i = 1, n do
   elseif status == 'left' then code = S.WORKER_LEFT
   elseif incarnations[i] ~= ARGV[2 * i] then code = S.WORKER_REPLACED
   else
-    beats[#beats + 1] = now
+    beats[#beats + 1] = score
     beats[#beats + 1] = ids[i]
   end
   reply[i + 2] = code
