@@ -91,8 +91,7 @@ def test_one_thread_beats_every_worker_of_a_process(redis_url: str, job_id: str)
     wait_for(lambda: not heartbeat_threads(job_id), 5)  # an earlier test's job of that id
     lost: list[strata_redis.StrataError] = []
     ws = [
-        job.register_worker(f"w{i}", heartbeat_interval=0.1, on_lost=lost.append)
-        for i in range(8)
+        job.register_worker(f"w{i}", heartbeat_interval=0.1, on_lost=lost.append) for i in range(8)
     ]
     assert len(heartbeat_threads(job_id)) == 1  # one thread, not eight
     generations: list[int] = []
