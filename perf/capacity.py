@@ -198,7 +198,8 @@ def measure(url: str, rounds: int, calls: int) -> dict[str, Any]:
         return lambda: _all_ok(heartbeat_workers(ctx, workers[:n]))
 
     def tick(n: int) -> Callable[[], None]:
-        # what a heartbeat thread sends each interval for n workers of its process
+        # what a heartbeat thread sends each interval for n workers of its process (one
+        # worker: its own heartbeat script; before batching, every worker sent this)
         calls_ = [heartbeat_workers_call(ctx, workers[:n]), registry.reap_call(ctx)]
         return lambda: ctx.heartbeat_scripts.run_many(calls_)
 
@@ -210,10 +211,7 @@ def measure(url: str, rounds: int, calls: int) -> dict[str, Any]:
         **{f"batch_{n}": (batched(n), 1) for n in BATCH_SIZES},
         "tick_1": (tick(1), 2),
         f"tick_{PER_HOST}": (tick(PER_HOST), 2),
-        # before batching: each worker's own thread sent its heartbeat and a reaper step
-        "tick_single": (lambda: ctx.heartbeat_scripts.run_many(
-            [one.heartbeat_call(), registry.reap_call(ctx)]), 2),
-    }  # fmt: skip
+    }
     # the raw commands each kind replaces (pipelined, as a job without scripts would send)
     lease_key = "capacity:{raw}:lease"
     replaced: dict[str, Callable[[Any, int], None]] = {
@@ -322,10 +320,7 @@ def measure(url: str, rounds: int, calls: int) -> dict[str, Any]:
     doc["workers_per_core"] = INTERVAL_S * 1e6 / med["tick_1"]
     doc["workers_per_core_batched"] = INTERVAL_S * 1e6 * PER_HOST / med[f"tick_{PER_HOST}"]
     doc["raw_workers_per_core"] = INTERVAL_S * 1e6 / plain["heartbeat"]
-    # before heartbeats were batched, every worker's thread sent its own tick, however many
-    # workers its process ran
-    doc["tick_single_us"] = med["tick_single"]
-    doc["workers_per_core_unbatched"] = INTERVAL_S * 1e6 / med["tick_single"]
+
     doc["lease_handoffs_per_core_s"] = 1e6 / med["lease_handoff"]
     doc["raw_lease_handoffs_per_core_s"] = 1e6 / plain["lease_handoff"]
     return doc
@@ -351,8 +346,7 @@ def print_table(doc: dict[str, Any]) -> None:
                                         strict=True)))  # fmt: skip
     print(f"  one core serves {doc['workers_per_core']:,.0f} workers at {doc['interval_s']:g} s "
           f"(one per process), {doc['workers_per_core_batched']:,.0f} ({doc['per_host']} per "
-          f"process, one call; {doc['workers_per_core_unbatched']:,.0f} when each worker sent "
-          f"its own tick), {doc['raw_workers_per_core']:,.0f} raw ZADDs; "
+          f"process, one call), {doc['raw_workers_per_core']:,.0f} raw ZADDs; "
           f"{doc['lease_handoffs_per_core_s']:,.0f} lease hand-offs/s "
           f"({doc['raw_lease_handoffs_per_core_s']:,.0f} raw SET NX + DEL)")  # fmt: skip
 

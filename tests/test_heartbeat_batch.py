@@ -54,9 +54,13 @@ def test_one_call_beats_the_live_and_reports_the_dead_without_reviving_them(
     assert statuses(job) == {"w0": "idle", "w1": "left", "w2": "failed", "w3": "idle",
                              "w4": "idle"}  # fmt: skip
     assert job.membership_generation() == generation
-    # a single heartbeat refuses the same way
+    # a single heartbeat refuses the same way, and so does a batch of one (sent as one)
     with pytest.raises(strata_redis.WorkerFailedError):
         ws[2].heartbeat()
+    (alone,) = job.heartbeat_workers([ws[2]])
+    assert isinstance(alone, strata_redis.WorkerFailedError) and alone.worker_id == "w2"
+    assert job.heartbeat_workers([ws[0]]) == [None]
+    assert raw.zscore(job.keys.heartbeats, "w2") is None
 
 
 def test_batches_past_the_limit_are_split(
