@@ -4,7 +4,7 @@
 -- refused and reported, never resurrected. Statuses are kept (``heartbeat`` sets them).
 -- The caller bounds the batch (``workers.HEARTBEAT_BATCH``).
 -- KEYS[1] = heartbeats ZSET   KEYS[2] = status HASH   KEYS[3] = incarnation HASH
--- ARGV[2i-1] = worker i's id   ARGV[2i] = the caller's incarnation of it   (i = 1 .. n)
+-- ARGV[1..n] = the workers' ids   ARGV[n+1..2n] = the caller's incarnation of each, in order
 -- returns {0, now_ms, code_1, ..., code_n}: code_i is worker i's Status: OK (heartbeat
 -- recorded) | NOT_REGISTERED | FAILED | LEFT | REPLACED (nothing written for it)
 local n = math.floor(NARGV / 2)
@@ -12,22 +12,20 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local reply = {S.OK, now}
 if n == 0 then return reply end
-local ids = {}
-for i = 1, n do ids[i] = ARGV[2 * i - 1] end
-local statuses = redis.call('HMGET', KEYS[2], unpack(ids))
-local incarnations = redis.call('HMGET', KEYS[3], unpack(ids))
-local beats, score = {}, tostring(now)  -- one number-to-string conversion, not one per worker
+local statuses = redis.call('HMGET', KEYS[2], unpack(ARGV, 1, n))
+local incarnations = redis.call('HMGET', KEYS[3], unpack(ARGV, 1, n))
+-- one number-to-string conversion, not one per worker; a counter, not a length per insert
+local beats, b, score = {}, 0, tostring(now)
 for i = 1, n do
   local status, code = statuses[i], S.OK
   if not status then code = S.WORKER_NOT_REGISTERED
   elseif status == 'failed' then code = S.WORKER_FAILED
   elseif status == 'left' then code = S.WORKER_LEFT
-  elseif incarnations[i] ~= ARGV[2 * i] then code = S.WORKER_REPLACED
+  elseif incarnations[i] ~= ARGV[n + i] then code = S.WORKER_REPLACED
   else
-    beats[#beats + 1] = score
-    beats[#beats + 1] = ids[i]
+    beats[b + 1], beats[b + 2], b = score, ARGV[i], b + 2
   end
   reply[i + 2] = code
 end
-if #beats > 0 then redis.call('ZADD', KEYS[1], unpack(beats)) end
+if b > 0 then redis.call('ZADD', KEYS[1], unpack(beats, 1, b)) end
 return reply

@@ -310,11 +310,10 @@ def heartbeat_workers_call(ctx: JobContext, workers: Sequence[Worker]) -> Call:
         raise ValueError(f"workers must hold 1..{HEARTBEAT_BATCH} workers, got {len(workers)}")
     if len(workers) == 1 and workers[0].context.job_id == ctx.job_id:
         return workers[0].heartbeat_call()
-    args: list[Any] = []
     for worker in workers:
         if worker.context.job_id != ctx.job_id:
             raise ValueError(f"workers must belong to job {ctx.job_id!r}, got {worker!r}")
-        args += [worker.worker_id, worker.incarnation]
+    args: list[Any] = [w.worker_id for w in workers] + [w.incarnation for w in workers]
     k = ctx.keys
     return "heartbeat_workers", [k.heartbeats, k.status, k.incarnation], args
 
