@@ -140,12 +140,13 @@ def _labels(labels: Mapping[str, str] | None) -> dict[str, str]:
 class Worker:
     """A registered worker of a job. Made by ``register_worker`` (``Job.register_worker``).
 
-    The background heartbeat thread (started by default) sends a heartbeat every
-    ``interval`` seconds and runs the reaper step in the same round trip, through the
-    context's heartbeat client (a small pool of its own, never behind blocking waits). It
-    survives Redis blips (redis-py reconnects on the next tick). If it learns that this
-    worker was declared failed, left, or was replaced, it stops, sets ``lost`` and calls
-    ``on_lost``.
+    Background heartbeats (started by default) come from the heartbeat thread of its
+    context's ``HeartbeatGroup`` for its interval, shared with the job's other workers in this
+    process at that interval: every ``interval`` seconds one round trip carries all their
+    heartbeats (one script call) and a reaper step, through the context's heartbeat client (a
+    small pool of its own, never behind blocking waits). It survives Redis blips (redis-py
+    reconnects on the next tick). If it learns that this worker was declared failed, left, or
+    was replaced, it stops beating it, sets ``lost`` and calls ``on_lost``.
 
     Each tick also learns the membership generation (the reaper step's reply): it is kept in
     ``generation``, and ``on_generation`` (if set) is called with it from the thread, so a
