@@ -6,8 +6,7 @@
     python perf/run.py --smoke            # one value each: proves every benchmark still runs
     python perf/run.py --save-baseline    # then copy the results to perf/baseline/: the
                                           # pyperf suites and the summaries (load, cost,
-                                          # sharding, limits, heartbeat, epochs, capacity,
-                                          # curves)
+                                          # sharding, limits, heartbeat, epochs, curves)
                                           # and the curves' table and charts
     python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
@@ -16,7 +15,8 @@
     python perf/run.py capacity           # only perf/capacity.py: Redis CPU per heartbeat,
                                           # lease hand-off, barrier arrival, checkpoint ack
                                           # (INFO commandstats; runs in every full run, and
-                                          # with --no-load: it takes about a minute)
+                                          # with --no-load: ~1.5 min); --save-baseline keeps
+                                          # its summary, capacity.json
     python perf/run.py --node-loss        # also perf/node_loss.py --repeat 1: torchrun node
                                           # loss under strata and c10d, both victims
                                           # (~3 min; not part of the default run)
