@@ -1,6 +1,7 @@
 """Redis CPU per script call of the prelude every script runs behind (``status.ERA_CHECK``):
 the heartbeat script with no check, with the era check alone (the prelude before the job's
-clock, 392eb16), and with today's era, clock and anchor check, side by side.
+clock, 392eb16), with today's era, clock and anchor check, and with the same check behind
+the status codes as Lua tables built on every call (before ``status.inline``), side by side.
 
     python perf/prelude_cost.py [--rounds 7] [--calls 4000]
 
@@ -29,6 +30,16 @@ ERA_ONLY = (
 )
 
 
+def tables() -> str:
+    """The status codes as Lua tables built on every call, as every script began before
+    ``status.inline`` (issue 27)."""
+    out = []
+    for var, enum in (("S", status.Status), ("A", status.Acquire)):
+        fields = ", ".join(f"{m.name} = {m.value}" for m in enum)
+        out.append(f"local {var} = {{{fields}}}")
+    return " ".join(out) + " "
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -41,16 +52,19 @@ def main() -> None:
         job.client.set(job.keys.fence, 0)
         name, keys, args_ = worker.heartbeat_call()
         job.scripts.call(name, keys, args_)  # the anchors are noted
-        tables = status.prelude()[: status.prelude().index(status.ERA_CHECK)]
-        body = scripts.sources()[name]
+        body = status.inline(scripts.sources()[name])
         full_keys, full_args = job.scripts.stamp(keys, args_)
         variants = {
-            "no check": (tables + "local NKEYS, NARGV = #KEYS, #ARGV " + body, keys, args_),
+            "no check": ("local NKEYS, NARGV = #KEYS, #ARGV " + body, keys, args_),
             "era only (392eb16)": (
-                tables + ERA_ONLY + body, [*keys, job.keys.era],
+                status.inline(ERA_ONLY) + body, [*keys, job.keys.era],
                 [*args_, job.context.era.value()],
             ),
             "era, clock and anchors": (scripts.compiled()[name], full_keys, full_args),
+            "the same, codes as tables": (
+                tables() + status.ERA_CHECK + scripts.sources()[name] + "\n" + status.EPILOGUE,
+                full_keys, full_args,
+            ),
         }  # fmt: skip
         raw = redis.Redis.from_url(server.url)
         shas = {label: raw.script_load(code) for label, (code, _, _) in variants.items()}

@@ -45,6 +45,7 @@ T_SIGNIFICANT = 2.0
 #: script that writes them
 SUMMARIES = {"cost": "cost", "sharding": "bench_sharding", "limits": "limits",
              "heartbeat": "bench_heartbeat", "epochs": "epochs"}  # fmt: skip
+SUMMARIES["capacity"] = "capacity"  # Redis CPU per call, INFO commandstats (issue 27)
 #: summary files a baseline keeps besides the bench_*.json suites (``--save-baseline``)
 BASELINE_SUMMARIES = ("load_*.json", *(f"{s}.json" for s in SUMMARIES), "curves.json")
 STATUSES = ("target", "acceptable", "degraded", "critical", "not measured")
@@ -52,6 +53,7 @@ UNITS = {"p50": "ms", "p95": "ms", "p99": "ms", "p999": "ms", "mean": "ms", "mb_
          "gb_s": "GB/s", "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s",
          "fraction": "x", "count": "calls", "ms": "ms", "workers": "workers",
          "bytes": "B"}  # fmt: skip
+UNITS.update({"us": "us", "per_s": "/s"})  # the capacity rows (perf/capacity.py)
 
 
 @dataclass

@@ -12,6 +12,11 @@
     python perf/run.py bench_heartbeat    # only some benchmarks
     python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
     python perf/run.py bench_torch        # strata_redis.torch beside DistributedSampler, torch.save
+    python perf/run.py capacity           # only perf/capacity.py: Redis CPU per heartbeat,
+                                          # lease hand-off, barrier arrival, checkpoint ack
+                                          # (INFO commandstats; runs in every full run, and
+                                          # with --no-load: ~1.5 min); --save-baseline keeps
+                                          # its summary, capacity.json
     python perf/run.py --node-loss        # also perf/node_loss.py --repeat 1: torchrun node
                                           # loss under strata and c10d, both victims
                                           # (~3 min; not part of the default run)
@@ -41,6 +46,9 @@ from strata_redis.server import RedisServer
 HERE = Path(__file__).resolve().parent
 #: bench_* modules that need an optional extra: skipped (said so) when it is not installed
 NEEDS = {"bench_torch": "torch"}
+#: summary scripts run by name like a benchmark (and in every run that names none), each on a
+#: private redis-server of its own (they read and reset its INFO): perf/<name>.py --results
+STANDALONE = ("capacity",)
 
 
 def main() -> int:
@@ -68,6 +76,8 @@ def main() -> int:
     args = parser.parse_args()
 
     names = args.benchmarks or sorted(p.stem for p in HERE.glob("bench_*.py"))
+    standalone = [n for n in STANDALONE if not args.benchmarks or n in args.benchmarks]
+    names = [n for n in names if n not in STANDALONE]
     args.results.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(HERE))
     server = None
@@ -120,6 +130,12 @@ def main() -> int:
             if args.save_baseline and not args.smoke:
                 (HERE / "baseline").mkdir(exist_ok=True)
                 shutil.copy(out, HERE / "baseline" / out.name)
+        for script in standalone:
+            print(f"== {script} (perf/{script}.py)", flush=True)
+            cmd = [sys.executable, str(HERE / f"{script}.py"), "--results", str(args.results)]
+            cmd += ["--smoke"] if args.smoke else []
+            if subprocess.run(cmd, cwd=HERE).returncode != 0:
+                failed.append(script)
         if not args.no_load:
             # load scenarios; per-worker cost and recovery; scaling curves; limits; epochs
             for script in ("load", "cost", "curves", "limits", "epochs"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
@@ -13,7 +13,7 @@ from .coordination import epochs, latency, lifecycle, registry
 from .coordination.barrier import Barrier
 from .coordination.latency import BarrierLatency
 from .coordination.registry import WorkerInfo
-from .coordination.workers import Worker, register_worker
+from .coordination.workers import Worker, heartbeat_workers, register_worker
 from .data.datasets import get_dataset
 from .data.leases import ShardLeases
 from .era import EraScripts
@@ -168,6 +168,18 @@ class Job:
             labels=labels, replace=replace, heartbeat_interval=heartbeat_interval,
             on_lost=on_lost,
         )  # fmt: skip
+
+    def heartbeat_workers(self, workers: Iterable[Worker]) -> list[StrataError | None]:
+        """Heartbeat several of this job's workers in one round trip (one script call per
+        1,000); background heartbeats of one process are batched so already.
+
+        See ``strata_redis.coordination.workers.heartbeat_workers``.
+
+        Returns:
+            One verdict per worker, in order: None (recorded) or the exception a single
+            ``Worker.heartbeat`` would have raised; a refused worker is never resurrected.
+        """
+        return heartbeat_workers(self.context, workers)
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker the job has seen, sorted by id, with ages on Redis' clock."""

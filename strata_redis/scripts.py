@@ -3,8 +3,9 @@
 Every script lives in ``lua/<name>.lua`` (the wheel carries them as ``strata_redis/lua``)
 and returns a table whose first element is a ``Status`` code: 0 for success, else a refusal
 that ``errors.from_status`` turns into its exception. Each script is loaded with the status
-prelude (``status.prelude()``) in front of its first line, so scripts name codes, not numbers,
-and with the shared pieces of Lua it names (``lua/lib/``, one line each).
+prelude (``status.prelude()``) in front of its first line and the codes it names (``S.X``,
+``A.X``) written as numbers (``status.inline``), so scripts name codes, not numbers, and with
+the shared pieces of Lua it names (``lua/lib/``, one line each).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from .errors import Context, from_status
-from .status import EPILOGUE, Status, prelude
+from .status import EPILOGUE, Status, inline, prelude
 
 #: one script call: (script name, keys, args)
 Call = tuple[str, Sequence[str], Sequence[Any]]
@@ -55,14 +56,14 @@ def library(name: str) -> str:
 
 @cache
 def compiled() -> dict[str, str]:
-    """Every script as Redis runs it: the status prelude and the shared pieces it names on a
+    """Every script as Redis runs it: the era prelude and the shared pieces it names on a
     ``-- uses: lib/<name>.lua`` line, then the file (all on its first line: line numbers kept),
-    then the epilogue after its last line (the reply with the job's clock: ``status.py``)."""
+    then the epilogue after its last line (the reply with the job's clock: ``status.py``);
+    status codes written as numbers (``status.inline``)."""
     head = prelude()
     return {
         name: head
-        + "".join(library(lib) for lib in USES.findall(src))
-        + src
+        + inline("".join(library(lib) for lib in USES.findall(src)) + src)
         + ("" if src.endswith("\n") else "\n")
         + EPILOGUE
         for name, src in sources().items()

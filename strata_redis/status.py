@@ -1,16 +1,19 @@
 """The Lua contract's status codes: one Python enum, composed into every script as a prelude.
 
-Scripts cannot ``require`` a shared file, so ``prelude()`` renders these enums as Lua tables
-(``S.LEASE_LOST``, ``A.NOTHING``) and ``scripts`` puts them in front of each script's first
-line when it loads it (on that line, so Lua's line numbers in errors stay the file's). No
-bare number stands for a status in Python or Lua.
+Scripts cannot ``require`` a shared file, so scripts name these enums' members as ``S.LEASE_LOST``
+and ``A.NOTHING``, and ``inline`` writes each name's number in its place when ``scripts``
+loads a script (a table built per call cost Redis ~1.4 us of every script call: perf/
+capacity.py). ``prelude()`` (the era and clock check) goes in front of each script's first
+line (on that line, so Lua's line numbers in errors stay the file's). No bare number stands
+for a status in Python or in a script's file.
 """
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
-__all__ = ["ANCHORS", "EPILOGUE", "ERA_CHECK", "Acquire", "Status", "prelude"]
+__all__ = ["ANCHORS", "EPILOGUE", "ERA_CHECK", "Acquire", "Status", "inline", "prelude"]
 
 
 class Status(IntEnum):
@@ -118,11 +121,30 @@ EPILOGUE = (
 )
 
 
+#: a member of the enums as a script names it
+_NAMED = re.compile(r"\b([SA])\.([A-Za-z_]\w*)")
+
+
+def inline(lua: str) -> str:
+    """``lua`` with each ``S.<NAME>`` (``Status``) and ``A.<NAME>`` (``Acquire``) replaced by
+    its number (negative ones in parentheses).
+
+    Raises:
+        ValueError: a name no enum has (a typo would otherwise be a runtime error in Redis).
+    """
+
+    def number(match: re.Match[str]) -> str:
+        enum = Status if match.group(1) == "S" else Acquire
+        try:
+            value = int(enum[match.group(2)])
+        except KeyError:
+            raise ValueError(f"Lua names {match.group(0)!r}: no such {enum.__name__}") from None
+        return str(value) if value >= 0 else f"({value})"
+
+    return _NAMED.sub(number, lua)
+
+
 def prelude() -> str:
-    """The enums as Lua tables and the era and clock check, on one line: ``local S = {...}
-    ...``; it opens the function the script's body runs in (``EPILOGUE`` closes it)."""
-    tables = []
-    for var, enum in (("S", Status), ("A", Acquire)):
-        fields = ", ".join(f"{m.name} = {m.value}" for m in enum)
-        tables.append(f"local {var} = {{{fields}}}")
-    return " ".join(tables) + " " + ERA_CHECK
+    """The era and clock check, on one line, with the codes inlined (``inline``); it opens
+    the function the script's body runs in (``EPILOGUE`` closes it)."""
+    return inline(ERA_CHECK)

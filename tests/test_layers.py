@@ -15,6 +15,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+import pytest
+
 import strata_redis
 from strata_redis import status
 from strata_redis.scripts import compiled, sources
@@ -142,3 +144,13 @@ def test_no_bare_status_codes_in_python_or_lua() -> None:
         # a reply's flags (0/1) are not statuses; any other number compared with it is
         bare = re.search(r"reply\[0\]\)? *[=!<>]=? *(-\d|[2-9]|\d\d)", text)
         assert not bare, f"{path}: bare status code {bare.group(0)!r}"
+
+
+def test_status_codes_are_written_as_numbers_when_scripts_load() -> None:
+    # no Lua table of codes is built per call: each name is its number in the loaded script
+    assert status.inline("return {S.LEASE_LOST, A.NOTHING}") == "return {20, (-1)}"
+    with pytest.raises(ValueError, match=r"'S\.NO_SUCH_CODE': no such Status"):
+        status.inline("return {S.NO_SUCH_CODE}")
+    for name, code in compiled().items():
+        left = re.search(r"\b[SA]\.[A-Z_]+", code)
+        assert not left, f"{name}: {left.group(0) if left else ''} not inlined"

@@ -39,7 +39,7 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     assert "| metric | measured |" in (tmp_path / "report.md").read_text()
     # the load scenarios, the per-worker cost and every scaling curve ran, with its chart
     for name in ("load_peak", "load_raw", "load_sustained", "load_burst", "cost", "sharding",
-                 "limits", "heartbeat", "epochs"):  # fmt: skip
+                 "limits", "heartbeat", "epochs", "capacity"):  # fmt: skip
         assert json.loads((tmp_path / f"{name}.json").read_text()), name
     # what an epoch costs Redis: its rows are filled (issue 24's bytes bars)
     epochs = json.loads((tmp_path / "epochs.json").read_text())
@@ -54,6 +54,12 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     burst = json.loads((tmp_path / "load_burst.json").read_text())
     peak = json.loads((tmp_path / "load_peak.json").read_text())
     assert burst["burst_rate"] > peak["rps"] and "recover_s" in burst, burst
+    assert "recover_spread_s" in burst and burst["baseline_window_p99_ms"], burst
+    # Redis' CPU per operation (perf/capacity.py): each script beside its inner commands
+    capacity = json.loads((tmp_path / "capacity.json").read_text())
+    for kind in ("heartbeat", "lease_handoff", "barrier_arrival", "checkpoint_ack"):
+        assert 0 < capacity[f"{kind}_inner_us"] < capacity[f"{kind}_us"], (kind, capacity)
+    assert rows["lease hand-offs one Redis core serves per second"]["measured"]
     # per-call percentiles of the heartbeat and its raw reference; the era A/B ran
     beat = json.loads((tmp_path / "heartbeat.json").read_text())
     assert 0 < beat["raw_zadd_p50_ms"] <= beat["raw_zadd_p999_ms"], beat
