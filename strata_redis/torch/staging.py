@@ -329,7 +329,9 @@ def _copy_into(arena: np.ndarray, plan: _Plan) -> Any:
         staged = torch.empty(0, dtype=t.dtype).set_(
             storage, t.storage_offset(), t.size(), t.stride()
         )
-        if t.requires_grad:
+        if isinstance(t, torch.nn.Parameter):  # (as torch.save would record it)
+            staged = torch.nn.Parameter(staged, requires_grad=t.requires_grad)
+        elif t.requires_grad:
             staged.requires_grad_(True)
         memo[id(t)] = staged
     memo[id(memo)] = [plan.tensors]  # deepcopy's keep-alive list: the originals stay put

@@ -163,7 +163,7 @@ class _Saves:
     def track(self, inner: Future[CheckpointInfo]) -> SavedFuture:
         future = SavedFuture(inner)
         with self._lock:
-            self._futures = [f for f in self._futures if not (f.done() and f.seen)]
+            self._futures = [f for f in self._futures if _unsettled(f)]
             self._futures.append(future)
         return future
 
@@ -190,6 +190,11 @@ class _Saves:
             f"failed: {exc}", job_id=str(getattr(exc, "job_id", "")),
             step=getattr(cid, "step", None), epoch=getattr(cid, "epoch", None),
         ) from exc  # fmt: skip
+
+
+def _unsettled(future: SavedFuture) -> bool:
+    """Still running, or failed without anyone seeing it (kept until reported)."""
+    return not future.done() or (not future.seen and Future.exception(future) is not None)
 
 
 _SAVES: weakref.WeakKeyDictionary[TrainingOrchestrator, _Saves] = weakref.WeakKeyDictionary()
