@@ -323,3 +323,25 @@ def test_a_worker_killed_during_the_background_write_commits_nothing(
         raw = ckpt.load(name="model.pt")
         state = torch.load(io.BytesIO(raw), weights_only=True)
         assert _same_bits(state["weight"], _big_model(1).state_dict()["weight"])
+
+
+def test_a_reused_buffer_is_never_written_from_again() -> None:
+    """A part saved again later (an epoch-end fill-in re-saves the last parts) holds its
+    buffer only while nothing was staged into it since; a buffer a save holds is never
+    staged into (stage waits, here until its timeout)."""
+    area = StagingArea(1, name="job")
+    state = {"w": torch.arange(1000, dtype=torch.float32)}
+    first = area.stage({"model.pt": state})["model.pt"]
+    first.hold()  # the save takes the reservation
+    with pytest.raises(TimeoutError, match="no staging buffer came free"):
+        area.stage({"model.pt": state}, timeout=0.2)
+    raw = b"".join(first.chunks())
+    assert torch.equal(torch.load(io.BytesIO(raw), weights_only=True)["w"], state["w"])
+    first.release()
+    first.hold()  # nothing staged since: a fill-in may save it again
+    first.release()
+    second = area.stage({"model.pt": {"w": state["w"] * 2}})["model.pt"]
+    with pytest.raises(CheckpointError, match="reused by a later save"):
+        first.hold()
+    second.drop()  # not taken by a save: the reservation goes
+    assert area.in_use == 0 and area.nbytes == -(-4000 // ALIGN) * ALIGN
