@@ -35,7 +35,9 @@ class LocalStorage(Storage):
     part of one, and a completed write survives a power cut. Missing parent directories are
     created (and made durable). Deleting the last object of a directory removes the empty
     directory. A writer killed mid-write leaves a hidden ``.strata-tmp-*`` file that
-    :meth:`list` never shows.
+    :meth:`list` never shows. A large write starts the writeback of each 16 MiB as soon as
+    it is written (the fsync then finds little left), and those pages leave the page cache
+    once on disk; ``write_chunks`` writes a part's pieces with gathered writes.
 
     Example::
 
