@@ -169,7 +169,8 @@ class TestContract:
 
     def test_write_chunks_stores_them_one_after_the_other(self, storage: Storage) -> None:
         # more pieces than one gathered write takes (IOV_MAX 1024), empty ones, a big one
-        data = np.random.default_rng(2).integers(0, 256, 3 * MiB + 11, dtype=np.uint8)
+        # over the 5 MiB threshold of the S3 fixture: a multipart upload read across pieces
+        data = np.random.default_rng(2).integers(0, 256, 6 * MiB + 11, dtype=np.uint8)
         pieces = [memoryview(bytes([i % 256]) * (i % 7)) for i in range(2500)]
         pieces += [memoryview(data)[: 2 * MiB], memoryview(b""), memoryview(data)[2 * MiB :]]
         storage.write_chunks("parts/model.pt", pieces)
