@@ -16,6 +16,9 @@
   (DCP, no process group: one process) to a ``FileSystemWriter`` directory, DCP's
   ``async_save`` stall, a raw ``write`` + ``fsync`` of the bytes ``torch.save`` makes, all on
   the same disk, and a memcpy of the state's bytes into a warm buffer (the stall's bar).
+  strata's stall is the copy into its staging area (``strata_redis.torch.staging_area``):
+  its size is measured once by the master (the same staging code, the same model) and
+  printed, and kept in the results' metadata (``strata_torch_staging_mib``).
 
 Every writer writes a new file (or directory) per step and keeps the last two (strata's
 ``keep_count=2``; the others delete the one of two steps back, untimed), and each is timed
@@ -61,6 +64,7 @@ RATIOS = [
     ("strata DataLoader batch (LeaseBatchSampler)", "torch DataLoader batch (DistributedSampler)"),
     ("strata torch.save() stall", "memcpy of the state"),
     ("DCP async_save stall", "memcpy of the state"),
+    ("strata torch.save() stall", "DCP async_save stall"),
     ("strata torch.save() total", "torch.save+fsync"),
     ("strata torch.save() total", "raw write+fsync of the serialized state"),
     ("torch.distributed.checkpoint.save", "torch.save+fsync"),
@@ -103,7 +107,23 @@ def make_runner() -> tuple[pyperf.Runner, argparse.Namespace]:
             atexit.register(server.close)
             args.redis_url = server.url
     runner.metadata["checkpoint_size_mb"] = args.size_mb
+    if not args.worker:
+        staged = _staging_mib(args.size_mb)
+        runner.metadata["strata_torch_staging_mib"] = staged
+        print(f"strata_redis.torch staging area: {staged:.1f} MiB in 1 buffer for a "
+              f"{args.size_mb} MiB state_dict (memory bound: one state)", flush=True)  # fmt: skip
     return runner, args
+
+
+def _staging_mib(size_mb: int) -> float:
+    """The staging area one save of the benchmark's model takes (MiB), measured."""
+    area = strata_torch.StagingArea(1)
+    for part in area.stage({"model.pt": _model(size_mb).state_dict()}).values():
+        part.drop()
+    staged = area.nbytes / MiB
+    area.clear()
+    _CACHE.pop("model", None)
+    return staged
 
 
 # -- sampler -----------------------------------------------------------------------------------

@@ -432,7 +432,8 @@ class TrainingOrchestrator:
             step: the loop's step (it may restart every epoch), ``0 <= step <= 2**53``.
             epoch: the loop's epoch, ``0 <= epoch <= 2**53`` (a warning once if it is not the
                 job's epoch, ``orchestrator.epoch``).
-            state: bytes, a buffer, or a mapping of part name -> buffer.
+            state: bytes, a buffer, or a mapping of part name -> buffer (or ->
+                ``checkpoint.snapshot.DeferredPart``, made on the upload thread).
             metadata: JSON-able values recorded with the position.
 
         Returns:

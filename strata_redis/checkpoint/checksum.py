@@ -15,6 +15,7 @@ __all__ = [
     "ALGORITHM",
     "CHUNK",
     "PendingCrc",
+    "crc32_chunks",
     "crc32_combine",
     "format_checksum",
     "parallel_crc32",
@@ -107,6 +108,14 @@ def parallel_crc32(data: memoryview, executor: Executor | None, parts: int = 2) 
         The CRC-32, an unsigned 32-bit int.
     """
     return PendingCrc(data, executor, parts).result()
+
+
+def crc32_chunks(chunks: list[memoryview]) -> int:
+    """Return the CRC-32 of the chunks one after the other, on the calling thread."""
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def format_checksum(crc: int) -> str:

@@ -17,11 +17,11 @@ from ..validate import check_id, check_int, check_seconds
 from .commit import StepProtocol
 from .ids import MAX_NUMBER, CheckpointId
 from .manifest import CheckpointInfo, check_part_name
-from .pipeline import SaveFuture, SavePipeline
+from .pipeline import Part, SaveFuture, SavePipeline
 from .reader import CheckpointReader, LoadedCheckpoint
 from .records import SaveRecord, save_records
 from .retention import PruneReport, prune
-from .snapshot import is_immutable
+from .snapshot import DeferredPart, is_immutable
 
 __all__ = ["MAX_STEP", "CheckpointManager", "SaveFuture"]
 
@@ -163,7 +163,9 @@ class CheckpointManager:
         Args:
             data: the bytes: any C-contiguous buffer (``bytes``, ``bytearray``,
                 ``memoryview``, a numpy array), or a mapping of part name -> buffer to save
-                several parts in one step.
+                several parts in one step. A mapping's value may also be a
+                ``checkpoint.snapshot.DeferredPart``: its bytes are made on the upload
+                thread (``strata_redis.torch.save`` serializes tensors that way).
             step: the training step, an int in ``[0, 2**53]``; (run, epoch, step) must come
                 after every checkpoint this manager saved and the job's newest committed one.
             epoch: the epoch, an int in ``[0, 2**53]`` or None (every rank must pass the
@@ -371,8 +373,9 @@ def _numbers(
     )
 
 
-def _parts(data: object, name: str) -> dict[str, tuple[memoryview, bool]]:
-    """The parts to save: name -> (flat byte view, whether the bytes are immutable)."""
+def _parts(data: object, name: str) -> dict[str, Part]:
+    """The parts to save: name -> (flat byte view, whether the bytes are immutable), or a
+    ``DeferredPart`` as it is."""
     if isinstance(data, Mapping):
         if not data:
             raise ValueError("data must not be an empty mapping of parts")
@@ -381,9 +384,12 @@ def _parts(data: object, name: str) -> dict[str, tuple[memoryview, bool]]:
     else:
         items = [(name, data)]
         where = None
-    parts = {}
+    parts: dict[str, Part] = {}
     for part, buf in items:
         check_part_name(part, arg="part name" if where else "name")
+        if isinstance(buf, DeferredPart):
+            parts[part] = buf
+            continue
         arg = f"data[{part!r}]" if where else "data"
         view = as_byte_view(buf, arg=arg)
         if not len(view):

@@ -18,12 +18,16 @@ from typing import Any
 from ..context import JobContext
 from ..errors import CheckpointAbortedError, CheckpointError, StepNotForwardError
 from ..storage import Storage
-from .checksum import PendingCrc, format_checksum
+from .checksum import crc32_chunks, format_checksum
 from .commit import StepProtocol
 from .ids import CheckpointId
 from .manifest import METADATA, CheckpointInfo, FileEntry, checkpoint_dir, part_path
 from .retention import prune
-from .snapshot import BufferPool, Snapshot
+from .snapshot import BufferPool, DeferredPart, DeferredSnapshot, Snapshot
+
+#: a part as ``submit`` takes it: (flat byte view, whether the bytes are immutable), or a part
+#: made on the upload thread
+Part = tuple[memoryview, bool] | DeferredPart
 
 __all__ = ["SaveFuture", "SavePipeline"]
 
@@ -39,7 +43,8 @@ class SaveFuture(Future[CheckpointInfo]):
     Attributes:
         checkpoint: the checkpoint being saved (``.step``, ``.epoch``, ``.run``, ``.label``).
         step: its step (the loop's).
-        nbytes: the bytes this worker saves.
+        nbytes: the bytes this worker saves (for a part made on the upload thread, its size
+            hint until it is made).
         phase: ``queued``, ``uploading``, ``waiting`` (for the other ranks' acks),
             ``committing``, ``committed`` or ``failed``.
         started: when ``save`` was called (``time.monotonic()``).
@@ -114,7 +119,7 @@ class SavePipeline:
     def submit(
         self,
         cid: CheckpointId,
-        views: dict[str, tuple[memoryview, bool]],
+        views: dict[str, Part],
         copy: bool,
         newest: CheckpointId | None,
     ) -> SaveFuture:
@@ -122,7 +127,8 @@ class SavePipeline:
 
         Args:
             cid: the checkpoint (validated).
-            views: part name -> (flat byte view, whether the bytes are immutable).
+            views: part name -> (flat byte view, whether the bytes are immutable), or a
+                ``DeferredPart`` (held here, made on the upload thread).
             copy: False saves mutable buffers without a copy.
             newest: the job's newest committed checkpoint, which ``cid`` must be after.
 
@@ -145,16 +151,21 @@ class SavePipeline:
             self._last = cid
             after, acked = self._previous_acked, threading.Event()
             self._previous_acked = acked
-        nbytes = sum(len(v) for v, _ in views.values())
+        nbytes = sum(p.size_hint if isinstance(p, DeferredPart) else len(p[0])
+                     for p in views.values())  # fmt: skip
         future = SaveFuture(cid, nbytes, after, acked)
-        snapshots: dict[str, Snapshot] = {}
+        snapshots: dict[str, Snapshot | DeferredSnapshot] = {}
         room = False
         try:
             self._room.acquire()  # waits while max_in_flight saves are running
             room = True
             started = time.monotonic()
-            for part, (view, immutable) in views.items():
-                snapshots[part] = Snapshot(view) if immutable or not copy else self._pool.copy(view)
+            for name, part in views.items():
+                if isinstance(part, DeferredPart):
+                    snapshots[name] = DeferredSnapshot(part)  # holds its source
+                    continue
+                view, immutable = part
+                snapshots[name] = Snapshot(view) if immutable or not copy else self._pool.copy(view)
             with self._lock:
                 self._in_flight.add(future)
             self._start_monitor()
@@ -174,7 +185,7 @@ class SavePipeline:
         self,
         future: SaveFuture,
         cid: CheckpointId,
-        snapshots: dict[str, Snapshot],
+        snapshots: dict[str, Snapshot | DeferredSnapshot],
         started: float,
     ) -> None:
         try:
@@ -198,7 +209,7 @@ class SavePipeline:
         self,
         future: SaveFuture,
         cid: CheckpointId,
-        snapshots: dict[str, Snapshot],
+        snapshots: dict[str, Snapshot | DeferredSnapshot],
         started: float,
     ) -> CheckpointInfo:
         base = checkpoint_dir(self.job_id, cid)
@@ -211,6 +222,7 @@ class SavePipeline:
                 )  # fmt: skip
             self.protocol.begin(cid)
             files = self._upload(base, snapshots)
+            future.nbytes = sum(f.size for f in files.values())  # deferred parts: now known
         except Exception as exc:
             # Whatever stops this rank stops the step, for every rank at once (the abort
             # does nothing to a step that is committed, or that a leader is committing).
@@ -243,19 +255,26 @@ class SavePipeline:
         self._schedule_retention()
         return info
 
-    def _upload(self, base: str, snapshots: dict[str, Snapshot]) -> dict[str, FileEntry]:
+    def _upload(
+        self, base: str, snapshots: dict[str, Snapshot | DeferredSnapshot]
+    ) -> dict[str, FileEntry]:
         files: dict[str, FileEntry] = {}
         for name, snap in snapshots.items():
             path = part_path(name, self.rank, self.world_size)
+            chunks = snap.chunks()  # a deferred part is made here, on this upload thread
             # The checksum runs on one other thread while this one writes (both release the
             # GIL): on two cores, the writer and one hasher (measured: a second hasher thread
             # slows the write more than it speeds the checksum).
-            crc = PendingCrc(snap.view, self._hasher, 1)
+            crc = self._hasher.submit(crc32_chunks, chunks)
             try:
-                self.storage.write(f"{base}/{path}", snap.view)
+                if len(chunks) == 1:
+                    self.storage.write(f"{base}/{path}", chunks[0])
+                else:
+                    self.storage.write_chunks(f"{base}/{path}", chunks)
             finally:
                 checksum = format_checksum(crc.result())  # before the buffer can be reused
-            files[path] = FileEntry(path, name, self.rank, len(snap.view), checksum)
+            size = sum(len(c) for c in chunks)
+            files[path] = FileEntry(path, name, self.rank, size, checksum)
         return files
 
     # -- background work -----------------------------------------------------------------------

@@ -45,6 +45,7 @@ from .index import CheckpointIndex
 from .manager import CheckpointManager
 from .manifest import CheckpointInfo, check_part_name
 from .reader import CheckpointReader
+from .snapshot import DeferredPart
 
 __all__ = ["RoundCheckpoints", "loop_parts"]
 
@@ -52,15 +53,18 @@ log = logging.getLogger("strata_redis.checkpoint")
 
 #: a reserved part: (name, bytes), e.g. the data position a rank saves with its state
 Part = tuple[str, bytes]
+#: a loop's parts: name -> bytes, or a part made on the upload thread (``DeferredPart``)
+LoopParts = dict[str, bytes | DeferredPart]
 
 #: a round's checkpoint announcements expire this long after their last write (ms)
 ANNOUNCE_TTL_MS = 86_400_000
 
 
-def loop_parts(state: object, extra: Part) -> dict[str, bytes]:
+def loop_parts(state: object, extra: Part) -> LoopParts:
     """A loop's parts of a checkpoint: ``state`` (bytes, a buffer, a mapping of part name ->
     buffer, or None: nothing) as bytes the caller may keep (a fill-in saves them again),
-    and the reserved part ``extra``.
+    and the reserved part ``extra``. A ``DeferredPart`` value is kept as it is (a fill-in
+    holds it again, which fails, and is skipped with a warning, once its source was reused).
 
     Raises:
         TypeError: a part is not plain bytes-like data (an object array holds pointers).
@@ -70,11 +74,14 @@ def loop_parts(state: object, extra: Part) -> dict[str, bytes]:
         items = list(state.items())
     else:
         items = [] if state is None else [("model.bin", state)]
-    parts: dict[str, bytes] = {}
+    parts: LoopParts = {}
     for name, buf in items:
         check_part_name(name, arg="state part name")
         if name == extra[0]:
             raise ValueError(f"state must not have a part named {extra[0]!r} (reserved)")
+        if isinstance(buf, DeferredPart):  # made on the upload thread; held while saved
+            parts[name] = buf
+            continue
         view = as_byte_view(buf, arg=f"state[{name!r}]" if isinstance(state, Mapping) else "state")
         parts[name] = buf if type(buf) is bytes else bytes(view)
     parts[extra[0]] = extra[1]
@@ -124,7 +131,7 @@ class RoundCheckpoints:
         self.held: set[CheckpointId] = set()
         self.manager: CheckpointManager | None = None  # the current round's
         self._old: list[CheckpointManager] = []
-        self._last_parts: dict[str, bytes] | None = None  # the last save's, for fill-ins
+        self._last_parts: LoopParts | None = None  # the last save's, for fill-ins
 
     def join(
         self, round_: int, fresh: bool, rank: int = 0, world_size: int = 1, *, abort: str = ""
@@ -235,7 +242,7 @@ class RoundCheckpoints:
             pipe.pexpire(key, ANNOUNCE_TTL_MS)
             pipe.execute()
 
-    def save(self, round_: int, cid: CheckpointId, job_epoch: int, parts: dict[str, bytes]
+    def save(self, round_: int, cid: CheckpointId, job_epoch: int, parts: LoopParts
              ) -> Future[CheckpointInfo]:  # fmt: skip
         """Announce ``cid`` in round ``round_`` and save this rank's ``parts`` of it (from
         ``loop_parts``) in the background; the future's result is the commit."""
@@ -244,7 +251,7 @@ class RoundCheckpoints:
         self._last_parts = parts
         return future
 
-    def _submit(self, parts: dict[str, bytes], cid: CheckpointId) -> Future[CheckpointInfo]:
+    def _submit(self, parts: LoopParts, cid: CheckpointId) -> Future[CheckpointInfo]:
         assert self.manager is not None
         # (save() reads the job's newest checkpoint before it queues anything: safe to retry)
         future: Future[CheckpointInfo] = self._retry(

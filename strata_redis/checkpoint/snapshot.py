@@ -6,15 +6,20 @@ kept for the next save: a fresh allocation costs a page fault per 4 KiB on first
 (measured: a copy into fresh memory runs at a quarter of the speed of one into warm memory),
 and reusing them keeps memory flat over any number of saves. ``bytes`` cannot change, so
 they are kept by reference, as is any buffer whose owner hands it over (``copy=False``).
+
+A ``DeferredPart`` is a part whose bytes are made later, on the save's upload thread (the
+caller's thread only staged what they are made from): ``strata_redis.torch`` stages tensors
+into reused buffers and serializes them there, off the training loop.
 """
 
 from __future__ import annotations
 
+import abc
 import threading
 
 import numpy as np
 
-__all__ = ["BufferPool", "Snapshot", "is_immutable"]
+__all__ = ["BufferPool", "DeferredPart", "DeferredSnapshot", "Snapshot", "is_immutable"]
 
 
 def is_immutable(data: object) -> bool:
@@ -41,6 +46,10 @@ class Snapshot:
         """The size in bytes."""
         return len(self.view)
 
+    def chunks(self) -> list[memoryview]:
+        """The bytes, as the views to write one after the other (here one)."""
+        return [self.view]
+
     def release(self) -> None:
         """Give the buffer back to its pool; the view must not be used after."""
         self.view = memoryview(b"")
@@ -48,6 +57,69 @@ class Snapshot:
             self._pool.put(self._buffer)
         self._buffer = None
         self._pool = None
+
+
+class DeferredPart(abc.ABC):
+    """A part whose bytes are made on the save's upload thread, from a source the caller
+    staged (and must keep unchanged from ``hold`` to ``release``).
+
+    The pipeline calls ``hold`` on the caller's thread when a save takes the part (a part
+    may be saved more than once: an epoch-end fill-in saves the last parts again), then
+    ``chunks`` on the upload thread, then ``release`` once the bytes are stored (or the
+    save failed).
+    """
+
+    @property
+    @abc.abstractmethod
+    def size_hint(self) -> int:
+        """About how many bytes the part will be (for progress and records before it is made)."""
+
+    @abc.abstractmethod
+    def hold(self) -> None:
+        """Keep the part's source unchanged until ``release``.
+
+        Raises:
+            CheckpointError: the source is gone or was reused for a later save.
+        """
+
+    @abc.abstractmethod
+    def chunks(self) -> list[memoryview]:
+        """Make the part's bytes: views to write one after the other, valid until ``release``.
+
+        Raises:
+            Exception: whatever making them raised (the save fails with it).
+        """
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """The save is done with the part (its views must not be used after)."""
+
+
+class DeferredSnapshot:
+    """What a save holds of a ``DeferredPart``: the part, held until ``release``."""
+
+    __slots__ = ("_part",)
+
+    def __init__(self, part: DeferredPart) -> None:
+        part.hold()
+        self._part: DeferredPart | None = part
+
+    @property
+    def nbytes(self) -> int:
+        """The part's size hint (its exact size is known once ``chunks`` ran)."""
+        return 0 if self._part is None else self._part.size_hint
+
+    def chunks(self) -> list[memoryview]:
+        """The part's bytes, made now (on the calling thread)."""
+        if self._part is None:
+            raise RuntimeError("a released snapshot has no bytes")
+        return self._part.chunks()
+
+    def release(self) -> None:
+        """Let the part's source go; a second call does nothing."""
+        part, self._part = self._part, None
+        if part is not None:
+            part.release()
 
 
 class BufferPool:

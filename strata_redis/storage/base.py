@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import re
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -165,6 +166,18 @@ class Storage(abc.ABC):
         Raises:
             StorageError: the backend failed; the previous object (if any) is untouched.
         """
+
+    def write_chunks(self, path: str, chunks: Sequence[memoryview]) -> None:
+        """Store the chunks, one after the other, as one object at ``path`` (as ``write``).
+
+        For a part made of pieces (a serialized state whose tensor bytes stay where they
+        were staged). This default joins them into one buffer first (a copy); a backend that
+        can write pieces in turn (``LocalStorage``) overrides it.
+
+        Raises:
+            StorageError: the backend failed; the previous object (if any) is untouched.
+        """
+        self.write(path, b"".join(chunks))
 
     @abc.abstractmethod
     def write_if_absent(self, path: str, data: object) -> None:

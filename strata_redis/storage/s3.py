@@ -11,6 +11,7 @@ import os
 import re
 import time
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import StorageError, StorageExistsError, StorageNotFoundError
@@ -22,6 +23,7 @@ from .transfer import (
     MAX_PUT_SIZE,
     MIN_PART_SIZE,
     ByteReader,
+    ChunksReader,
     KnownObject,
     MiB,
     part_size_for,
@@ -226,17 +228,34 @@ class S3Storage(Storage):
         """
         path, key = self._key(path)
         view = as_byte_view(data)
-        size = len(view)
+        self._upload(path, key, data if type(data) is bytes else ByteReader(view), len(view))
+
+    def write_chunks(self, path: str, chunks: Sequence[memoryview]) -> None:
+        """Store the chunks one after the other at ``path``, as ``write`` does, read from
+        where they are (no joined copy).
+
+        Raises:
+            TypeError, ValueError: a bad path, a non-buffer chunk, or over 5 TiB.
+            StorageError: S3 refused or could not be reached.
+        """
+        path, key = self._key(path)
+        views = [as_byte_view(chunk, arg="chunk") for chunk in chunks]
+        self._upload(path, key, ChunksReader(views), sum(len(v) for v in views))
+
+    def _upload(self, path: str, key: str, body: Any, size: int) -> None:
+        """One PUT of ``body`` (``bytes`` or a seekable reader of ``size`` bytes), or a
+        multipart upload from the threshold up."""
         config = self._transfer_config(size)  # refuses objects over 5 TiB
         before: set[str] | None = None
         try:
             if size < self._threshold:
-                body = data if type(data) is bytes else ByteReader(view)
                 self._client.put_object(Bucket=self._bucket, Key=key, Body=body)
             else:
+                if isinstance(body, bytes):
+                    body = ByteReader(memoryview(body))
                 # the uploads of this key open before ours are not ours to abort on failure
                 before = self._open_uploads(key)
-                self._client.upload_fileobj(ByteReader(view), self._bucket, key, Config=config)
+                self._client.upload_fileobj(body, self._bucket, key, Config=config)
         except self._boto_errors as exc:
             if before is not None:
                 self._abort_uploads(key, before)

@@ -30,17 +30,23 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from .dcp import DistributedCheckpointError, StrataStorageReader, StrataStorageWriter
 from .distributed import RedisStore, init_process_group, store_of
 from .sampler import DataLoader, LeaseBatchSampler
-from .state import load, save
+from .staging import StagingArea
+from .state import SavedFuture, close, load, save, staging_area, wait
 
 __all__ = [
     "DataLoader",
     "DistributedCheckpointError",
     "LeaseBatchSampler",
     "RedisStore",
+    "SavedFuture",
+    "StagingArea",
     "StrataStorageReader",
     "StrataStorageWriter",
+    "close",
     "init_process_group",
     "load",
     "save",
+    "staging_area",
     "store_of",
+    "wait",
 ]
