@@ -22,10 +22,12 @@ rendezvouses again (``elastic=True``) or raises ``RoundBrokenError``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -230,7 +232,12 @@ class TrainingOrchestrator:
             keep_count=self.keep_count, commit_timeout=self.commit_timeout,
             state_provider=state_provider,
         )  # fmt: skip
-        self._status = ""
+        # the status shown for this worker: "checkpointing" while saves are in flight, else
+        # the loop's ("training", "idle"); saves change it off the loop's thread (_saving)
+        self._status = self._loop_status = "idle"  # as registered
+        self._saving = 0
+        self._status_lock = threading.Lock()
+        self._status_writer = ThreadPoolExecutor(1, thread_name_prefix="strata-status")
         self._job_epoch = 0  # the job's epoch as this worker last saw it
         self._epoch_warned = False
         self._closed = False
@@ -475,11 +482,16 @@ class TrainingOrchestrator:
         if state is None and self.state_provider is not None:
             state = self.state_provider()
         parts = loop_parts(state, self._position(cid, job_epoch, metadata=dict(metadata or {})))
-        self._set_status("checkpointing")
+        # the loop does not wait on status writes: "checkpointing" is shown from here until
+        # the save's upload is done, written by the status thread
+        self._saves_changed(+1)
         try:
-            return self._rounds.save(self.round.number, cid, job_epoch, parts)
-        finally:
-            self._set_status("training")
+            future = self._rounds.save(self.round.number, cid, job_epoch, parts)
+        except BaseException:
+            self._saves_changed(-1)
+            raise
+        future.add_done_callback(lambda _: self._saves_changed(-1))
+        return future
 
     def _position(self, cid: CheckpointId, job_epoch: int, **meta: Any) -> tuple[str, bytes]:
         """The data-position part of this rank's share of ``cid``: where each of its
@@ -578,15 +590,28 @@ class TrainingOrchestrator:
                 )
 
     # -- plumbing -------------------------------------------------------------------------
-    def _set_status(self, status: str) -> None:
-        if status == self._status:
-            return
-        try:
-            self.worker.set_status(status)
-            self._status = status
-        except (redis_py.ConnectionError, redis_py.TimeoutError, OutOfMemoryError) as exc:
-            # best effort: the call that needs Redis next says what is wrong, once
-            log.info("worker %r: status %r not recorded: %s", self.worker_id, status, exc)
+    def _set_status(self, status: str | None = None) -> None:
+        """Record the loop's status (None: keep it) and write the status to show, unless it
+        is written already. Writers hold the lock, so the last write is the newest status."""
+        with self._status_lock:
+            if status is not None:
+                self._loop_status = status
+            shown = "checkpointing" if self._saving else self._loop_status
+            if shown == self._status:
+                return
+            try:
+                self.worker.set_status(shown)
+                self._status = shown
+            except (redis_py.ConnectionError, redis_py.TimeoutError, OutOfMemoryError) as exc:
+                # best effort: the call that needs Redis next says what is wrong, once
+                log.info("worker %r: status %r not recorded: %s", self.worker_id, shown, exc)
+
+    def _saves_changed(self, by: int) -> None:
+        """A save began (+1) or ended (-1): the status thread writes the status to show."""
+        with self._status_lock:
+            self._saving += by
+        with contextlib.suppress(RuntimeError):  # closed: the worker leaves, status and all
+            self._status_writer.submit(self._set_status)
 
     def _retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Call ``fn``, calling it again once Redis answers after an outage (each outage up
@@ -613,6 +638,7 @@ class TrainingOrchestrator:
         # no other rank can complete this one's open saves once it is out: fail them at once
         lost = worker.lost if worker is not None else None
         self._rounds.close(abort=f"worker {self.worker_id!r} is out: {lost}" if lost else "")
+        self._status_writer.shutdown(wait=True)
         if worker is not None:
             worker.on_generation = None
             worker.leave()

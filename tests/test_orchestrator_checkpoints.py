@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +14,19 @@ import orjson
 import pytest
 
 import strata_redis
+from strata_redis.storage.local import LocalStorage
+
+from .procs import wait_for
 
 JOB = "ckpt-ids-job"
 LOGGER = "strata_redis.orchestrator"
 
 
-def _orch(url: str, root: Path, **kwargs: Any) -> strata_redis.TrainingOrchestrator:
+def _orch(url: str, root: Path | LocalStorage, **kwargs: Any) -> strata_redis.TrainingOrchestrator:
     kwargs.setdefault("keep_count", 3)
+    path = root if isinstance(root, LocalStorage) else str(root)
     return strata_redis.TrainingOrchestrator(
-        url, "w0", job_id=JOB, checkpoint_path=str(root), last_call=0.1, **kwargs
+        url, "w0", job_id=JOB, checkpoint_path=path, last_call=0.1, **kwargs
     )
 
 
@@ -128,3 +133,45 @@ def test_an_object_array_is_refused_like_checkpoint_manager_does(
         future = orch.save_checkpoint(step=5, epoch=0, state=b"model")
         assert future is not None and future.result(30).step == 5
     assert _dirs(root) == ["epoch_0_step_5"]
+
+
+class GatedStorage(LocalStorage):
+    """Local storage whose writes wait for a gate (to hold a save's upload in flight)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate = threading.Event()
+
+    def write(self, path: str, data: object) -> None:
+        assert self.gate.wait(30)
+        super().write(path, data)
+
+    def write_chunks(self, path: str, chunks: Any) -> None:
+        assert self.gate.wait(30)
+        super().write_chunks(path, chunks)
+
+
+def test_the_status_shows_checkpointing_while_the_upload_runs_and_the_loop_never_writes_it(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = GatedStorage(tmp_path / "gated")
+    job = strata_redis.connect(redis_url, JOB)
+    status = lambda: {w.worker_id: w.status for w in job.workers()}["w0"]  # noqa: E731
+    with _orch(redis_url, storage) as orch:
+        loop = threading.current_thread()
+        writers: list[threading.Thread] = []
+        set_status = orch.worker.set_status
+
+        def recording(value: str) -> None:
+            writers.append(threading.current_thread())
+            set_status(value)
+
+        monkeypatch.setattr(orch.worker, "set_status", recording)
+        future = orch.save_checkpoint(step=1, epoch=0, state=b"model")
+        assert future is not None
+        wait_for(lambda: status() == "checkpointing", 10)
+        assert not future.done()  # the upload is held at the gate
+        storage.gate.set()
+        future.result(30)
+        wait_for(lambda: status() == "idle", 10)  # back to the loop's status once committed
+        assert writers and loop not in writers, "the loop's thread wrote a status"
