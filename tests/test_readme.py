@@ -144,3 +144,14 @@ def test_a_pages_examples_run_one_after_another_on_one_redis(
             continue
         run = run_example(e, redis_url, tmp_path, prepare(e, request))
         assert run.returncode == 0, f"{e.id}:\n{run.stderr}"
+
+
+def test_the_readmes_links_resolve() -> None:
+    """The README is not part of the site (whose strict build checks its own links): its
+    relative links must name files that exist."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t)]
+    assert len(local) >= 10
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, missing
