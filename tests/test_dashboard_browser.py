@@ -2,7 +2,7 @@
 worker processes: it loads clean, a SIGKILLed worker turns failed without a reload, charts
 draw, and a page that lost its server says so.
 
-Run with ``STRATA_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to refresh the docs' picture.
+Run with ``STRATA_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to refresh the README's picture.
 """
 
 from __future__ import annotations
