@@ -21,7 +21,7 @@ lost agent is declared dead after 3 s under c10d, 3.5 s under strata) and
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (see ``UNSHARED``: on torch's default shared-store
 path its job rarely starts in this setup). Prints the table
 (recovered runs, median/min/max seconds, the world size training resumed with) and writes
-``<results>/node_loss.json`` (perf/results/, ignored by git); the run the README quotes is
+``<results>/node_loss.json`` (perf/results/, ignored by git); the run the docs quote is
 committed as perf/baseline/node_loss.json. A run whose two members never trained counts as
 not started, apart from the recoveries.
 

@@ -1,6 +1,11 @@
 """The report: the targets table filled from a run's pyperf results, and regressions against a
 baseline. Used by ``perf/run.py``; also ``python perf/report.py RESULTS [--compare BASELINE]``.
 
+Every report goes to ``<results>/report.md`` and ``report.json`` (a scratch folder). The
+baseline run's report also goes into the docs: ``perf/run.py --save-baseline`` (or
+``--docs``) writes it to ``DOCS_REPORT``, which ``docs/design/benchmarks.md`` includes; no
+other run touches a tracked file.
+
 A row's status: ``target`` / ``acceptable`` / ``degraded`` (past acceptable, within critical) /
 ``critical`` / ``not measured``; with a reference, the ratio to it is shown and checked
 against our goal. A regression is a change past ``THRESHOLD`` (the guide's 10 %) in a row's
@@ -48,6 +53,8 @@ SUMMARIES = {"cost": "cost", "sharding": "bench_sharding", "limits": "limits",
 SUMMARIES["capacity"] = "capacity"  # Redis CPU per call, INFO commandstats (issue 27)
 #: summary files a baseline keeps besides the bench_*.json suites (``--save-baseline``)
 BASELINE_SUMMARIES = ("load_*.json", *(f"{s}.json" for s in SUMMARIES), "curves.json")
+#: the docs' copy of the baseline run's report: an include of docs/design/benchmarks.md
+DOCS_REPORT = HERE.parent / "docs" / "_generated" / "baseline-report.md"
 STATUSES = ("target", "acceptable", "degraded", "critical", "not measured")
 UNITS = {"p50": "ms", "p95": "ms", "p99": "ms", "p999": "ms", "mean": "ms", "mb_s": "MB/s",
          "gb_s": "GB/s", "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s",
@@ -389,6 +396,14 @@ def write(
     return text
 
 
+def write_docs(text: str, path: Path = DOCS_REPORT, source: str = "perf/report.py") -> None:
+    """Write a report into the docs as an include: the machine line and the table (the
+    page has its own title), under a comment naming what wrote it."""
+    body = text.split("\n", 2)[2] if text.startswith("# ") else text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"<!-- written by {source}: do not edit, run it again -->\n\n{body}")
+
+
 def _mean(bench: pyperf.Benchmark) -> float:
     return statistics.fmean(bench.get_values())
 
@@ -442,12 +457,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", type=Path, nargs="?", default=HERE / "results")
     parser.add_argument("--compare", type=Path, help="a baseline folder of pyperf results")
     parser.add_argument("--fail-on", choices=["critical", "degraded", "regression"])
+    parser.add_argument(
+        "--docs",
+        action="store_true",
+        help=f"also write the report into the docs ({DOCS_REPORT.relative_to(HERE.parent)})",
+    )
     args = parser.parse_args(argv)
-    return report(args.results, args.compare, args.fail_on)
+    docs = DOCS_REPORT if args.docs else None
+    return report(args.results, args.compare, args.fail_on, docs=docs)
 
 
-def report(results: Path, baseline: Path | None = None, fail_on: str | None = None) -> int:
-    """Print and write the report; the exit status ``fail_on`` asks for."""
+def report(
+    results: Path,
+    baseline: Path | None = None,
+    fail_on: str | None = None,
+    docs: Path | None = None,
+    source: str = "python perf/report.py --docs",
+) -> int:
+    """Print and write the report (also into ``docs``, an include of the docs' benchmarks
+    page, when given); the exit status ``fail_on`` asks for."""
     found = load_results(results)
     summaries = load_scenarios(results)
     rows = evaluate(load_targets(), found, summaries)
@@ -461,7 +489,10 @@ def report(results: Path, baseline: Path | None = None, fail_on: str | None = No
             summaries=summaries,
         )
         changes += compare_curves(load_curves(baseline), load_curves(results))  # fmt: skip
-    print(write(results, rows, machine(), changes))
+    text = write(results, rows, machine(), changes)
+    print(text)
+    if docs is not None:
+        write_docs(text, docs, source)
     bad = {"critical": {"critical"}, "degraded": {"critical", "degraded"}}.get(fail_on or "", set())
     if any(r.status in bad for r in rows):
         return 1

@@ -7,7 +7,8 @@
     python perf/run.py --save-baseline    # then copy the results to perf/baseline/: the
                                           # pyperf suites and the summaries (load, cost,
                                           # sharding, limits, heartbeat, epochs, curves)
-                                          # and the curves' table and charts
+                                          # and the curves' table and charts; the report
+                                          # goes into the docs (report.DOCS_REPORT)
     python perf/run.py --compare perf/baseline --fail-on regression
     python perf/run.py bench_heartbeat    # only some benchmarks
     python perf/run.py bench_dashboard    # GET /api/dashboard at 10, 100, 1,000 workers
@@ -165,7 +166,11 @@ def main() -> int:
     compare = args.compare or (HERE / "baseline")
     # (a run that just saved the baseline would only be compared with itself)
     use = compare if compare.is_dir() and not args.smoke and not args.save_baseline else None
-    return report.report(args.results, use, args.fail_on)
+    # the baseline's report is the one the docs show (docs/design/benchmarks.md includes it)
+    docs = report.DOCS_REPORT if args.save_baseline and not args.smoke else None
+    return report.report(
+        args.results, use, args.fail_on, docs=docs, source="python perf/run.py --save-baseline"
+    )
 
 
 #: what the baseline keeps of a run besides the summaries: the curves' table and charts

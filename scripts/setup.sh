@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set everything up on a fresh Debian/Ubuntu machine: a redis-server binary (from PATH, else
 # apt-get), with --browser Chromium and chromedriver for the dashboard's browser test
-# (apt-get), a virtual environment in .venv, and strata-redis with its dev extras in it.
+# (apt-get), a virtual environment in .venv, and strata-redis with its dev and docs extras in
+# it (docs: what `mkdocs build --strict` needs, which scripts/test.sh runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,7 +94,7 @@ if [ "$TORCH" = 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   say "installing torch==${STRATA_TORCH_VERSION:=2.13.0} into .venv (strata_redis.torch's tests)"
   .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$STRATA_TORCH_VERSION"
 fi
-EXTRAS=dev
-[ "$TORCH" = 1 ] && EXTRAS=dev,torch
+EXTRAS=dev,docs
+[ "$TORCH" = 1 ] && EXTRAS=dev,docs,torch
 say "installing strata-redis[$EXTRAS] into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"

@@ -492,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="check that this Redis is fit for training jobs (one line per check)",
         description="Check the Redis: its version and round trip, cluster mode, persistence "
-        "(AOF/RDB), maxmemory-policy, and whether this user has the README's worker or reader "
+        "(AOF/RDB), maxmemory-policy, and whether this user has the docs' worker or reader "
         "ACL rights on a job's keys (probes that touch only strata:{JOB}:doctor). One line per "
         "check: ok, warn or fail. Exit 0: nothing failed; 1: a check failed; 2: Redis "
         "unreachable or bad usage.",

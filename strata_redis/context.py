@@ -88,11 +88,17 @@ class JobContext:
             ``outage.Outage``).
 
     Attributes:
-        job_id, keys (the key schema), client, scripts (every call carries the job's era),
-        era (``era.Era``: a loss of the job's state raises ``StateLostError``),
-        heartbeat_timeout, events_cap, retention, redis_retry,
-        heartbeat_scripts (the scripts on the heartbeat client), max_block (seconds one
-        blocking command may block).
+        job_id: the job's id.
+        keys: the key schema (``keys.Keys``) of the job.
+        client: the job's Redis client.
+        scripts: the Lua scripts on ``client`` (every call carries the job's era).
+        era: the job's ``era.Era``: a loss of the job's state raises ``StateLostError``.
+        heartbeat_timeout: as the argument.
+        events_cap: as the argument.
+        retention: as the argument.
+        redis_retry: as the argument.
+        heartbeat_scripts: the scripts on the heartbeat client.
+        max_block: seconds one blocking command may block.
     """
 
     def __init__(

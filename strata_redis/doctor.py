@@ -13,7 +13,7 @@ a ``warn``. The command exits non-zero when a check fails.
   loses, and what the job then sees (``StateRolledBackError``, ``StateLostError``).
 - memory: ``maxmemory`` and ``maxmemory-policy`` (``era.eviction_risk``: a policy that evicts
   fails, as the library's own connect check does).
-- worker / reader rights: whether this user can run what the README's ``strata-worker`` and
+- worker / reader rights: whether this user can run what the docs' ``strata-worker`` and
   ``strata-reader`` ACL users need, by probing a job's keys (``--job``): a write that expires
   at once, a script, a transaction; reads and ``SCAN``. Nothing else of the job is touched.
 """
@@ -254,8 +254,8 @@ def _acl(client: Any, job_id: str) -> list[Check]:
     ]
     if not worker and not reader:
         detail = (
-            f"user {who} can neither train nor watch job {job_id!r} (the README's ACL users "
-            "list what each needs)"
+            f"user {who} can neither train nor watch job {job_id!r} (the docs' ACL users, "
+            "Redis in production, list what each needs)"
         )
         checks.append(Check("rights", "fail", detail))
     return checks

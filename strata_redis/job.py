@@ -40,9 +40,10 @@ class Job:
         max_connections: the most connections this process opens to Redis for this job's
             client (default 1000; each thread blocked in a barrier or checkpoint wait holds
             one). See ``JobContext``.
-        min_replicas, replica_timeout: the durability knob for leases and commits: ``WAIT``
-            for this many replicas after each (default 0: no wait, or the shared job's). See
+        min_replicas: the durability knob for leases and commits: ``WAIT`` for this many
+            replicas after each (default 0: no wait, or the shared job's). See
             ``JobContext``.
+        replica_timeout: seconds each such ``WAIT`` waits for them. See ``JobContext``.
         retention: seconds an ended job's keys are kept (default: the shared job's, else
             ``$STRATA_JOB_RETENTION``, else 3 days; see ``end``).
         redis_retry: seconds blocking calls (barrier, epoch, rendezvous and checkpoint

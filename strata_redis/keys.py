@@ -2,7 +2,7 @@
 
 All keys of one job share the Redis Cluster hash tag ``{<job_id>}``, so every script's keys
 live in one slot and the library runs unchanged on Redis Cluster. Names are words, so
-``redis-cli --scan --pattern 'strata:*'`` reads as the job's state. The README lists them.
+``redis-cli --scan --pattern 'strata:*'`` reads as the job's state (docs/reference/keys.md).
 
 A variable part that is not the job id (a barrier or dataset name) always comes last in its
 key, so ``:`` or braces inside it cannot collide with another key of the schema.

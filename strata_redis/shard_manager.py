@@ -50,7 +50,7 @@ class ShardManager:
         *,
         replace: bool = False,
     ) -> DatasetParams:
-        """Register a dataset (the seeds' call; positional or keyword arguments).
+        """Register a dataset (positional or keyword arguments).
 
         Registering the same name with the same parameters again is a no-op.
 
@@ -88,7 +88,7 @@ class ShardManager:
         return assign(params, workers, epoch)
 
     def get_shard_for_worker(self, dataset: str, worker_id: str, epoch: int) -> list[Shard]:
-        """The shards ``worker_id`` reads in ``epoch``, in this epoch's order (the seeds' call).
+        """The shards ``worker_id`` reads in ``epoch``, in this epoch's order.
 
         Raises:
             DatasetNotFoundError: unknown dataset.

@@ -1,6 +1,6 @@
-"""Least privilege: a worker runs under the README's worker ACL rule, ``strata status`` under
-the read-only one; credentials never echoed in any target form; a CLI permission error is
-one line."""
+"""Least privilege: a worker runs under the docs' worker ACL rule (docs/operations/redis.md),
+``strata status`` under the read-only one; credentials never echoed in any target form; a CLI
+permission error is one line."""
 
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ SECRET = "Sup3r-s3cret-pw"
 JOB = "run-7"
 
 
+#: the page that gives the ACL rules operators copy
+RULES_PAGE = ROOT / "docs" / "operations" / "redis.md"
+
+
 def readme_rule(marker: str) -> str:
-    """The ACL rule the README gives under ``marker`` (one ``ACL SETUSER`` line)."""
-    text = (ROOT / "README.md").read_text()
+    """The ACL rule the docs give under ``marker`` (one ``ACL SETUSER`` line)."""
+    text = RULES_PAGE.read_text()
     match = re.search(rf"<!-- {marker} -->\n```\n(ACL SETUSER [^\n]+)\n```", text)
-    assert match, f"the README has no {marker} rule"
+    assert match, f"{RULES_PAGE.name} has no {marker} rule"
     return match.group(1)
 
 

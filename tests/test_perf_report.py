@@ -309,13 +309,31 @@ def test_save_baseline_keeps_the_summaries(tmp_path: Path) -> None:
 
 
 def test_no_run_rewrites_a_tracked_file() -> None:
-    """perf/results is a run's scratch folder: git ignores all of it, and what the README
-    quotes of a run lives in perf/baseline (issue 27: a smoke run rewrote tracked curves)."""
+    """perf/results is a run's scratch folder: git ignores all of it, and what the docs
+    quote of a run lives in perf/baseline (issue 27: a smoke run rewrote tracked curves)."""
     root = Path(__file__).resolve().parent.parent
     rules = [line.strip() for line in (root / ".gitignore").read_text().splitlines()]
     assert "perf/results/" in rules
     assert not [r for r in rules if r.startswith("!perf/results")], rules
-    readme = (root / "README.md").read_text()
+    page = (root / "docs" / "design" / "benchmarks.md").read_text()
     for quoted in ("curves.md", "curve_*.png"):
-        assert f"perf/baseline/{quoted}" in readme, quoted
-    assert list((root / "perf" / "baseline").glob("curve_*.png")), "the charts the README names"
+        assert f"perf/baseline/{quoted}" in page, quoted
+    assert list((root / "perf" / "baseline").glob("curve_*.png")), "the charts the docs name"
+
+
+def test_the_baseline_report_goes_into_the_docs(tmp_path: Path) -> None:
+    """The report of a run lands in the docs only when asked (``--save-baseline``, or
+    ``--docs``): as an include of the benchmarks page, its title dropped, naming its writer."""
+    suite(tmp_path / "bench_heartbeat.json", bench("strata heartbeat", 0.0004))
+    docs = tmp_path / "docs" / "report.md"
+    report.report(tmp_path, docs=None)
+    assert not docs.exists()
+    report.report(tmp_path, docs=docs, source="python perf/run.py --save-baseline")
+    text = docs.read_text()
+    assert text.startswith("<!-- written by python perf/run.py --save-baseline")
+    assert "# strata_redis performance report" not in text
+    assert "Machine:" in text and "| barrier release, 100 workers |" in text
+    root = Path(__file__).resolve().parent.parent
+    assert report.DOCS_REPORT.parent.name == "_generated" and report.DOCS_REPORT.exists()
+    include = f'--8<-- "{report.DOCS_REPORT.relative_to(root).as_posix()}"'
+    assert include in (root / "docs" / "design" / "benchmarks.md").read_text()

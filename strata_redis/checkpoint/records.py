@@ -174,7 +174,7 @@ class CheckpointTotals:
         saves: ranks' saves acked (uploaded).
         saved_bytes: bytes those saves uploaded.
         save_seconds: seconds those saves took, summed over ranks (counted in whole ms:
-            ``HINCRBYFLOAT`` is not in the README's worker ACL rule).
+            ``HINCRBYFLOAT`` is not in the docs' worker ACL rule).
         aborted_steps: checkpoints that became aborted.
         aborted_saves: failed saves recorded with an abort.
     """

@@ -171,8 +171,8 @@ class Rendezvous:
                 says the worker was waiting as a spare then.
             RendezvousTimeoutError: no round closed with this worker within ``timeout``.
             RestartLimitError: failure restarts exceed ``max_restarts``.
-            WorkerFailedError, WorkerLeftError, WorkerReplacedError,
-                WorkerNotRegisteredError: the worker is not live.
+            WorkerFailedError: the worker is not live (so are ``WorkerLeftError``,
+                ``WorkerReplacedError`` and ``WorkerNotRegisteredError``).
         """
         ctx = self.context
         deadline = time.monotonic() + self.timeout

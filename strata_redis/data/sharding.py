@@ -121,7 +121,7 @@ class Shard:
 
 @dataclass(frozen=True)
 class DatasetParams:
-    """What defines a dataset's shards: the seeds' ``register_dataset_params`` arguments.
+    """What defines a dataset's shards: ``register_dataset_params``'s arguments.
 
     Attributes:
         name: the dataset id (a ``validate.check_id`` id).

@@ -58,7 +58,7 @@ def storage_from_url(url: str | os.PathLike[str], **s3_options: Any) -> Storage:
 
 
 def storage_from_env(environ: Mapping[str, str] | None = None) -> Storage:
-    """Return the storage the environment names, exactly as the seeds document it.
+    """Return the storage the environment names, as ``STORAGE_BACKEND`` and its variables say.
 
     - ``STORAGE_BACKEND``: ``local`` (the default) or ``s3``, any case.
     - local: ``LOCAL_STORAGE_PATH``, default the per-user ``identity.checkpoint_dir()``

@@ -143,7 +143,8 @@ class StrataStorageWriter(StorageWriter):  # type: ignore[misc]
 
     Args:
         orchestrator: this worker's orchestrator (its round is DCP's process group).
-        step, epoch: as ``orchestrator.save_checkpoint``: the loop's step and epoch.
+        step: as ``orchestrator.save_checkpoint``: the loop's step.
+        epoch: as ``orchestrator.save_checkpoint``: the loop's epoch.
         metadata: JSON-able values recorded with this rank's data position.
         timeout: seconds the coordinator's ``finish`` waits for the commit; None waits until
             strata settles it (its ``commit_timeout`` bounds the wait for the other ranks).

@@ -77,9 +77,12 @@ def save(
 
     Args:
         orchestrator: this worker's orchestrator.
-        step, epoch: as ``orchestrator.save_checkpoint``.
-        model, optimizer, scheduler: objects with ``state_dict()`` (a DDP model is saved as
-            its ``.module``), or None.
+        step: as ``orchestrator.save_checkpoint``.
+        epoch: as ``orchestrator.save_checkpoint``.
+        model: an object with ``state_dict()`` (a DDP model is saved as its ``.module``),
+            or None.
+        optimizer: an object with ``state_dict()``, or None.
+        scheduler: an object with ``state_dict()``, or None.
         extra: more named objects with ``state_dict()``.
         replicated: the state is the same on every rank (False: each rank saves its own).
         metadata: JSON-able values recorded with the position.
@@ -273,7 +276,10 @@ def load(
 
     Args:
         orchestrator: this worker's orchestrator (``orchestrator.resumed`` is the checkpoint).
-        model, optimizer, scheduler, extra: the objects to load into (``load_state_dict``).
+        model: the model to load into (``load_state_dict``), or None.
+        optimizer: the optimizer to load into, or None.
+        scheduler: the scheduler to load into, or None.
+        extra: more named objects to load into.
         replicated: read rank 0's part (as ``save`` wrote it); False reads this rank's.
         map_location: as ``torch.load`` (e.g. ``"cpu"``, ``"cuda:0"``).
 
