@@ -36,7 +36,8 @@
 -- ARGV[4] = shard id to complete first, or "" for none   ARGV[5] = its fencing token
 -- ARGV[6] = samples of that shard the caller trained (its length less its lease's start), or ""
 -- ARGV[7..] = the worker's own candidate shard ids, in its order
--- (S and A are the status prelude's tables: strata_redis/status.py)
+-- (S.* and A.* are status codes, written in as numbers when the script loads:
+-- strata_redis/status.py, status.inline)
 -- returns, completing only: {S.OK, 1} recorded now | {S.OK, 0} already recorded with this
 --       token | {S.LEASE_LOST}
 -- returns, acquiring only: {S.OK, shard id, token, expires_ms, offset, candidates consumed}

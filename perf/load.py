@@ -282,11 +282,13 @@ def _recovered_at(
     starts: np.ndarray, p99s: list[float | None], limit: float, sustain: float | None = None
 ) -> float | None:
     """The first window start from which every window's p99 is within ``limit``: for good
-    (``sustain`` None), else for the windows starting within ``sustain`` s of it (all the
-    rest when fewer remain)."""
+    (``sustain`` None), else for the windows starting within ``sustain`` s of it (a start
+    with fewer windows left after it is not judged: the tail is too short to say)."""
     ok = [p is not None and p <= limit for p in p99s]
     span = len(ok) if sustain is None else max(1, round(sustain / STEP_S))
     for i in range(len(ok)):
+        if sustain is not None and i + span > len(ok):
+            break
         if all(ok[i : i + span]):
             return float(starts[i])
     return None

@@ -611,7 +611,15 @@ class TrainingOrchestrator:
         with self._status_lock:
             self._saving += by
         with contextlib.suppress(RuntimeError):  # closed: the worker leaves, status and all
-            self._status_writer.submit(self._set_status)
+            self._status_writer.submit(self._write_status)
+
+    def _write_status(self) -> None:
+        """``_set_status`` on the status thread, where nobody waits for an error: log it
+        (the loop's next call to Redis meets whatever is wrong)."""
+        try:
+            self._set_status()
+        except Exception as exc:
+            log.warning("worker %r: status not recorded: %s", self.worker_id, exc)
 
     def _retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Call ``fn``, calling it again once Redis answers after an outage (each outage up

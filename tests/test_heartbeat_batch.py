@@ -115,13 +115,15 @@ def test_one_thread_beats_every_worker_of_a_process(redis_url: str, job_id: str)
     # one stops its heartbeats: none is sent after stop_heartbeat returns
     ws[6].stop_heartbeat()
     stopped_at = job.client.zscore(job.keys.heartbeats, "w6")
+    time.sleep(3 * 0.1)  # three intervals, well within the timeout: w6's score stands still
+    assert stopped_at is not None
+    assert job.client.zscore(job.keys.heartbeats, "w6") == stopped_at
     time.sleep(3 * timeout)
     assert statuses(job) == {**{f"w{i}": "idle" for i in range(8)}, "w5": "failed",
                              "w6": "failed"}  # fmt: skip
     assert job.client.zscore(job.keys.heartbeats, "w5") is None
     events = [e for e in job.events(100) if e["type"] == "fail"]
     assert [e["worker"] for e in events] == ["w5", "w6"]
-    assert stopped_at is not None
     assert all(w.heartbeating and w.lost is None for i, w in enumerate(ws) if i not in (5, 6))
     assert len(lost) == 1
 

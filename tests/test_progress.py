@@ -132,7 +132,8 @@ def test_progress_over_two_real_workers(redis_url: str, tmp_path: Path) -> None:
         rated = [p for p in seen if p["samples_per_s"]]
         assert rated, seen
         for p in rated:
-            assert p["samples_per_s"] > 0 and p["eta_s"] is not None and p["eta_s"] > 0, p
+            # (an ETA rounds to 0.1 s: a few samples left at hundreds a second read 0.0)
+            assert p["samples_per_s"] > 0 and p["eta_s"] is not None and p["eta_s"] >= 0, p
             assert p["epoch_remaining_samples"] > 0 and p["rate_window_s"] >= 1, p
         # the eta is what is left at the job's rate
         p = rated[-1]

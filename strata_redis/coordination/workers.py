@@ -401,6 +401,7 @@ class HeartbeatGroup:
         self._members: dict[Worker, None] = {}  # insertion-ordered set
         self._lock = threading.Lock()  # the members and the thread
         self._tick = threading.Lock()  # held while a tick's calls are in flight
+        self._telling = threading.Lock()  # held while a tick's callbacks run
         self._thread: threading.Thread | None = None
         self._clock = RedisClock()
 
@@ -425,8 +426,10 @@ class HeartbeatGroup:
             self._members.pop(worker, None)
             thread = self._thread
         elsewhere = thread is not None and thread is not threading.current_thread()
-        if elsewhere and self._tick.acquire(timeout=timeout):
-            self._tick.release()
+        deadline = time.monotonic() + timeout
+        for lock in (self._tick, self._telling) if elsewhere else ():
+            if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                lock.release()
 
     def beating(self, worker: Worker) -> bool:
         """Whether ``worker`` is in the group and its thread runs."""
@@ -442,20 +445,31 @@ class HeartbeatGroup:
     def _run(self) -> None:
         outage = ""  # what stopped the last tick, logged once until one gets through
         while True:
-            with self._lock:
-                members = list(self._members)
-                if not members:
-                    self._thread = None
-                    return
+            # the members are read inside the tick: a worker removed before it is not beaten,
+            # and remove() waits for a tick (and its callbacks) that carries the worker
             with self._tick:
+                with self._lock:
+                    members = list(self._members)
+                    if not members:
+                        self._thread = None
+                        return
                 outage, told = self._beat(members, outage)
             # callbacks run after the tick: one may stop another worker's heartbeats
-            for tell in told:
-                try:
-                    tell()
-                except Exception:  # one worker's callback never stops the others' beats
-                    log.exception("a heartbeat callback failed")
+            with self._telling:
+                for tell in told:
+                    try:
+                        tell()
+                    except Exception:  # one worker's callback never stops the others' beats
+                        log.exception("a heartbeat callback failed")
             time.sleep(self.interval)
+
+    def _tell_generation(self, worker: Worker, generation: int) -> None:
+        """Call ``worker.on_generation`` as it is now, if the worker is still beaten."""
+        with self._lock:
+            member = worker in self._members
+        callback = worker.on_generation
+        if member and callback is not None:
+            callback(generation)
 
     def _beat(self, members: list[Worker], outage: str) -> tuple[str, list[Callable[[], None]]]:
         """One tick: every member's heartbeat and a reaper step, in one round trip. Returns
@@ -498,7 +512,7 @@ class HeartbeatGroup:
             if worker not in gone:
                 worker.generation = generation
                 if worker.on_generation is not None:
-                    told.append(functools.partial(worker.on_generation, generation))
+                    told.append(functools.partial(self._tell_generation, worker, generation))
         if outage:
             log.warning("%s: heartbeats recovered (after: %s)", _names(members), outage)
         return "", told

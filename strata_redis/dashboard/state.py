@@ -235,6 +235,7 @@ class TrainedHistory:
 
     def __init__(self) -> None:
         self.points: deque[tuple[int, int, dict[str, int]]] = deque()
+        self._lock = threading.Lock()  # reads of one job run on several server threads
 
     def rates(
         self, now_ms: int, total: int, workers: dict[str, int]
@@ -242,6 +243,12 @@ class TrainedHistory:
         """``(job samples/s, seconds it spans, worker -> samples/s)`` from the oldest point
         of the window to this reading (None: no point a second or more older, or, for a
         worker, none that has it), then this reading is kept if it is due."""
+        with self._lock:
+            return self._rates(now_ms, total, workers)
+
+    def _rates(
+        self, now_ms: int, total: int, workers: dict[str, int]
+    ) -> tuple[float | None, float | None, dict[str, float | None]]:
         points = self.points
         if points and (total < points[-1][1] or now_ms < points[-1][0]):
             points.clear()  # the counts or the clock went back (state lost): start over

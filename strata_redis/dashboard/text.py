@@ -235,11 +235,13 @@ def render_job(doc: dict[str, Any], job_id: str, width: int = PIPE_WIDTH) -> lis
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
-    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+    whole = round(seconds)  # rounded first: 119.6 s is 2m00s, never 1m60s
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 def _training_line(job: dict[str, Any]) -> str:

@@ -36,8 +36,9 @@ class LocalStorage(Storage):
     created (and made durable). Deleting the last object of a directory removes the empty
     directory. A writer killed mid-write leaves a hidden ``.strata-tmp-*`` file that
     :meth:`list` never shows. A large write starts the writeback of each 16 MiB as soon as
-    it is written (the fsync then finds little left), and those pages leave the page cache
-    once on disk; ``write_chunks`` writes a part's pieces with gathered writes.
+    it is written (the fsync then finds little left; pages already clean by then may be
+    dropped from the page cache); ``write_chunks`` writes a part's pieces with gathered
+    writes.
 
     Example::
 

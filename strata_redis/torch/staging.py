@@ -211,7 +211,8 @@ class StagedPart(DeferredPart):
         self._generation = generation
         self._state = state
         self._reserved = True
-        self._lock = threading.Lock()
+        self._reserve_lock = threading.Lock()  # the reservation (never held for long)
+        self._lock = threading.Lock()  # the serialization, on the upload thread
         self._chunks: list[memoryview] | None = None
 
     def __repr__(self) -> str:
@@ -228,7 +229,7 @@ class StagedPart(DeferredPart):
         Raises:
             CheckpointError: the buffer was staged into again since (a later save).
         """
-        with self._lock:
+        with self._reserve_lock:
             if self._reserved:
                 self._reserved = False
                 return
@@ -236,7 +237,7 @@ class StagedPart(DeferredPart):
 
     def drop(self) -> None:
         """Give up the reservation if no save took the part (else nothing)."""
-        with self._lock:
+        with self._reserve_lock:
             reserved, self._reserved = self._reserved, False
         if reserved:
             self._area._release(self._buffer)

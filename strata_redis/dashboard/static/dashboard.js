@@ -179,7 +179,8 @@
     const one = doc.jobs.length === 1 ? doc.jobs[0] : null;
     const p99 = m.map((j) => j.barrier.p99_ms).filter((v) => v !== null);
     // The newest checkpoint with a save (of the jobs shown): the same figure as its table row.
-    const saved = m.filter((j) => j.checkpoint.last_mb_s !== null);
+    const saved = m.filter((j) => j.checkpoint.last_mb_s !== null)
+      .sort((a, b) => (b.last_commit_ms ?? 0) - (a.last_commit_ms ?? 0));
     const last = saved.length ? saved[0].checkpoint : null;
     const lastJob = saved.length && !one ? `${saved[0].job_id} ` : "";
     const cards = [

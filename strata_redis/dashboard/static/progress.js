@@ -28,9 +28,11 @@
   const rate = (v) => (v === null || v === undefined ? "–" : Number(v).toFixed(v < 100 ? 1 : 0));
   function duration(s) {
     if (s === null || s === undefined) return "–";
-    if (s < 60) return `${Math.round(s)} s`;
-    if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
-    return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+    const whole = Math.round(s);  // rounded first: 119.6 s is 2 min 0 s, never 1 min 60 s
+    if (whole < 60) return `${whole} s`;
+    if (whole < 3600) return `${Math.floor(whole / 60)} min ${whole % 60} s`;
+    const minutes = Math.round(s / 60);
+    return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
   }
   function stat(name, label, value, small, sub) {
     return el("div", { class: "card", "data-progress": name }, el("div", { class: "label", text: label }),
