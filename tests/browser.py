@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +57,28 @@ def full_page_screenshot(driver: Any, path: Path, width: int = 1440) -> Path:
         time.sleep(0.3)  # let the charts follow the resize
     driver.save_screenshot(str(path))
     return path
+
+
+@contextlib.contextmanager
+def served_dashboard(
+    redis_url: str, job: str, heartbeat_timeout: float
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``strata dashboard`` (waitress) for ``job`` on a free loopback port; yields the process
+    and its URL, and stops it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "strata_redis", "dashboard", "--redis-url", redis_url,
+         "--job", job, "--port", "0", "--heartbeat-timeout", str(heartbeat_timeout)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "strata dashboard: serving http://127.0.0.1:N/ ..."
+        match = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert match, f"no URL from strata dashboard: {line!r}"
+        yield proc, match.group(0)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(20)
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ import strata_redis
 from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.server import RedisServer
 
-from .browser import chromium, full_page_screenshot
+from .browser import chromium, full_page_screenshot, served_dashboard
 from .procs import kill9, spawn, wait_for
 
 JOB = "browser-job"
@@ -89,23 +88,8 @@ def cluster(redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
 @pytest.fixture
 def dashboard(redis_url: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``strata dashboard`` (waitress) on a free loopback port; yields it and its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "strata_redis", "dashboard", "--redis-url", redis_url,
-         "--job", JOB, "--port", "0", "--heartbeat-timeout", str(TIMEOUT)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # "strata dashboard: serving http://127.0.0.1:N/ ..."
-        match = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert match, f"no URL from strata dashboard: {line!r}"
-        yield proc, match.group(0)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(20)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with served_dashboard(redis_url, JOB, TIMEOUT) as served:
+        yield served
 
 
 def _chart_report(driver: Any) -> dict[str, Any]:

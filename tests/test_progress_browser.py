@@ -5,8 +5,6 @@ committed checkpoint lives."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 import strata_redis
 from strata_redis.storage import LocalStorage
 
-from .browser import chromium
+from .browser import chromium, served_dashboard
 from .procs import join_all, spawn, wait_for
 
 JOB = "progress-browser-job"
@@ -59,22 +57,8 @@ def training(redis_url: str, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def dashboard(redis_url: str) -> Iterator[str]:
     """``strata dashboard`` on a free loopback port; yields its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "strata_redis", "dashboard", "--redis-url", redis_url,
-         "--job", JOB, "--port", "0", "--heartbeat-timeout", str(TIMEOUT)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        match = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert match, f"no URL from strata dashboard: {line!r}"
-        yield match.group(0)
-    finally:
-        proc.terminate()
-        proc.wait(20)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with served_dashboard(redis_url, JOB, TIMEOUT) as (_, url):
+        yield url
 
 
 def _panel(driver: Any) -> dict[str, Any]:

@@ -59,47 +59,6 @@ class KnownObject:
         future.meta.provide_object_etag(self.etag)
 
 
-class ByteReader(io.RawIOBase):
-    """A seekable file over a byte view: reads copy only the slice asked for."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}.get(whence)
-        if base is None or base + offset < 0:
-            raise ValueError(f"invalid seek: offset={offset} whence={whence}")
-        self._pos = base + offset
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else self._pos + size
-        chunk = self._view[self._pos : end].tobytes()
-        self._pos += len(chunk)
-        return chunk
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        chunk = self._view[self._pos : self._pos + len(out)]
-        out[: len(chunk)] = chunk
-        self._pos += len(chunk)
-        return len(chunk)
-
-
 class ChunksReader(io.RawIOBase):
     """A seekable file over views read one after the other (a part made of pieces): reads
     copy only the slice asked for, never the whole."""
@@ -155,3 +114,10 @@ class ChunksReader(io.RawIOBase):
             written += len(piece)
         self._pos += written
         return written
+
+
+class ByteReader(ChunksReader):
+    """A seekable file over a byte view: reads copy only the slice asked for."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__([view])

@@ -37,6 +37,7 @@
     }
     return node;
   }
+  state.el = el;  // progress.js builds its panel with it
   const $ = (id) => document.getElementById(id);
   const fmt = (v, digits) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
   function bytes(n) {

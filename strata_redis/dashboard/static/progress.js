@@ -11,20 +11,7 @@
   const CHECK_MS = 250;
   let shown = null;
 
-  function el(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = v;
-      else node.setAttribute(k, v === true ? "" : String(v));
-    }
-    for (const child of children) {
-      if (child === null || child === undefined) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
-  }
+  const el = (...args) => window.strataDashboard.el(...args);  // dashboard.js's DOM helper
   const rate = (v) => (v === null || v === undefined ? "–" : Number(v).toFixed(v < 100 ? 1 : 0));
   function duration(s) {
     if (s === null || s === undefined) return "–";
