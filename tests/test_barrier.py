@@ -409,14 +409,17 @@ def test_abort_wakes_every_waiter_at_once_and_refuses_until_reset(
 ) -> None:
     for w in ("a", "b", "c"):
         register(w)
-    barrier = job.barrier("abort", expected=3, timeout=30)
+    # waits block in slices of heartbeat_timeout/2; a 20 s timeout makes a slice 10 s, so a
+    # wake within 5 s is the abort's broadcast, not a slice's end (and no noisy 1 s bound)
+    slow = strata_redis.connect(job.client, job.job_id, heartbeat_timeout=20.0)
+    barrier = slow.barrier("abort", expected=3, timeout=30)
     results: queue.Queue[Any] = queue.Queue()
     run_threads(*(collect(results, lambda w=w: barrier.wait(w)) for w in ("a", "b")))
     wait_for(lambda: barrier.state().arrived == ["a", "b"], 5)
     started = time.monotonic()
     generation = barrier.abort("c", "out of memory")
     errors = [results.get(timeout=5), results.get(timeout=5)]
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0
     for err in errors:
         assert isinstance(err, strata_redis.BarrierBrokenError)
         assert (err.culprit, err.reason, err.generation) == ("c", "out of memory", generation)
@@ -435,13 +438,14 @@ def test_live_barrier_released_by_a_graceful_leave(
 ) -> None:
     register("a")
     leaver = register("leaver")
+    slow = strata_redis.connect(job.client, job.job_id, heartbeat_timeout=20.0)  # 10 s slices
     results: queue.Queue[Any] = queue.Queue()
-    run_threads(collect(results, lambda: job.barrier("leave").wait("a", timeout=10)))
-    wait_for(lambda: job.barrier("leave").state().arrived == ["a"], 5)
+    run_threads(collect(results, lambda: slow.barrier("leave").wait("a", timeout=30)))
+    wait_for(lambda: slow.barrier("leave").state().arrived == ["a"], 5)
     started = time.monotonic()
     leaver.deregister()  # no longer a member: "a" is every live worker now
-    release = results.get(timeout=5)
-    assert time.monotonic() - started < 1.0
+    release = results.get(timeout=8)
+    assert time.monotonic() - started < 5.0  # the leave's event woke it, not a slice's end
     assert release.participants == 1
 
 

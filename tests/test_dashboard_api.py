@@ -596,7 +596,7 @@ def test_healthz_answers_during_a_redis_stall(redis_factory: Callable[..., Redis
             time.sleep(0.5)
             start = time.monotonic()
             assert _get(url + "healthz") == (200, "ok\n")
-            assert time.monotonic() - start < 1.0  # not behind the stuck requests (10 s)
+            assert time.monotonic() - start < 5.0  # not behind the stuck requests (10 s)
             busy = [f.result(5) for f in stuck if f.done()]
             assert busy and all(code == 503 and "slow to answer" in body for code, body in busy)
         finally:

@@ -42,7 +42,9 @@ def test_opening_a_pool_of_a_million_shards_is_one_small_call(
     # EVALSHA sha numkeys, meta, the job's epoch, 2 bitmaps, the 3 anchors, the era and the
     # clock keys, total, "" (none), the summary's ttl, the era and the clock
     assert max(_args(e) for e in evals) <= 17
-    assert max(e["duration"] for e in evals) < 1000  # microseconds
+    # microseconds; a loop over 10^6 shards takes hundreds of ms, and 20 ms leaves room for
+    # the scheduler of a loaded 2-core machine
+    assert max(e["duration"] for e in evals) < 20_000
     progress = leases.progress()
     assert (progress.total, progress.done, progress.leased, progress.todo) == (10**6, 0, 0, 10**6)
     lease = leases.acquire()

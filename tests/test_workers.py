@@ -80,7 +80,7 @@ def test_register_heartbeat_deregister_list(job: strata_redis.Job, raw: redis.Re
         "10.0.0.5:29500",
     )
     assert info.gpu_count == 8 and info.labels == {"zone": "a"}
-    assert info.last_seen_s is not None and 0 <= info.last_seen_s < 1
+    assert info.last_seen_s is not None and 0 <= info.last_seen_s < 5  # seen at register
 
     first = raw.zscore(job.keys.heartbeats, "worker-01")
     time.sleep(0.01)
@@ -259,11 +259,17 @@ def test_heartbeat_thread_survives_redis_restart(
     w.set_status("training")
     time.sleep(0.3)
     server.restart(kill=kill)
-    time.sleep(0.5)  # a few heartbeat ticks after the restart
+    restarted = time.monotonic()
+
+    def beat_since_restart() -> bool:
+        (info,) = job.workers()
+        seen = info.last_seen_s
+        return seen is not None and seen < time.monotonic() - restarted
+
+    wait_for(beat_since_restart, 10, step=0.05)  # the thread beats again after the restart
     assert w.heartbeating and w.lost is None
     (info,) = job.workers()
     assert info.status == "training"
-    assert info.last_seen_s is not None and info.last_seen_s < 0.5
     assert job.reap() == []
     w.stop_heartbeat()
 
