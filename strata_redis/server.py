@@ -1,21 +1,25 @@
 """A private ``redis-server`` on a free loopback port in a temporary directory.
 
 The demo runs on one when no URL is given, and the test suite starts one per session (and
-more for fault tests). It binds 127.0.0.1 only, and stops with the object.
+more for fault tests). It binds 127.0.0.1 only, and stops with the object, or on Linux
+with the process that started it (a killed test run or benchmark leaves no orphan).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 
@@ -39,6 +43,33 @@ def find_redis_server() -> str:
         if path and os.access(path, os.X_OK):
             return path
     raise FileNotFoundError(INSTALL_HINT)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies (Linux)."""
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+_PR_SET_PDEATHSIG = 1
+_PRCTL: Any
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, never in the child
+except (OSError, AttributeError):  # not Linux: servers outlive a killed parent there
+    _PRCTL = None
+
+
+def spawn_server(args: list[str]) -> subprocess.Popen[bytes]:
+    """Start a ``redis-server`` child in its own session, stopped with its parent where it can.
+
+    A test run or benchmark killed with SIGTERM or SIGKILL runs no cleanup; on Linux the
+    child is told to exit with its parent. The death signal follows the thread that forked,
+    so it is only asked for from the main thread (whose end is the process' end).
+    """
+    tied = _PRCTL is not None and threading.current_thread() is threading.main_thread()
+    return subprocess.Popen(
+        args, stdin=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=_die_with_parent if tied else None,
+    )  # fmt: skip
 
 
 def free_port() -> int:
@@ -99,7 +130,7 @@ class RedisServer:
         if self.aof:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         args += self.extra
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = spawn_server(args)
         deadline = time.monotonic() + timeout
         password = self._password()
         while time.monotonic() < deadline:
@@ -285,10 +316,9 @@ class RedisSentinelServer:
 
     def start(self, timeout: float = 10.0) -> RedisSentinelServer:
         """Start the sentinel and wait until it knows the primary."""
-        self.proc = subprocess.Popen(
+        self.proc = spawn_server(
             [self.binary, str(self.dir / "sentinel.conf"), "--sentinel", "--logfile",
-             str(self.dir / "sentinel.log")],
-            stdin=subprocess.DEVNULL, start_new_session=True,
+             str(self.dir / "sentinel.log")]
         )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
