@@ -22,8 +22,7 @@ reads is bounded by what the page shows, never by a job's history:
 - training progress: each dataset's lifetime lease counts (``leases.LeaseTotals``: samples
   trained, by live worker, and steals; one ``HMGET`` bounded by the live workers); the
   samples/s of the job and of each worker are the deltas of those counts between documents
-  (``TrainedHistory``: the reader keeps a few points per job over ``RATE_WINDOW_S``), so the
-  first document has none;
+  (``progress.py``: the reader keeps a few points per job), so the first document has none;
 - the list of jobs (the all-jobs view only): the registry's ``SCAN`` for jobs
   (``registry.scan_jobs``), advanced by at most ``SCAN_CALLS`` steps per document and
   repeated every ``JOBS_REFRESH_S`` seconds (``JobDirectory``); with a job given there is
@@ -39,6 +38,8 @@ after it: ``strata_redis.connection`` describes the convention) and gets their t
 back (``WorkerInfo``, ``MembershipEvent``, ``LeaseHolder``, ``EpochProgress``,
 ``CheckpointInfo``, ``StepState``, ``SaveRecord``, ``BarrierLatency``, ``DatasetParams``).
 It knows no key and no stored value format: a change of either is made in its owner alone.
+What is derived from the values read lives beside it: rates, ETA and the slowest worker in
+``progress.py``, percentiles and chart series in ``series.py``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar
 
 import redis
@@ -72,6 +73,8 @@ from strata_redis.coordination.registry import (
     list_jobs,
     scan_jobs,
 )
+from strata_redis.dashboard import progress, series
+from strata_redis.dashboard.progress import TrainedHistory
 from strata_redis.data import datasets, leases
 from strata_redis.data.leases import EpochProgress, LeaseHolder, LeaseTotals
 from strata_redis.data.sharding import DatasetParams
@@ -99,16 +102,10 @@ MAX_LIMIT: Final = 5000
 SCAN_CALLS: Final = 8
 SCAN_COUNT: Final = 1000
 JOBS_REFRESH_S: Final = 30.0
-#: points in a chart's series at most
-SERIES_POINTS: Final = 60
 #: committed-step summaries kept decoded (they never change)
 COMMITTED_CACHE: Final = 4096
 #: streams whose newest entries are kept between documents (three per job)
 TAILS_KEPT: Final = 3 * 4 * MAX_JOBS
-#: samples/s are the deltas of the samples trained over at most this many seconds
-RATE_WINDOW_S: Final = 20.0
-#: points of the samples trained kept per job at least this far apart (seconds)
-RATE_STEP_S: Final = 1.0
 
 
 class JobNotFoundError(LookupError):
@@ -228,48 +225,6 @@ class StreamTail(Generic[T]):
         return memo[name]
 
 
-class TrainedHistory:
-    """One job's samples trained as documents read them: ``(ms, job total, live workers'
-    totals)`` points at least ``RATE_STEP_S`` apart over the last ``RATE_WINDOW_S`` (so at
-    most about 21 points, each bounded by the live workers), for samples/s by deltas."""
-
-    def __init__(self) -> None:
-        self.points: deque[tuple[int, int, dict[str, int]]] = deque()
-        self._lock = threading.Lock()  # reads of one job run on several server threads
-
-    def rates(
-        self, now_ms: int, total: int, workers: dict[str, int]
-    ) -> tuple[float | None, float | None, dict[str, float | None]]:
-        """``(job samples/s, seconds it spans, worker -> samples/s)`` from the oldest point
-        of the window to this reading (None: no point a second or more older, or, for a
-        worker, none that has it), then this reading is kept if it is due."""
-        with self._lock:
-            return self._rates(now_ms, total, workers)
-
-    def _rates(
-        self, now_ms: int, total: int, workers: dict[str, int]
-    ) -> tuple[float | None, float | None, dict[str, float | None]]:
-        points = self.points
-        if points and (total < points[-1][1] or now_ms < points[-1][0]):
-            points.clear()  # the counts or the clock went back (state lost): start over
-        while len(points) > 1 and now_ms - points[1][0] >= RATE_WINDOW_S * 1000:
-            points.popleft()
-        rate: float | None = None
-        span: float | None = None
-        per: dict[str, float | None] = dict.fromkeys(workers)
-        if points and now_ms - points[0][0] >= 1000:
-            span = (now_ms - points[0][0]) / 1000
-            rate = round((total - points[0][1]) / span, 3)
-            for w, samples in workers.items():
-                for at, _, then in points:
-                    if w in then and now_ms - at >= 1000:
-                        per[w] = round(max(0, samples - then[w]) / ((now_ms - at) / 1000), 3)
-                        break
-        if not points or now_ms - points[-1][0] >= RATE_STEP_S * 1000:
-            points.append((now_ms, total, dict(workers)))
-        return rate, span, per
-
-
 class DashboardState:
     """Reads dashboard documents from one Redis. Thread-safe; keeps small caches.
 
@@ -302,7 +257,7 @@ class DashboardState:
         # (job, dataset, epoch) -> (time.monotonic() of the read, workers' completed shards)
         self._completed: dict[tuple[str, str, int], tuple[float, Counter[str]]] = {}
         # (redis ms, total commands processed, commands this reader sent so far)
-        self._samples: deque[tuple[int, int, int]] = deque(maxlen=SERIES_POINTS * 10)
+        self._samples: deque[tuple[int, int, int]] = deque(maxlen=series.SERIES_POINTS * 10)
         self._trained: OrderedDict[str, TrainedHistory] = OrderedDict()
         self._sent = 0
         self._info_allowed = True
@@ -445,7 +400,7 @@ class DashboardState:
         return {
             "commands_per_s": points[-1][1] if points else None,
             "ops_per_s": int(stats.get("instantaneous_ops_per_sec", 0)),
-            "series": _thin(points),
+            "series": series.thin(points),
         }
 
     def tail(self, job_id: str, stream: str, cap: int) -> StreamTail[Any]:
@@ -611,7 +566,7 @@ class _JobRead:
         """The workers to list: live ones, and those whose failure or leave is recent."""
         ids = set(self.beats)
         for entry_id, event in self.events:
-            if event.type in ("fail", "leave") and _entry_ms(entry_id) >= gone_since_ms:
+            if event.type in ("fail", "leave") and series.entry_ms(entry_id) >= gone_since_ms:
                 ids.add(event.worker_id)
         ids.discard("")
         self._candidates = sorted(ids)
@@ -681,56 +636,15 @@ class _JobRead:
 
     def _training(self, now_ms: int, live: list[str], history: TrainedHistory) -> dict[str, Any]:
         """The job's training progress (``schema.json``'s ``jobs[].progress``)."""
-        total = sum(t.samples for t in self.lease_totals.values())
-        mine = dict.fromkeys(live, 0)
-        for t in self.lease_totals.values():
-            for w, samples in t.by_worker.items():
-                mine[w] += samples
-        rate, span, per = history.rates(now_ms, total, mine)
-        sets, remaining = [], None
-        for p in self.dataset_params:
-            prog, totals = self.progress[p.name], self.lease_totals[p.name]
-            left = None
-            if prog["initialized"]:
-                left = min(p.total_samples, (prog["total"] - prog["done"]) * p.samples_per_shard)
-                remaining = (remaining or 0) + left
-            sets.append({
-                "name": p.name, "epoch": self.epoch, "samples_trained": totals.samples,
-                "steals_total": totals.steals, "remaining_samples": left,
-                "ratio": prog["done"] / prog["total"] if prog["total"] else 0.0,
-            })  # fmt: skip
-        eta = None
-        if remaining == 0:
-            eta = 0.0
-        elif remaining is not None and rate:
-            eta = round(remaining / rate, 1)
-        page = set(self._page)
-        cutoff = now_ms - self.timeout_s * 1000
-        ranked = [(r, w) for w, r in per.items() if r is not None and self.beats[w] >= cutoff]
-        slowest = min(ranked)[1] if len(ranked) >= 2 else None
-        return {
-            "samples_trained": total,
-            "samples_per_s": rate,
-            "rate_window_s": span,
-            "epoch_remaining_samples": remaining,
-            "eta_s": eta,
-            "slowest_worker": slowest,
-            "workers": [
-                {
-                    "worker_id": w,
-                    "samples_trained": mine[w],
-                    "samples_per_s": per[w],
-                    "slowest": w == slowest,
-                }
-                for w in live
-                if w in page or w == slowest
-            ],
-            "datasets": sets,
-            "checkpoints": [
+        return progress.training(
+            now_ms, history, epoch=self.epoch, live=live, beats=self.beats,
+            timeout_s=self.timeout_s, page=set(self._page), datasets=self.dataset_params,
+            progress=self.progress, totals=self.lease_totals,
+            checkpoints=[
                 {**step.as_dict(), "location": (self.committed.get(step) or {}).get("location")}
                 for step in self.committed_steps
             ],
-        }
+        )  # fmt: skip
 
     # -- the document's parts -----------------------------------------------------------------
     def worker_rows(self, now_ms: int) -> list[dict[str, Any]]:
@@ -844,7 +758,7 @@ class _JobRead:
         for step in steps:
             rows = saves.get(step, [])
             uploaded = [r for r in rows if r.outcome == "uploaded"]
-            rate = _throughput(uploaded)
+            rate = series.throughput(uploaded)
             row: dict[str, Any] = {
                 "job_id": self.job_id, "step": step.step, "state": "unknown",
                 "epoch": step.epoch, "run": step.run, "label": step.label,
@@ -910,14 +824,10 @@ class _JobRead:
                 key: sum(p[key] for p in self.progress.values())
                 for key in ("done", "leased", "todo")
             },
-            "barrier": self._latency_tail.derived("barrier", _barrier_metrics),
-            "checkpoint": _checkpoint_metrics(self.records, self.step_state),
-            "membership": {"series": self._event_tail.derived("series", _membership_series)},
+            "barrier": self._latency_tail.derived("barrier", series.barrier_metrics),
+            "checkpoint": series.checkpoint_metrics(self.records, self.step_state),
+            "membership": {"series": self._event_tail.derived("series", series.membership_series)},
         }
-
-
-def _entry_ms(entry_id: str) -> int:
-    return int(entry_id.split("-", 1)[0])
 
 
 def _progress(p: EpochProgress) -> dict[str, Any]:
@@ -953,104 +863,3 @@ def _committed_summary(info: CheckpointInfo | None) -> dict[str, Any] | None:
         "acked_ms": info.acked_ms,
         "location": info.location or None,
     }
-
-
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The nearest-rank percentile ``q`` (0..100) of non-empty sorted values."""
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
-def _buckets(points: Iterable[tuple[int, Any]]) -> list[tuple[int, list[Any]]]:
-    """``(ms, value)`` points grouped into at most ``SERIES_POINTS`` equal time buckets."""
-    items = sorted(points, key=lambda p: p[0])
-    if not items:
-        return []
-    first, last = items[0][0], items[-1][0]
-    width = max(1000, math.ceil((last - first + 1) / SERIES_POINTS))
-    groups: dict[int, list[Any]] = {}
-    for ms, value in items:
-        groups.setdefault(first + (ms - first) // width * width, []).append(value)
-    return sorted(groups.items())
-
-
-def _barrier_metrics(entries: list[tuple[str, BarrierLatency]]) -> dict[str, Any]:
-    points = [(b.at_ms, b.release_ms) for _, b in entries]
-    values = sorted(v for _, v in points)
-    series = []
-    for start, group in _buckets(points):
-        group.sort()
-        series.append([start / 1000, round(_percentile(group, 50), 3),
-                       round(_percentile(group, 99), 3)])  # fmt: skip
-    return {
-        "releases": len(values),
-        "p50_ms": round(_percentile(values, 50), 3) if values else None,
-        "p99_ms": round(_percentile(values, 99), 3) if values else None,
-        "max_ms": round(values[-1], 3) if values else None,
-        "series": series,
-    }
-
-
-def _throughput(uploaded: Iterable[SaveRecord]) -> dict[str, Any]:
-    """One checkpoint's ranks, bytes, seconds and MB/s as the document shows them: the one
-    definition (``records.checkpoint_throughput``), rounded once here, so the tile, the
-    table, ``strata status`` and ``/metrics`` show the same number for the same step."""
-    t = records.checkpoint_throughput(uploaded)
-    return {
-        "ranks": t.ranks,
-        "bytes": t.nbytes,
-        "seconds": round(t.seconds, 6) if t.ranks else None,
-        "mb_s": round(t.mb_s, 3) if t.mb_s is not None else None,
-        "at_ms": t.at_ms,
-    }
-
-
-def _checkpoint_metrics(
-    saves: list[tuple[str, SaveRecord]], step_state: dict[CheckpointId, StepState]
-) -> dict[str, Any]:
-    uploaded = [r for _, r in saves if r.outcome == "uploaded"]
-    aborted = [r for _, r in saves if r.outcome == "aborted"]
-    aborted_steps = {r.checkpoint for r in aborted}
-    aborted_steps |= {s for s, st in step_state.items() if st.state == "aborted"}
-    by_step: dict[CheckpointId, list[SaveRecord]] = {}
-    for r in uploaded:
-        by_step.setdefault(r.checkpoint, []).append(r)
-    # Per checkpoint (not per rank): its MB/s, at the time its newest rank's save ended.
-    steps = sorted(
-        ((step, _throughput(rows)) for step, rows in by_step.items()),
-        key=lambda item: (item[1]["at_ms"], item[0]),
-    )
-    newest = steps[-1] if steps else None
-    series = []
-    for start, group in _buckets((t["at_ms"], t) for _, t in steps if t["mb_s"] is not None):
-        series.append([start / 1000, round(sum(t["mb_s"] for t in group) / len(group), 3)])
-    return {
-        "saves": len(uploaded),
-        "aborted_saves": len(aborted),
-        "aborted_steps": len(aborted_steps),
-        "bytes": sum(r.nbytes for r in uploaded),
-        "seconds": round(sum(r.seconds for r in uploaded), 6),
-        "last_step": newest[0].step if newest else None,
-        "last_epoch": newest[0].epoch if newest else None,
-        "last_bytes": newest[1]["bytes"] if newest else None,
-        "last_seconds": newest[1]["seconds"] if newest else None,
-        "last_mb_s": newest[1]["mb_s"] if newest else None,
-        "series": series,
-    }
-
-
-def _membership_series(events: list[tuple[str, MembershipEvent]]) -> list[list[float]]:
-    kinds = {"join": 0, "replace": 0, "leave": 1, "fail": 2}
-    series = []
-    for start, group in _buckets((_entry_ms(i), e.type) for i, e in events):
-        counts = [0, 0, 0]
-        for kind in group:
-            if kind in kinds:
-                counts[kinds[kind]] += 1
-        series.append([start / 1000, *counts])
-    return series
-
-
-def _thin(points: list[list[float]]) -> list[list[float]]:
-    """At most ``SERIES_POINTS`` of the newest points."""
-    return points[-SERIES_POINTS:]
