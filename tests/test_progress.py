@@ -173,6 +173,7 @@ def test_progress_over_two_real_workers(redis_url: str, tmp_path: Path) -> None:
             assert "location" not in doc["checkpoints"][0]
             assert (p["samples_trained"], p["epoch_remaining_samples"], p["eta_s"]) == (
                 SAMPLES, 0, 0.0)  # fmt: skip
+            assert p["slowest_worker"] is None  # nothing left: idle workers are not slow
             assert {w["worker_id"]: w["samples_trained"] for w in p["workers"]} == (
                 totals.by_worker)  # fmt: skip
             assert p["datasets"] == [{"name": "images", "epoch": 0, "samples_trained": SAMPLES,

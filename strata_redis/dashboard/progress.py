@@ -86,7 +86,8 @@ def training(
         epoch: the job's current epoch.
         live: the live workers, sorted.
         beats: worker -> its last heartbeat, ms on Redis' clock.
-        timeout_s: the job's heartbeat timeout; a worker silent longer is never "slowest".
+        timeout_s: the job's heartbeat timeout; a worker silent longer is never "slowest"
+            (nor is any once the epoch has nothing left to train).
         page: the workers of the requested page (listed with the slowest one).
         datasets: the job's datasets.
         progress: dataset -> its epoch's shard counts (``initialized``, ``total``, ``done``).
@@ -118,7 +119,8 @@ def training(
         eta = round(remaining / rate, 1)
     cutoff = now_ms - timeout_s * 1000
     ranked = [(r, w) for w, r in per.items() if r is not None and beats[w] >= cutoff]
-    slowest = min(ranked)[1] if len(ranked) >= 2 else None
+    # nothing left to train: a worker at 0 samples/s is done, not slow
+    slowest = min(ranked)[1] if len(ranked) >= 2 and remaining != 0 else None
     return {
         "samples_trained": total,
         "samples_per_s": rate,
