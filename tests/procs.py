@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -51,3 +52,38 @@ def wait_for(
             raise AssertionError(f"condition not met within {timeout}s: {why()}")
         time.sleep(step)
     return time.monotonic() - start
+
+
+class Output:
+    """What a subprocess prints, read on a thread as it comes (``read`` returns the next bytes,
+    ``b""`` at the end): a test waits for a line with ``wait_for(lambda: ... in out.text(), ...)``
+    instead of sleeping a guess at how long a loaded machine takes to print it."""
+
+    def __init__(self, read: Callable[[], bytes]) -> None:
+        self._chunks: list[bytes] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, read: Callable[[], bytes]) -> None:
+        while True:
+            try:
+                chunk = read()
+            except (OSError, ValueError):  # a pseudo-terminal's other end closed (EIO)
+                return
+            if not chunk:
+                return
+            with self._lock:
+                self._chunks.append(chunk)
+
+    def text(self) -> str:
+        """Everything printed so far."""
+        with self._lock:
+            data = b"".join(self._chunks)
+        return data.decode(errors="replace")
+
+    def join(self, timeout: float = 30.0) -> str:
+        """Wait for the end of the output (the process closed it, or exited); all of it."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"output not closed within {timeout}s"
+        return self.text()

@@ -7,7 +7,6 @@ import json
 import os
 import pty
 import re
-import select
 import signal
 import socket
 import subprocess
@@ -28,7 +27,7 @@ import strata_redis
 from strata_redis.dashboard.app import schema_text
 from strata_redis.server import RedisClusterServers, RedisServer
 
-from .procs import wait_for
+from .procs import Output, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +67,30 @@ def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
     return rest
 
 
+def interrupt(proc: subprocess.Popen[str], out: Output) -> tuple[str, str]:
+    """Ctrl-C; once the process exits, what it printed (read by ``out``) and its stderr."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(15)
+        raise
+    finally:
+        stderr = proc.stderr.read() if proc.stderr else ""
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return out.join(), stderr
+
+
+def output(proc: subprocess.Popen[str]) -> Output:
+    """``proc``'s stdout (a pipe), read as it comes."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    return Output(lambda: os.read(fd, 65536))
+
+
 def strata(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "strata_redis", *args],
@@ -76,24 +99,28 @@ def strata(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def busy_job(job: strata_redis.Job, tmp_path: Path) -> Iterator[strata_redis.Job]:
+def busy_job(redis_url: str, job_id: str, tmp_path: Path) -> Iterator[strata_redis.Job]:
     """Workers, a dataset mid-epoch, barrier releases, a committed checkpoint."""
-    w = job.register_worker("worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8,
-                            heartbeat_interval=None)  # fmt: skip
-    w.set_status("training")
-    job.register_worker("worker-02", heartbeat_interval=None).deregister()
-    strata_redis.ShardManager(job).register_dataset_params("images", 1000, 10, True, 42)
-    leases = job.leases("images", 0, "worker-01")
-    for _ in range(25):
-        lease = leases.acquire()
-        assert lease is not None
-        lease.complete()
-    for _ in range(3):
-        job.barrier("sync", expected=1).wait("worker-01")
-    job.barrier_latencies()  # flush the latency records
-    with strata_redis.CheckpointManager(tmp_path, redis=job, worker_id="worker-01") as ckpt:
-        ckpt.save(b"x" * 1_500_000, step=700, epoch=0).result()
-    yield job
+    # worker-01 beats once, here: the job's heartbeat timeout (stored by its first
+    # registration, and what `strata status` judges staleness by) is long, so the work below
+    # and a CLI started on a loaded machine never see it stale
+    with strata_redis.connect(redis_url, job_id, heartbeat_timeout=600) as job:
+        w = job.register_worker("worker-01", host="gpu-a", address="10.0.0.5:29500",
+                                gpu_count=8, heartbeat_interval=None)  # fmt: skip
+        w.set_status("training")
+        job.register_worker("worker-02", heartbeat_interval=None).deregister()
+        strata_redis.ShardManager(job).register_dataset_params("images", 1000, 10, True, 42)
+        leases = job.leases("images", 0, "worker-01")
+        for _ in range(25):
+            lease = leases.acquire()
+            assert lease is not None
+            lease.complete()
+        for _ in range(3):
+            job.barrier("sync", expected=1).wait("worker-01")
+        job.barrier_latencies()  # flush the latency records
+        with strata_redis.CheckpointManager(tmp_path, redis=job, worker_id="worker-01") as ckpt:
+            ckpt.save(b"x" * 1_500_000, step=700, epoch=0).result()
+        yield job
 
 
 def test_status_shows_the_pages_views(busy_job: strata_redis.Job, redis_url: str) -> None:
@@ -120,9 +147,13 @@ def test_status_counts_a_failure_of_the_window_after_a_rejoin(
     """A worker declared failed that registered again since is no longer failed now, but
     its failure lies in the window: `strata status` and the API count it, as the event feed
     beside them lists it."""
-    job.register_worker("w-back", heartbeat_interval=None)
-    wait_for(lambda: job.reap() == ["w-back"], 10)
-    job.register_worker("w-back", heartbeat_interval=None)  # rejoins: idle now
+    # The job's timeout (stored by its first registration; `strata status` judges staleness
+    # by it) is long, so the rejoined worker, which never beats again, cannot read stale
+    # before the CLI has started on a loaded machine; `job` reaps with its own 2 s.
+    with strata_redis.connect(redis_url, job.job_id, heartbeat_timeout=600) as first:
+        first.register_worker("w-back", heartbeat_interval=None)
+        wait_for(lambda: job.reap() == ["w-back"], 10)
+        first.register_worker("w-back", heartbeat_interval=None)  # rejoins: idle now
     assert {w.worker_id: w.status for w in job.workers()}["w-back"] == "idle"
     out = strata("status", "--redis-url", redis_url, "--job", job.job_id)
     assert out.returncode == 0, out.stderr
@@ -160,14 +191,15 @@ def test_status_watch_refreshes_in_place(busy_job: strata_redis.Job, redis_url: 
     proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
                  "0.5", stdout=tty, stderr=subprocess.PIPE)  # fmt: skip
     os.close(tty)
-    chunks, deadline = [], time.monotonic() + 3
-    while time.monotonic() < deadline:
-        if select.select([main], [], [], 0.2)[0]:
-            chunks.append(os.read(main, 65536))
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=30)
-    os.close(main)
-    stdout = b"".join(chunks).decode()
+    out = Output(lambda: os.read(main, 65536))  # EIO once the process exits
+    try:
+        # two frames drawn (each ends with its footer), however long the start took
+        wait_for(lambda: out.text().count("Ctrl-C stops") >= 2, 30, why=out.text)
+    finally:
+        try:
+            stdout, stderr = interrupt(proc, out)
+        finally:
+            os.close(main)
     assert proc.returncode == 0, stderr
     frames = stdout.split("\x1b[H")
     assert len(frames) >= 3, stdout  # refreshed, each frame drawn from the top
@@ -180,9 +212,11 @@ def test_status_watch_into_a_pipe_has_no_terminal_codes(
 ) -> None:
     proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
                  "0.5", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
+    out = output(proc)
+    try:
+        wait_for(lambda: out.text().count("membership generation 3") >= 3, 30, why=out.text)
+    finally:
+        stdout, stderr = interrupt(proc, out)
     assert proc.returncode == 0, stderr
     assert "\x1b" not in stdout
     assert stdout.count("membership generation 3") >= 3, stdout
@@ -197,15 +231,16 @@ def test_status_watch_rides_out_a_redis_outage(redis_factory: Any) -> None:
     job.close()
     proc = popen("status", "--redis-url", server.url, "--job", "watched", "--watch", "0.5",
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        time.sleep(1.5)
+    out = output(proc)
+    unreachable = "Redis unreachable since "
+    try:  # each step once the watcher has shown the last, however long a loaded machine takes
+        wait_for(lambda: "job 'watched'" in out.text(), 30, why=out.text)
         server.stop()
-        time.sleep(2.0)
+        wait_for(lambda: unreachable in out.text(), 30, why=out.text)
         server.start()
-        time.sleep(2.5)
+        wait_for(lambda: "job 'watched'" in out.text().rpartition(unreachable)[2], 30, why=out.text)
     finally:  # the watcher stops whatever happened above
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = interrupt(proc, out)
     assert proc.returncode == 0, stderr
     frames = [f for f in stdout.split("\n\n") if f.strip()]
     down = [i for i, f in enumerate(frames) if f.startswith("Redis unreachable since ")]

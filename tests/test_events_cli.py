@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 import strata_redis
+from strata_redis.dashboard.feed import Feed
 from strata_redis.server import RedisServer
 
-from .test_dashboard_cli import popen, strata
+from .procs import Output, wait_for
+from .test_dashboard_cli import interrupt, output, popen, strata
 
 
 def _train(url: str, job_id: str, path: Path) -> None:
@@ -28,6 +29,11 @@ def _train(url: str, job_id: str, path: Path) -> None:
         orch.wait_for_checkpoints(30)
 
 
+def _printed(out: Output) -> list[dict[str, Any]]:
+    """The events ``strata events --json`` printed so far (its whole lines)."""
+    return [orjson.loads(line) for line in out.text().split("\n")[:-1]]
+
+
 def test_events_follow_prints_what_happens_in_time_order(
     redis_factory: Callable[..., RedisServer], tmp_path: Path
 ) -> None:
@@ -36,13 +42,16 @@ def test_events_follow_prints_what_happens_in_time_order(
     job.register_worker("early", heartbeat_interval=None).deregister()  # before --follow
     proc = popen("events", "--redis-url", server.url, "--job", "feed", "--follow", "--json",
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        time.sleep(1.5)
+    out = output(proc)
+    try:  # each step once the follower has printed the last, however long a loaded machine takes
+        wait_for(lambda: len(_printed(out)) >= 2, 30, why=out.text)  # what happened before
         _train(server.url, "feed", tmp_path)
-        time.sleep(1.5)
+        # all it did is in Redis now: the follower has caught up once it printed the newest
+        (newest,) = Feed(job.client, "feed").newest(1)
+        last = (newest.kind, newest.id)
+        wait_for(lambda: last in [(e["kind"], e["id"]) for e in _printed(out)], 30, why=out.text)
     finally:  # the follower stops whatever happened above
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = interrupt(proc, out)
     assert proc.returncode == 0, stderr
     events = [orjson.loads(line) for line in stdout.splitlines()]
     said = [(e["kind"], e.get("type") or e.get("outcome"), e.get("worker_id")) for e in events]
