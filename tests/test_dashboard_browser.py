@@ -144,11 +144,11 @@ def test_the_page_live_in_a_real_browser(
         job: strata_redis.Job = cluster["job"]
         wait_for(lambda: job.leases("images", 0, "w-0").progress().done > 0, 60)
         kill9(cluster["procs"]["w-2"])
-        killed = time.monotonic()
-        wait_for(lambda: status_of("w-2") == "failed", TIMEOUT + 2,
+        # TIMEOUT (up to twice that after a stall) + the reaper's tick + the page's poll + the
+        # server's read cache + drawing: seconds on a loaded machine; a page that needs a
+        # reload never shows it
+        wait_for(lambda: status_of("w-2") == "failed", 20,
                  why=lambda: (status_of("w-2"), driver.get_log("browser")))  # fmt: skip
-        shown_after = time.monotonic() - killed
-        assert shown_after <= TIMEOUT + 2
 
         # Every chart draws: points in its data, and series pixels on its canvas.
         expected = {"barrier", "checkpoint", "requests", "membership"}
@@ -173,8 +173,13 @@ def test_the_page_live_in_a_real_browser(
         assert errors == [], errors
 
         # The failures tile counts the window's fail events and names the window.
+        # (A survivor's heartbeat stalled past TIMEOUT would be a second failure: the killed
+        # worker is declared failed by the survivors' reaper steps, with their TIMEOUT, so
+        # theirs cannot be longer; the events say whether that is what happened.)
         tile = _tile(driver, "tile-failed")
-        assert tile["label"] == "failed, last 10 min" and tile["value"] == "1", tile
+        assert tile["label"] == "failed, last 10 min" and tile["value"] == "1", (
+            tile, job.events(20),
+        )  # fmt: skip
         assert "a worker that rejoined since still counts" in tile["title"]
 
         # One MB/s: the checkpoint tile's figure is its step's row's, under its definition.
@@ -189,10 +194,14 @@ def test_the_page_live_in_a_real_browser(
 
         # Redis goes away: the banner names it (no password), since when, and from when the
         # numbers below are; the numbers grey out.
-        shown_from = int(driver.execute_script("return window.strataDashboard.doc.time_ms"))
+        shown_before = int(driver.execute_script("return window.strataDashboard.doc.time_ms"))
         redis_own.stop()
         wait_for(lambda: driver.find_element(By.ID, "conn").get_attribute("data-state") == "lost",
                  15)  # fmt: skip
+        # the document shown now (a poll during stop() may have brought a newer one): no poll
+        # succeeds while Redis is stopped, so it is the banner's
+        shown_from = int(driver.execute_script("return window.strataDashboard.doc.time_ms"))
+        assert shown_from >= shown_before
         banner = driver.find_element(By.ID, "error-text").text
         hhmmss = r"\d{1,2}:\d\d:\d\d"
         assert re.fullmatch(
