@@ -137,8 +137,9 @@ def test_4200_waiting_threads_are_all_released_at_once(
 ) -> None:
     """Past one batch of tokens, the waiters refill: all of them return within moments of
     each other, not one blocking slice (60 s here) later."""
-    # slices of 60 s (a third of a 180 s socket timeout): waking 4,199 threads through the
-    # GIL of a loaded 2-core machine takes seconds, a waiter left to its slice's end a minute
+    # slices of 60 s (a third of a 180 s socket timeout): starting, arriving and waking 4,199
+    # threads through the GIL of a loaded 2-core machine takes seconds (16 s seen beside
+    # another test), while a waiter the refill missed returns a slice after it arrived
     monkeypatch.setattr("strata_redis.connection.MAX_BLOCK_S", 60.0)
     job = strata_redis.connect(f"{redis_url}?socket_timeout=180", job_id, heartbeat_timeout=3600)
     assert job.context.max_block == 60.0
@@ -156,6 +157,7 @@ def test_4200_waiting_threads_are_all_released_at_once(
             errors.append(exc)
 
     threads = [threading.Thread(target=wait, args=(w,)) for w in names[:-1]]
+    began = time.monotonic()  # before any arrival: a missed waiter returns past began + 60
     for t in threads:
         t.start()
     arrived = job.keys.barrier_arrived("crowd")
@@ -165,7 +167,7 @@ def test_4200_waiting_threads_are_all_released_at_once(
     for t in threads:
         t.join(120)
     assert not errors and len(returned) == n - 1
-    assert max(returned) - start < 30, max(returned) - start  # half a slice
+    assert max(returned) - began < 55, (max(returned) - began, start - began)
     job.close()
 
 
