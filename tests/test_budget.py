@@ -80,7 +80,9 @@ def test_pool_limit_says_so_and_heartbeats_go_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(connection, "POOL_TIMEOUT", 0.5)
-    job = strata_redis.connect(redis_url, "tight", heartbeat_timeout=1.5, max_connections=2)
+    # 6 s: the heartbeat client's socket timeout is half of it, so a heartbeat reply late on
+    # a loaded machine logs nothing; heartbeats drawn from the full pool would log failures
+    job = strata_redis.connect(redis_url, "tight", heartbeat_timeout=6.0, max_connections=2)
     worker = job.register_worker("w", heartbeat_interval=0.2)
     # two callers block for 3 s each: the whole pool of two is busy
     blockers = [
@@ -99,7 +101,8 @@ def test_pool_limit_says_so_and_heartbeats_go_on(
         assert "unreachable" not in str(exc) and "2 connections" in str(exc)
     for thread in blockers:
         thread.join(10)
-    # the heartbeat pool is separate: three heartbeat timeouts went by, the worker lives
+    # the heartbeat pool is separate: its heartbeats (every 0.2 s) went on while the pool was
+    # full for 3 s (from it, each would have waited 0.5 s and failed: a warning), it lives
     assert raw.hget("strata:{tight}:status", "w") == "idle"
     assert worker.lost is None and worker.heartbeating
     assert not _problems(strata_logs)

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.both_backends  # conftest: on one redis-server and on a
 JOB = "lease-job"  # the job_id fixture's name for this module's job
 DONE_LOG = "test:completions"
 #: generous: 20 interpreters starting at once on two cores must not be declared failed (the
-#: killed workers' shards come back through their leases' 1 s ttl, not through the reaper)
+#: killed workers' shards come back through their leases' ttl, not through the reaper)
 HEARTBEAT_TIMEOUT = 5.0  # processes append "<shard> <worker> <token>" per recorded completion
+LEASE_TTL = 3.0  # the drainers' leases, renewed every second
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -37,7 +38,10 @@ def drainer(
     job.register_worker(worker_id, heartbeat_interval=0.2)
     log = decoding_client(url)
     log.blpop(["test:go"], timeout=60)
-    for done, lease in enumerate(job.leases(dataset, epoch, worker_id, ttl=1.0), start=1):
+    # 3 s: a drainer descheduled past its ttl loses its lease (LeaseLostError, exit 1); the
+    # victims' shards come back 3 s after the kill, well inside join_all's 120 s
+    leases = job.leases(dataset, epoch, worker_id, ttl=LEASE_TTL)
+    for done, lease in enumerate(leases, start=1):
         time.sleep(work_s)
         if lease.complete():
             log.rpush(DONE_LOG, f"{lease.shard_id} {worker_id} {lease.token}")
@@ -165,13 +169,14 @@ def test_renewal_keeps_token_and_loss_is_reported(job: strata_redis.Job) -> None
     job.register_worker("a", heartbeat_interval=None)
     job.register_worker("b", heartbeat_interval=None)
     lost: list[strata_redis.LeaseLostError] = []
-    la = job.leases("one", 0, "a", ttl=1, on_lost=lost.append)
+    # renewed every ttl/3 = 1 s: a stall of the renewer under 2 s keeps the lease
+    la = job.leases("one", 0, "a", ttl=3, on_lost=lost.append)
     it = iter(la)
     lease = next(it)
-    time.sleep(1.5)  # the renewer keeps it alive past its ttl
+    time.sleep(3.5)  # the renewer keeps it alive past its ttl
     assert job.leases("one", 0, "b").acquire() is None
     job.client.hset(la.keys.holders, "0", "999999 0 0 b")  # someone else holds it now
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 10  # the next renewal (1 s) finds it lost
     while not lost and time.monotonic() < deadline:
         time.sleep(0.02)
     assert lost and lease.lost is lost[0]

@@ -74,13 +74,17 @@ def test_live_workers_ride_out_a_full_memory_and_a_reap_during_it(
     assert job.barrier("b", expected=2).state().arrived == []  # the refused arrival
     for w in workers:
         assert w.heartbeating and w.lost is None
-    # each heartbeat thread said it once when it started failing, once when it recovered
+    # each heartbeat thread said it once when it started failing, once when it recovered. A
+    # reply later than the heartbeat client's 1 s socket timeout (a loaded machine) is an
+    # outage of its own, logged the same way once each way: those lines are not the memory's
     lines = [r for r in caplog.records if r.name == "strata_redis.workers"]
     for w in workers:
         mine = [r.getMessage() for r in lines if f"'{w.worker_id}'" in r.getMessage()]
-        assert len(mine) == 2, mine
-        assert "heartbeats failing" in mine[0] and "memory limit" in mine[0]
-        assert "heartbeats recovered" in mine[1]
+        failing = [m for m in mine if "heartbeats failing" in m]
+        full = [m for m in failing if "Redis did not answer in time" not in m]
+        assert len(full) == 1 and "memory limit" in full[0], mine
+        assert len(mine) == len(failing) + sum("heartbeats recovered" in m for m in mine), mine
+        assert "heartbeats recovered" in mine[-1], mine
     assert not any(r.exc_info for r in lines)  # no traceback per tick
     for w in workers:
         w.stop_heartbeat()

@@ -62,7 +62,9 @@ def test_barrier_waiters_ride_out_a_restart(
     threads = _threads(results, [lambda i=i: barrier.wait(f"w{i}") for i in range(waiters)])
     wait_for(_arrived(job, "b", waiters), 10)
     time.sleep(0.3)  # every waiter blocked in Redis
-    assert _restart(server) < 2.0
+    # an outage (stop, start, AOF load, first PING: harness time on a loaded machine) well
+    # inside the barrier's 30 s timeout and redis_retry's 60 s: ridden out, not timed out
+    assert _restart(server) < 20.0
     release = barrier.wait(f"w{waiters}")
     for t in threads:
         t.join(15)

@@ -25,7 +25,10 @@ from .conftest import decoding_client
 from .procs import join_all, spawn, wait_for
 
 JOB = "progress-job"
-TIMEOUT = 2.0
+#: the workers' heartbeat timeout, and the dashboard's: nothing here waits for a worker to go
+#: stale or fail, so 6 s, and a heartbeat stalled a few seconds on a loaded machine neither
+#: gets a trainer reaped nor drops it from the "slowest" ranking
+TIMEOUT = 6.0
 SAMPLES, PER_SHARD = 3000, 10
 
 

@@ -76,24 +76,33 @@ def test_a_live_barrier_of_20000_workers_releases_without_scanning_them(
     job = strata_redis.connect(server.url, "many", heartbeat_timeout=3600)
     n = 20_000
     names = _registered(job, n)
-    barrier = job.barrier("all", "live")
-    calls = [barrier.arrive_call(w, uuid.uuid4().hex, 1, 600) for w in names[:-1]]
-    for start in range(0, len(calls), 2_000):
-        job.scripts.run_many(calls[start : start + 2_000])
-    raw.slowlog_reset()
-    assert _arrive(job, barrier, names[-1]).startswith("R 1 ")  # the last arrival releases
+    # each measured step three times, the shortest judged: SLOWLOG is wall time in the
+    # server, so a preemption on a loaded machine lengthens one run, a regression all three
+    barriers = [job.barrier(f"all{i}", "live") for i in range(3)]
+    for barrier in barriers:
+        calls = [barrier.arrive_call(w, uuid.uuid4().hex, 1, 600) for w in names[:-1]]
+        for start in range(0, len(calls), 2_000):
+            job.scripts.run_many(calls[start : start + 2_000])
+    releases = []
+    for barrier in barriers:
+        raw.slowlog_reset()
+        assert _arrive(job, barrier, names[-1]).startswith("R 1 ")  # the last arrival releases
+        releases.append(_longest_ms(raw))
     # a scan of 20,000 workers in Lua took 52 ms here; the release now pushes the 20,000
     # waiters' tokens and reads the events since the opening (none)
-    assert _longest_ms(raw) < 25
+    assert min(releases) < 25, releases
     # a count barrier timing out names up to 100 absent workers with their exact count
-    count = job.barrier("count", n)
-    _arrive(job, count, names[0])
-    raw.slowlog_reset()
-    with pytest.raises(strata_redis.BarrierTimeoutError) as caught:
-        count.wait(names[1], timeout=0.5)
-    assert caught.value.missing_count == n - 2 and len(caught.value.missing) == 100
-    assert f"{n - 2}, among them" in str(caught.value)
-    assert _longest_ms(raw) < 25
+    timeouts = []
+    for i in range(3):
+        count = job.barrier(f"count{i}", n)
+        _arrive(job, count, names[0])
+        raw.slowlog_reset()
+        with pytest.raises(strata_redis.BarrierTimeoutError) as caught:
+            count.wait(names[1], timeout=0.5)
+        timeouts.append(_longest_ms(raw))
+        assert caught.value.missing_count == n - 2 and len(caught.value.missing) == 100
+        assert f"{n - 2}, among them" in str(caught.value)
+    assert min(timeouts) < 25, timeouts
     job.close()
 
 
@@ -123,10 +132,17 @@ def test_release_tokens_past_one_batch_are_pushed_by_the_waiters(
 
 @pytest.mark.single_only("4,200 threads: once is enough")
 @pytest.mark.timeout(300)
-def test_4200_waiting_threads_are_all_released_at_once(redis_url: str, job_id: str) -> None:
+def test_4200_waiting_threads_are_all_released_at_once(
+    redis_url: str, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Past one batch of tokens, the waiters refill: all of them return within moments of
-    each other, not one blocking slice (10 s here) later."""
-    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=3600)
+    each other, not one blocking slice (60 s here) later."""
+    # slices of 60 s (a third of a 180 s socket timeout): starting, arriving and waking 4,199
+    # threads through the GIL of a loaded 2-core machine takes seconds (16 s seen beside
+    # another test), while a waiter the refill missed returns a slice after it arrived
+    monkeypatch.setattr("strata_redis.connection.MAX_BLOCK_S", 60.0)
+    job = strata_redis.connect(f"{redis_url}?socket_timeout=180", job_id, heartbeat_timeout=3600)
+    assert job.context.max_block == 60.0
     n = 4_200
     names = _registered(job, n)
     barrier = job.barrier("crowd", n)
@@ -141,6 +157,7 @@ def test_4200_waiting_threads_are_all_released_at_once(redis_url: str, job_id: s
             errors.append(exc)
 
     threads = [threading.Thread(target=wait, args=(w,)) for w in names[:-1]]
+    began = time.monotonic()  # before any arrival: a missed waiter returns past began + 60
     for t in threads:
         t.start()
     arrived = job.keys.barrier_arrived("crowd")
@@ -150,7 +167,7 @@ def test_4200_waiting_threads_are_all_released_at_once(redis_url: str, job_id: s
     for t in threads:
         t.join(120)
     assert not errors and len(returned) == n - 1
-    assert max(returned) - start < 5, max(returned) - start
+    assert max(returned) - began < 55, (max(returned) - began, start - began)
     job.close()
 
 
@@ -221,8 +238,9 @@ def test_a_million_shard_epoch_built_beside_a_heartbeating_job_fails_nobody(
     assert (progress.done, progress.leased, progress.todo) == (50, 0, 1_000_000 - 50)
     # the whole pool (a ZSET then) in one script took 1.8 s here; in 1,024-shard chunks 3-8
     # ms (24 ms seen once, right after the Sentinel tests, on this 2-core machine); now the
-    # longest call is a first SETBIT's allocation of a bitmap (125 KB)
-    assert _longest_ms(raw) < 50
+    # longest call is a first SETBIT's allocation of a bitmap (125 KB). 200 ms leaves a
+    # preempted server room and still fails the whole-pool script
+    assert _longest_ms(raw) < 200
     wait_for(lambda: all(w.heartbeating for w in beating), 5)
     assert [w.worker_id for w in other.workers() if w.status == "failed"] == []
     for w in beating:
@@ -263,8 +281,9 @@ def test_an_epoch_of_ten_million_shards_costs_at_most_16_bytes_a_shard(
     in_progress = _bytes(raw, keys)
     assert in_progress <= 16 * n, f"{in_progress / n:.2f} bytes per shard"
     # the longest: a completion creating its record segment (768 KiB of zeros), a fraction of
-    # a ms alone; 12 ms seen with this 2-core machine's load average at 7
-    assert _longest_ms(raw) < 25
+    # a ms alone; 12 ms seen with this 2-core machine's load average at 7. The whole record
+    # in one string (117 MB of zeros) took 50-54 ms here to allocate: 35 ms still fails it
+    assert _longest_ms(raw) < 35
     progress = leases.progress()
     assert (progress.done, progress.leased, progress.todo) == (3_000, 1, n - 3_001)
     # the job moves on: the next epoch's pool closes this one, in one bounded call
@@ -325,5 +344,10 @@ def test_a_rendezvous_of_20000_workers_and_its_reads_are_bounded(
     assert len(listed) == n and sum(w.status == "left" for w in listed) == 1
     doc = DashboardState(job.client, heartbeat_timeout=3600).read("many", limit=50)
     assert doc["page"]["total"] == n and len(doc["workers"]) == 50
+    # the old close (every rank written in one script) took 53 ms at 5,000 members, four
+    # times that at 20,000; a join scanning every member (as the barrier's 52 ms scan of
+    # 20,000) puts thousands of the 40,000 joins over 25 ms, a preemption a few
     longest = _longest_ms(raw)
-    assert longest < 25, longest
+    assert longest < 100, longest
+    over = [e for e in raw.slowlog_get(10_000) if e["duration"] > 25_000]
+    assert len(over) < 100, [(e["duration"], str(e["command"])[:80]) for e in over[:10]]
