@@ -489,7 +489,9 @@ def test_a_lone_early_worker_cannot_close_a_round(job: strata_redis.Job) -> None
 def test_per_step_check_raises_when_a_member_dies(redis_url: str, tmp_path: Path) -> None:
     """elastic=False: the batch loop raises RoundBrokenError soon after a member is declared
     failed (learned by the heartbeat thread; the loop itself makes no round trip for it)."""
-    _register(redis_url, total=100_000, per_shard=10_000)
+    # shards of 12,500 batches: past a batch's check, the walk's next is at the shard's end,
+    # > 12.5 s of sleeps away
+    _register(redis_url, total=200_000, per_shard=100_000)
     timeout = 1.0
 
     def make(wid: str) -> strata_redis.TrainingOrchestrator:
@@ -508,8 +510,8 @@ def test_per_step_check_raises_when_a_member_dies(redis_url: str, tmp_path: Path
         for _ in batches:
             time.sleep(0.001)
     # a timeout, or two after a stall (the reaper's grace), + slack for a loop sharing the
-    # GIL with a's heartbeat thread; with no per-step check the loop drains its 12,500
-    # batches (> 12.5 s of sleeps alone) and never raises
+    # GIL with a's heartbeat thread; with no per-step check the loop would raise only at
+    # its shard's end, after 12,500 batches (> 12.5 s of sleeps alone)
     assert time.monotonic() - stopped <= timeout + 4.0
     assert err.value.culprit == "b"
     a.close()
