@@ -207,9 +207,10 @@ def test_worker_failure_recovery(redis_url: str, raw: redis.Redis, dirs: Path) -
 
 def _stall_worker(url: str, worker_id: str, ckpt: str) -> None:
     """Join, drain what it gets of the epoch, then stall (alive, heartbeating) until killed."""
+    # (10 s: never declared failed on a loaded machine; the barrier would break, not time out)
     with strata_redis.TrainingOrchestrator(
         url, worker_id, job_id=JOB, checkpoint_path=ckpt, min_workers=2, last_call=0.5,
-        heartbeat_timeout=3.0,
+        heartbeat_timeout=10.0,
     ) as orch:  # fmt: skip
         for _ in orch.get_shards(DATASET):
             time.sleep(0.01)
@@ -220,7 +221,7 @@ def _advance_worker(url: str, worker_id: str, ckpt: str, out: str) -> None:
     """Drain the epoch, then wait at the epoch barrier with a short timeout; report."""
     with strata_redis.TrainingOrchestrator(
         url, worker_id, job_id=JOB, checkpoint_path=ckpt, min_workers=2, last_call=0.5,
-        heartbeat_timeout=3.0, epoch_timeout=2.0,
+        heartbeat_timeout=10.0, epoch_timeout=2.0,
     ) as orch:  # fmt: skip
         for _ in orch.get_shards(DATASET):
             pass
