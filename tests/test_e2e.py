@@ -130,7 +130,9 @@ def dirs(tmp_path: Path) -> Path:
 def test_full_workflow(redis_url: str, raw: redis.Redis, dirs: Path) -> None:
     params = _register(redis_url)
     ids = [f"worker-0{i}" for i in range(1, 5)]
-    procs = _start(redis_url, dirs, ids, {"min_workers": 4, "sleep": 0.001}, stagger=0.3)
+    # no worker may be reaped here (one round of the four): a 10 s heartbeat timeout, not 3 s
+    cfg = {"min_workers": 4, "sleep": 0.001, "heartbeat_timeout": 10.0}
+    procs = _start(redis_url, dirs, ids, cfg, stagger=0.3)
     assert join_all(procs, timeout=120) == [0, 0, 0, 0]
 
     # two epochs, every sample of each trained exactly once, every shard recorded once
@@ -173,12 +175,13 @@ def test_worker_failure_recovery(redis_url: str, raw: redis.Redis, dirs: Path) -
     rdzv = raw.hgetall(f"strata:{{{JOB}}}:rendezvous")
     assert int(rdzv["restarts_failure"]) == 1, rdzv
     assert int(rdzv.get("restarts_growth", 0)) == 0, rdzv
-    # the survivors were in a new round within the heartbeat timeout (+ one tick, + the
-    # rejoin; + slack for a loaded 2-core CI: the sharp figure is perf's recovery row),
-    # measured on Redis' clock
+    # the survivors were in a new round within the heartbeat timeout (two after a stall: the
+    # reaper's grace; + one tick, + the rejoin; + slack for a loaded 2-core CI: the sharp
+    # figure is perf's recovery row), measured on Redis' clock; a failure nobody detected
+    # would wait out the 120 s epoch_timeout instead
     events = raw.xrange(f"strata:{{{JOB}}}:rendezvous_events")
     closed = [int(f["ms"]) for _, f in events if f["type"] == "close" and f["round"] == "2"]
-    assert closed and closed[0] - killed_ms <= (timeout + 3.0) * 1000, (closed, killed_ms)
+    assert closed and closed[0] - killed_ms <= (2 * timeout + 4.0) * 1000, (closed, killed_ms)
     # the survivors finished both epochs: every shard done once, every sample trained
     samples = _samples(dirs / "logs")
     for epoch in (0, 1):
@@ -204,9 +207,10 @@ def test_worker_failure_recovery(redis_url: str, raw: redis.Redis, dirs: Path) -
 
 def _stall_worker(url: str, worker_id: str, ckpt: str) -> None:
     """Join, drain what it gets of the epoch, then stall (alive, heartbeating) until killed."""
+    # (10 s: never declared failed on a loaded machine; the barrier would break, not time out)
     with strata_redis.TrainingOrchestrator(
         url, worker_id, job_id=JOB, checkpoint_path=ckpt, min_workers=2, last_call=0.5,
-        heartbeat_timeout=3.0,
+        heartbeat_timeout=10.0,
     ) as orch:  # fmt: skip
         for _ in orch.get_shards(DATASET):
             time.sleep(0.01)
@@ -217,7 +221,7 @@ def _advance_worker(url: str, worker_id: str, ckpt: str, out: str) -> None:
     """Drain the epoch, then wait at the epoch barrier with a short timeout; report."""
     with strata_redis.TrainingOrchestrator(
         url, worker_id, job_id=JOB, checkpoint_path=ckpt, min_workers=2, last_call=0.5,
-        heartbeat_timeout=3.0, epoch_timeout=2.0,
+        heartbeat_timeout=10.0, epoch_timeout=2.0,
     ) as orch:  # fmt: skip
         for _ in orch.get_shards(DATASET):
             pass
@@ -245,7 +249,8 @@ def test_barrier_timeout(redis_url: str, dirs: Path) -> None:
 
 def test_late_joiner_waits_for_the_next_round(redis_url: str, raw: redis.Redis, dirs: Path) -> None:
     params = _register(redis_url, total=2000, per_shard=50)
-    cfg = {"min_workers": 2, "sleep": 0.02, "last_call": 0.5}
+    # no worker may be reaped here (no failure restart): a 10 s heartbeat timeout, not 3 s
+    cfg = {"min_workers": 2, "sleep": 0.02, "last_call": 0.5, "heartbeat_timeout": 10.0}
     procs = _start(redis_url, dirs, ["worker-01", "worker-02"], cfg)
     wait_for(lambda: len(_done(raw, 0)) >= 2, 60, why=lambda: _done(raw, 0))
     late = _start(redis_url, dirs, ["worker-03"], {**cfg, "run": "late"})
@@ -485,7 +490,9 @@ def test_a_lone_early_worker_cannot_close_a_round(job: strata_redis.Job) -> None
 def test_per_step_check_raises_when_a_member_dies(redis_url: str, tmp_path: Path) -> None:
     """elastic=False: the batch loop raises RoundBrokenError soon after a member is declared
     failed (learned by the heartbeat thread; the loop itself makes no round trip for it)."""
-    _register(redis_url, total=100_000, per_shard=10_000)
+    # shards of 12,500 batches: past a batch's check, the walk's next is at the shard's end,
+    # > 12.5 s of sleeps away
+    _register(redis_url, total=200_000, per_shard=100_000)
     timeout = 1.0
 
     def make(wid: str) -> strata_redis.TrainingOrchestrator:
@@ -503,7 +510,10 @@ def test_per_step_check_raises_when_a_member_dies(redis_url: str, tmp_path: Path
     with pytest.raises(strata_redis.RoundBrokenError, match="member 'b' failed") as err:
         for _ in batches:
             time.sleep(0.001)
-    assert time.monotonic() - stopped <= timeout + 1.0
+    # a timeout, or two after a stall (the reaper's grace), + slack for a loop sharing the
+    # GIL with a's heartbeat thread; with no per-step check the loop would raise only at
+    # its shard's end, after 12,500 batches (> 12.5 s of sleeps alone)
+    assert time.monotonic() - stopped <= timeout + 4.0
     assert err.value.culprit == "b"
     a.close()
     b.close()

@@ -23,9 +23,9 @@ from .procs import CTX, join_all, spawn, wait_for
 JOB = "era-job"
 
 
-def _job(url: str, dataset_shards: int = 1) -> strata_redis.Job:
+def _job(url: str, dataset_shards: int = 1, heartbeat_timeout: float = 2.0) -> strata_redis.Job:
     """A process's view of the job: its own client, the dataset registered (idempotent)."""
-    job = strata_redis.connect(url, JOB, heartbeat_timeout=2.0)
+    job = strata_redis.connect(url, JOB, heartbeat_timeout=heartbeat_timeout)
     strata_redis.ShardManager(job).register_dataset_params("ds", dataset_shards * 10, 10)
     return job
 
@@ -84,7 +84,9 @@ def test_a_restart_without_persistence_stops_heartbeats_with_state_lost(
 def drain_until_lost(url: str, worker_id: str, out: Queue[Any]) -> None:
     """A worker process: drain epoch 0 of "ds" through the public API (a short sleep per
     shard stands for training) and report what it recorded and how it stopped."""
-    job = _job(url, dataset_shards=1000)
+    # 10 s: a worker stalled on a loaded machine is not declared failed before the flush
+    # (it would stop with WorkerFailedError, not StateLostError)
+    job = _job(url, dataset_shards=1000, heartbeat_timeout=10.0)
     worker = job.register_worker(worker_id, heartbeat_interval=0.2)
     recorded: list[tuple[int, int]] = []
     repeats: list[int] = []

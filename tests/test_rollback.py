@@ -101,9 +101,11 @@ def train_epochs(url: str, path: str, worker_id: str, epochs: int, out: Queue[An
     trained: list[tuple[int, int]] = []
     error = "none"
     try:
+        # 10 s: a worker stalled on a loaded machine is not declared failed before the
+        # rollback (it would stop with RoundBrokenError, not StateRolledBackError)
         with strata_redis.TrainingOrchestrator(
             coordinator_url=url, job_id=JOB, worker_id=worker_id, min_workers=3,
-            last_call=0.5, heartbeat_timeout=3.0, checkpoint_path=path, resume=False,
+            last_call=0.5, heartbeat_timeout=10.0, checkpoint_path=path, resume=False,
         ) as orch:  # fmt: skip
             strata_redis.ShardManager(orch).register_dataset_params(
                 "ds", total_samples=6000, samples_per_shard=10, shuffle=True, seed=1
@@ -135,15 +137,25 @@ def test_three_workers_stop_on_a_rollback_and_train_no_shard_twice(
     raw = redis.Redis.from_url(server.url, decode_responses=True)
     try:
         keys = strata_redis.Keys(JOB)
-        wait_for(lambda: raw.exists(keys.lease_keys("ds", 0).meta) == 1, 60)
-        time.sleep(0.5)  # every worker is leasing
+        meta = keys.lease_keys("ds", 0).meta
+
+        def done() -> int:
+            return int(raw.hget(meta, "done") or 0)
+
+        # every one leases: each has completed a shard
+        wait_for(
+            lambda: all(raw.hget(meta, f"by:{w}") for w in ids), 60, why=lambda: raw.hgetall(meta)
+        )
         older = _snapshot(server)
         at_snapshot = int(raw.get(keys.epoch) or 0)
         if boundary:  # the job moves to the next epoch past the snapshot
             wait_for(lambda: int(raw.get(keys.epoch) or 0) > at_snapshot, 60)
             time.sleep(0.3)
         else:
-            time.sleep(1.0)
+            # completions past the snapshot (the rollback loses them), polled for: a fixed
+            # sleep on a loaded machine may run past the epoch's end (~4 s of 0.02 s batches)
+            before = done()
+            wait_for(lambda: done() >= before + 60, 30, why=done)
             assert int(raw.get(keys.epoch) or 0) == at_snapshot  # still in the same epoch
         _roll_back(server, older)
         rolled = time.monotonic()
