@@ -179,8 +179,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps")
     p.add_argument("--loader-workers", type=int, default=0, help="DataLoader num_workers")
-    p.add_argument("--lockstep", action="store_true",
-                   help="every rank the same batch count (no Join; < ranks x batch dropped)")
+    p.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="every rank the same batch count (no Join; < ranks x batch dropped)",
+    )
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (demo)")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
     p.add_argument("--collective-timeout", type=float, default=60.0)
