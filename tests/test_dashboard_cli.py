@@ -46,7 +46,7 @@ def popen(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+def _ctrl_c(proc: subprocess.Popen[str], timeout: float) -> None:
     """Ctrl-C, then wait; a process that does not stop is killed (and the test fails)."""
     proc.send_signal(signal.SIGINT)
     try:
@@ -59,29 +59,34 @@ def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
             proc.kill()
             proc.wait(15)
         raise
+
+
+def _close(proc: subprocess.Popen[str]) -> None:
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    """Ctrl-C (``_ctrl_c``); what it printed after what the test read."""
+    try:
+        _ctrl_c(proc, timeout)
     finally:
         rest = proc.stdout.read() if proc.stdout else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        _close(proc)
     return rest
 
 
 def interrupt(proc: subprocess.Popen[str], out: Output) -> tuple[str, str]:
-    """Ctrl-C; once the process exits, what it printed (read by ``out``) and its stderr."""
-    proc.send_signal(signal.SIGINT)
+    """Ctrl-C (``_ctrl_c``); once the process exits, what it printed (read by ``out``) and
+    its stderr."""
     try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(15)
-        raise
+        _ctrl_c(proc, 30)
+        printed = out.join()  # to the end of the pipe, before it is closed under the reader
     finally:
         stderr = proc.stderr.read() if proc.stderr else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-    return out.join(), stderr
+        _close(proc)
+    return printed, stderr
 
 
 def output(proc: subprocess.Popen[str]) -> Output:
