@@ -45,20 +45,20 @@ def find_redis_server() -> str:
     raise FileNotFoundError(INSTALL_HINT)
 
 
+_PR_SET_PDEATHSIG = 1
+_PRCTL: Any
+try:
+    _PRCTL = ctypes.CDLL(None).prctl  # resolved here, never in the child
+except (OSError, AttributeError):  # not Linux: servers outlive a killed parent there
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it when the process that started it dies (Linux)."""
     _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
-_PR_SET_PDEATHSIG = 1
-_PRCTL: Any
-try:
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, never in the child
-except (OSError, AttributeError):  # not Linux: servers outlive a killed parent there
-    _PRCTL = None
-
-
-def spawn_server(args: list[str]) -> subprocess.Popen[bytes]:
+def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
     """Start a ``redis-server`` child in its own session, stopped with its parent where it can.
 
     A test run or benchmark killed with SIGTERM or SIGKILL runs no cleanup; on Linux the
@@ -130,7 +130,7 @@ class RedisServer:
         if self.aof:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         args += self.extra
-        self.proc = spawn_server(args)
+        self.proc = _spawn(args)
         deadline = time.monotonic() + timeout
         password = self._password()
         while time.monotonic() < deadline:
@@ -316,7 +316,7 @@ class RedisSentinelServer:
 
     def start(self, timeout: float = 10.0) -> RedisSentinelServer:
         """Start the sentinel and wait until it knows the primary."""
-        self.proc = spawn_server(
+        self.proc = _spawn(
             [self.binary, str(self.dir / "sentinel.conf"), "--sentinel", "--logfile",
              str(self.dir / "sentinel.log")]
         )  # fmt: skip

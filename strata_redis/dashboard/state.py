@@ -632,12 +632,9 @@ class _JobRead:
                 state.cache_committed(self.job_id, step, summary)
         for step in self._open_steps:
             self.step_state[step] = commit.take_step_state(replies)
-        self.training = self._training(now_ms, live, state.trained(self.job_id))
-
-    def _training(self, now_ms: int, live: list[str], history: TrainedHistory) -> dict[str, Any]:
-        """The job's training progress (``schema.json``'s ``jobs[].progress``)."""
-        return progress.training(
-            now_ms, history, epoch=self.epoch, live=live, beats=self.beats,
+        # the job's training progress (``schema.json``'s ``jobs[].progress``)
+        self.training = progress.training(
+            now_ms, state.trained(self.job_id), epoch=self.epoch, live=live, beats=self.beats,
             timeout_s=self.timeout_s, page=set(self._page), datasets=self.dataset_params,
             progress=self.progress, totals=self.lease_totals,
             checkpoints=[
