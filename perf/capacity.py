@@ -149,14 +149,15 @@ def measure(url: str, rounds: int, calls: int) -> dict[str, Any]:
     """Every kind's Redis CPU per operation: script, inner commands, raw commands replaced."""
     raw = redis.Redis.from_url(url)
     stats = Stats(raw)
-    tmp = tempfile.mkdtemp(prefix="strata-capacity-")
+    tmpdir = tempfile.TemporaryDirectory(prefix="strata-capacity-")
+    tmp = tmpdir.name
     job = strata_redis.connect(url, JOB, heartbeat_timeout=3600.0)
     ctx = job.context
     most = max(BATCH_SIZES)
     workers = [register_worker(ctx, f"w{i:04d}", heartbeat_interval=None) for i in range(most)]
     one = workers[0]
     # a job with leases, a membership and an epoch: every anchor made, the prelude's full check
-    manager = strata_redis.ShardManager(url, job_id=JOB)
+    manager = strata_redis.ShardManager(job)  # the job's client: nothing more to close
     manager.register_dataset_params(DATASET, 10**7, 10, False)
     params = DatasetParams(DATASET, 10**7, 10, False, 0)
     leases = ShardLeases(ctx, params, 0, one.worker_id)
@@ -283,6 +284,7 @@ def measure(url: str, rounds: int, calls: int) -> dict[str, Any]:
             raw_us[name].append(spent / calls)
     job.close()
     raw.close()
+    tmpdir.cleanup()
     med = {k: statistics.median(v) for k, v in script_us.items()}
     inner = {k: statistics.median(v) for k, v in inner_us.items()}
     plain = {k: statistics.median(v) for k, v in raw_us.items()}

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 import strata_redis
-from strata_redis import scripts
+from strata_redis import scripts, status
 from strata_redis.data.leases import CANDIDATES, lease_totals
 from strata_redis.server import RedisServer
 
@@ -35,9 +35,9 @@ def drain(job: Any, raw: Any, sha: str, dataset: str, shards: int, new: bool) ->
     holder = job.leases(dataset, 0, "a", ttl=3600)
     holder.prepare()
     own = list(holder._own)
-    keys = [*holder._acquire_keys, holder.keys.record(0), holder.keys.workers]
-    if new:
-        keys.append(holder._totals)
+    keys = holder._handoff_keys()  # segment 0: the drained epoch fits in one
+    if not new:
+        keys = keys[:-1]  # the old script had no lifetime totals key
     base = [*holder._acquire_args]
     raw.config_resetstat()
     shard = token = ""
@@ -70,7 +70,9 @@ def main() -> None:
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     new_code = scripts.compiled()["acquire_shard"]
-    old_code = new_code.replace(scripts.sources()["acquire_shard"], old_body)
+    # the file's body as compiled() holds it (codes inlined), swapped for the old one's
+    old_code = new_code.replace(status.inline(scripts.sources()["acquire_shard"]),
+                                status.inline(old_body))  # fmt: skip
     assert old_code != new_code
     with RedisServer() as server:
         job = strata_redis.connect(server.url, "lease-totals-cost")

@@ -191,8 +191,7 @@ def job_of(url: str, n: int) -> dict[str, float]:
     holder = job.leases("ds", 0, names[0], ttl=3600)
     holder.prepare()
     # one worker holds n leases (the sweep's cost is per lease held, not per worker)
-    keys = [*holder._acquire_keys, holder.keys.record(0), holder.keys.workers, holder._totals]
-    call = ("acquire_shard", keys, [*holder._acquire_args, "", "", ""])
+    call = ("acquire_shard", holder._handoff_keys(), [*holder._acquire_args, "", "", ""])
     for first in range(0, n, 2_000):
         job.scripts.run_many([call] * min(2_000, n - first))
     assert raw.hlen(LeaseKeys(job.keys, "ds", 0).holders) == n

@@ -49,8 +49,8 @@ T_SIGNIFICANT = 2.0
 #: summary files (a field per row, not pyperf suites; besides load_<scenario>) -> the perf/
 #: script that writes them
 SUMMARIES = {"cost": "cost", "sharding": "bench_sharding", "limits": "limits",
-             "heartbeat": "bench_heartbeat", "epochs": "epochs"}  # fmt: skip
-SUMMARIES["capacity"] = "capacity"  # Redis CPU per call, INFO commandstats (issue 27)
+             "heartbeat": "bench_heartbeat", "epochs": "epochs",
+             "capacity": "capacity"}  # fmt: skip
 #: summary files a baseline keeps besides the bench_*.json suites (``--save-baseline``)
 BASELINE_SUMMARIES = ("load_*.json", *(f"{s}.json" for s in SUMMARIES), "curves.json")
 #: the docs' copy of the baseline run's report: an include of docs/design/benchmarks.md
@@ -59,8 +59,7 @@ STATUSES = ("target", "acceptable", "degraded", "critical", "not measured")
 UNITS = {"p50": "ms", "p95": "ms", "p99": "ms", "p999": "ms", "mean": "ms", "mb_s": "MB/s",
          "gb_s": "GB/s", "rate": "req/s", "mb": "MB", "percent": "%", "seconds": "s",
          "fraction": "x", "count": "calls", "ms": "ms", "workers": "workers",
-         "bytes": "B"}  # fmt: skip
-UNITS.update({"us": "us", "per_s": "/s"})  # the capacity rows (perf/capacity.py)
+         "bytes": "B", "us": "us", "per_s": "/s"}  # fmt: skip
 
 
 @dataclass

@@ -483,7 +483,7 @@ class TrainingOrchestrator:
             state = self.state_provider()
         parts = loop_parts(state, self._position(cid, job_epoch, metadata=dict(metadata or {})))
         # the loop does not wait on status writes: "checkpointing" is shown from here until
-        # the save's upload is done, written by the status thread
+        # the save settles (committed or failed), written by the status thread
         self._saves_changed(+1)
         try:
             future = self._rounds.save(self.round.number, cid, job_epoch, parts)

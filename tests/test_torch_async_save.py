@@ -20,6 +20,7 @@ from strata_redis import CheckpointManager
 from strata_redis.errors import CheckpointError
 from strata_redis.storage.base import TMP_PREFIX
 from strata_redis.storage.local import LocalStorage
+from strata_redis.torch import staging
 from strata_redis.torch.staging import ALIGN, StagingArea
 
 from .procs import kill9, spawn, wait_for
@@ -345,3 +346,27 @@ def test_a_reused_buffer_is_never_written_from_again() -> None:
         first.hold()
     second.drop()  # not taken by a save: the reservation goes
     assert area.in_use == 0 and area.nbytes == -(-4000 // ALIGN) * ALIGN
+
+
+def test_a_failed_allocation_frees_the_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A staging buffer that cannot be allocated (MemoryError on a tight host) fails that
+    save only: the next one gets the buffer instead of waiting for it forever. (The
+    allocator's failure is injected: a real one cannot be had on demand.)"""
+    area = StagingArea(1, name="job")
+    state = {"w": torch.arange(1000, dtype=torch.float32)}
+    real = staging.np.empty
+
+    def no_memory(size: Any, *args: Any, **kwargs: Any) -> Any:
+        if size:
+            raise MemoryError("injected: no memory for the staging buffer")
+        return real(size, *args, **kwargs)
+
+    monkeypatch.setattr(staging.np, "empty", no_memory)
+    with pytest.raises(MemoryError, match="injected"):
+        area.stage({"model.pt": state})
+    assert area.in_use == 0
+    monkeypatch.undo()
+    part = area.stage({"model.pt": state}, timeout=5)["model.pt"]  # not a TimeoutError
+    assert torch.equal(torch.load(io.BytesIO(b"".join(part.chunks())), weights_only=True)["w"],
+                       state["w"])  # fmt: skip
+    part.drop()

@@ -70,8 +70,8 @@ class CheckpointIndex:
     def infos(self, count: int | None = 100) -> list[CheckpointInfo]:
         """The newest ``count`` (None: all) committed checkpoints, newest first (Redis only).
 
-        ``location`` is the one recorded with the commit (empty if none was: a checkpoint
-        committed before locations were kept), without touching storage.
+        ``location`` is left empty: the caller knows its storage and locates them
+        (``CheckpointReader.list``); the dashboard reads the recorded ones (``take_infos``).
         """
         if count is not None:
             count = check_int("count", count, low=1, high=1_000_000)
@@ -80,11 +80,9 @@ class CheckpointIndex:
         if not members:
             return []
         out = []
-        raws, wheres = client.hmget(self._info, members), client.hmget(self._where, members)
-        for member, raw, where in zip(members, raws, wheres, strict=True):
+        for member, raw in zip(members, client.hmget(self._info, members), strict=True):
             try:
-                info = decode_metadata(raw or b"", job_id, CheckpointId.from_member(member))
-                out.append(replace(info, location=where or ""))
+                out.append(decode_metadata(raw or b"", job_id, CheckpointId.from_member(member)))
             except ValueError as exc:
                 log.warning("checkpoint %s: bad index entry (%s); rebuild_index() fixes it",
                             member, exc)  # fmt: skip

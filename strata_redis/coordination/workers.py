@@ -437,11 +437,6 @@ class HeartbeatGroup:
             thread = self._thread
             return worker in self._members and thread is not None and thread.is_alive()
 
-    def members(self) -> list[Worker]:
-        """The workers the group beats."""
-        with self._lock:
-            return list(self._members)
-
     def _run(self) -> None:
         outage = ""  # what stopped the last tick, logged once until one gets through
         while True:
@@ -454,13 +449,16 @@ class HeartbeatGroup:
                         self._thread = None
                         return
                 outage, told = self._beat(members, outage)
+                self._telling.acquire()  # before the tick ends: remove() never falls between
             # callbacks run after the tick: one may stop another worker's heartbeats
-            with self._telling:
+            try:
                 for tell in told:
                     try:
                         tell()
                     except Exception:  # one worker's callback never stops the others' beats
                         log.exception("a heartbeat callback failed")
+            finally:
+                self._telling.release()
             time.sleep(self.interval)
 
     def _tell_generation(self, worker: Worker, generation: int) -> None:

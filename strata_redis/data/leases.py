@@ -284,6 +284,12 @@ class ShardLeases:
             self.context.client.unlink(*rest[start : start + CLOSE_STEP])
 
     # -- the four lease calls --------------------------------------------------------------
+    def _handoff_keys(self, shard: int = 0) -> list[str]:
+        """``acquire_shard``'s KEYS: the pool's, the completion record's segment holding
+        ``shard`` (the first when nothing is completed), the worker index, the lifetime totals."""
+        segment = self.keys.record(shard // RECORD_SEGMENT)
+        return [*self._acquire_keys, segment, self.keys.workers, self._totals]
+
     def acquire(self) -> Lease | None:
         """Lease the next shard: own shards first, then (if ``steal``) others' unstarted ones.
 
@@ -303,8 +309,7 @@ class ShardLeases:
         if not self._prepared:
             self.prepare()
         args = [*self._acquire_args, "", "", "", *self._own[:CANDIDATES]]
-        keys = [*self._acquire_keys, self.keys.record(0), self.keys.workers, self._totals]
-        reply = self.context.scripts.run("acquire_shard", keys, args, self._context)
+        reply = self.context.scripts.run("acquire_shard", self._handoff_keys(), args, self._context)
         if int(reply[0]) == Acquire.NO_POOL:  # the pool was removed (expired record): again
             self._prepared = False
             return self.acquire()
@@ -375,8 +380,7 @@ class ShardLeases:
                 return self._context(lease.shard_id, lease.token)
 
             try:
-                segment = self.keys.record(lease.shard_id // RECORD_SEGMENT)
-                keys = [*self._acquire_keys, segment, self.keys.workers, self._totals]
+                keys = self._handoff_keys(lease.shard_id)
                 reply = self.context.scripts.run("acquire_shard", keys, args, context)
                 if prefetch:
                     self._next = self._granted(reply[1:])

@@ -163,8 +163,14 @@ class StagingArea:
             buffer.generation += 1
             grow = len(buffer.arena) < nbytes
         if grow:  # outside the lock: allocating is slow, and the buffer is ours now
-            buffer.arena = np.empty(0, dtype=np.uint8)  # the old one goes first
-            buffer.arena = np.empty(nbytes, dtype=np.uint8)
+            try:
+                buffer.arena = np.empty(0, dtype=np.uint8)  # the old one goes first
+                buffer.arena = np.empty(nbytes, dtype=np.uint8)
+            except BaseException:  # (MemoryError) the buffer is free again, not held forever
+                with self._cond:
+                    buffer.users = 0
+                    self._cond.notify_all()
+                raise
             buffer.base = int(buffer.arena.ctypes.data)
             log.info(
                 "strata_redis.torch: staging buffer %s to %.1f MiB; the staging area%s holds "
@@ -387,11 +393,20 @@ class _Sink:
 
 def _without_zip_crc() -> Any:
     """torch.save without its per-record CRC-32 (a third of its time for big tensors): strata
-    checksums every part it stores and verifies it on load."""
+    checksums every part it stores and verifies it on load.
+
+    It runs on upload threads, so only where torch keeps the setting per thread (its config
+    entries are context variables, as in torch 2.13); where the setting is the process'
+    (older torch), two saves or the loop's own ``torch.save`` would see each other's, and
+    the CRC stays on."""
     import contextlib
+    from contextvars import ContextVar
 
     try:
         from torch.utils.serialization import config
     except ImportError:  # torch before the serialization config: nothing to turn off
+        return contextlib.nullcontext()
+    entry = getattr(config, "_config", {}).get("save.compute_crc32")
+    if not isinstance(getattr(entry, "user_override", None), ContextVar):
         return contextlib.nullcontext()
     return config.patch({"save.compute_crc32": False})

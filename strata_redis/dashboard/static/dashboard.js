@@ -19,6 +19,7 @@
   const state = {
     doc: null, lastOk: null, failure: null, failedSince: null, inFlight: false, offset: 0, limit: 500,
     charts: {}, datasetNodes: new Map(), polls: 0,
+    renderers: [],                    // more panels' render(doc), called with every new document
   };
   window.strataDashboard = state;     // for people poking around, and for the browser test
 
@@ -160,6 +161,7 @@
     renderDatasets(doc, multi);
     renderCharts(doc, multi);
     renderCheckpoints(doc);
+    for (const more of state.renderers) more(doc);
   }
 
   function card(label, value, small, bad, sub, title, id) {

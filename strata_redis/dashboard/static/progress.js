@@ -1,15 +1,12 @@
 /* strata dashboard: the training-progress panel (each job's "progress" in /api/dashboard).
  *
- * It draws what dashboard.js fetched (window.strataDashboard.doc): no request of its own. Per
- * job: samples trained and samples/s, the current epoch's remaining samples and ETA, each
- * live worker's samples/s with the slowest one marked, and where each committed checkpoint
- * lives. Samples/s are deltas of the lease owner's lifetime counts between the server's
+ * It draws what dashboard.js fetched, when it renders (window.strataDashboard.renderers): no
+ * request or timer of its own. Per job: samples trained and samples/s, the current epoch's
+ * remaining samples and ETA, each live worker's samples/s with the slowest one marked, and
+ * where each committed checkpoint lives. Samples/s are deltas of the lease owner's lifetime counts between the server's
  * reads, so the first reads show "–". */
 (function () {
   "use strict";
-
-  const CHECK_MS = 250;
-  let shown = null;
 
   const el = (...args) => window.strataDashboard.el(...args);  // dashboard.js's DOM helper
   const rate = (v) => (v === null || v === undefined ? "–" : Number(v).toFixed(v < 100 ? 1 : 0));
@@ -59,11 +56,7 @@
     target.replaceChildren(...doc.jobs.filter((j) => j.progress).map((j) => jobPanel(j, multi)));
   }
 
-  setInterval(() => {
-    const state = window.strataDashboard;
-    if (state && state.doc && state.doc !== shown) {
-      shown = state.doc;
-      render(shown);
-    }
-  }, CHECK_MS);
+  const state = window.strataDashboard;
+  state.renderers.push(render);
+  if (state.doc) render(state.doc);  // a document drawn before this script ran
 })();
