@@ -1,16 +1,19 @@
 -- acquire_shard: the lease hand-off. Optionally record the shard the caller just finished,
 -- then (optionally) lease it the next one: one round trip per shard in a draining loop.
--- Completing records a shard as done, exactly once, for the holder of its current lease. A
--- stale token (the lease was taken back or re-granted) is refused, so a paused worker
--- cannot record a shard another worker now owns; repeating a successful completion with the
--- same token (a retry after a network error) succeeds without recording twice. Completing
--- does not ask for liveness: a lease not yet taken back is still its holder's.
+-- Completing records a shard as done, exactly once, for the holder of its current lease:
+-- the completion names the grant it ends (its token and the grant id the acquiring call sent,
+-- random: no rollback of the token counter can issue that pair twice). Another grant (the
+-- lease was taken back or re-granted, or a token number issued again after a rollback) is
+-- refused, so a paused worker cannot record a shard another worker now owns; repeating a
+-- successful completion of the same grant (a retry after a network error) succeeds without
+-- recording twice. Completing does not ask for liveness: a lease not yet taken back is
+-- still its holder's.
 -- The record: the done bitmap (bit = shard), and per shard in the record segment of its id
 -- (SEG shards a segment: strata_redis.data.leases.RECORD_SEGMENT; created whole, zeros, by
 -- its first completion) a BITFIELD of 96 bits: the completion's token (i64) and the
 -- completer's index (u32) in the epoch's workers HASH (n, w:<worker>, i:<index>). A completion also counts in the meta (done, by:<worker>)
--- and is kept as the worker's last (last:<worker> = "<shard> <token>"), and the samples it
--- trained (ARGV[6]) count in the dataset's lifetime totals (KEYS[13]: samples, w:<worker>,
+-- and is kept as the worker's last (last:<worker> = "<shard> <token> <grant>"), and the
+-- samples it trained (ARGV[6]) count in the dataset's lifetime totals (KEYS[13]: samples, w:<worker>,
 -- never reset; a retry records nothing twice): once init_epoch
 -- closed the epoch (its per-shard keys gone), a retry of that completion still answers 0,
 -- and any other is refused. A closed epoch leases nothing: acquiring answers A.NOTHING with
@@ -31,11 +34,14 @@
 -- KEYS[11] = the record segment STRING of the shard to complete (any segment when none)
 -- KEYS[12] = workers HASH (the epoch's completers, indexed for the record)
 -- KEYS[13] = the dataset's lease totals HASH (lifetime: steals, samples, w:<worker>)
+-- (the holders HASH: shard -> "<token> <expires_ms> <grant id> <worker>")
 -- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms
 -- ARGV[3] = "1" acquire, stealing if need be | "0" acquire own shards only | "" do not acquire
 -- ARGV[4] = shard id to complete first, or "" for none   ARGV[5] = its fencing token
 -- ARGV[6] = samples of that shard the caller trained (its length less its lease's start), or ""
--- ARGV[7..] = the worker's own candidate shard ids, in its order
+-- ARGV[7] = the grant id of the lease to complete ("" when none)
+-- ARGV[8] = the grant id for the lease this call grants (16 random hex digits, no spaces)
+-- ARGV[9..] = the worker's own candidate shard ids, in its order
 -- (S.* and A.* are status codes, written in as numbers when the script loads:
 -- strata_redis/status.py, status.inline)
 -- returns, completing only: {S.OK, 1} recorded now | {S.OK, 0} already recorded with this
@@ -51,11 +57,14 @@ local SEG = 65535
 local id = ARGV[1]
 local completion
 if ARGV[4] ~= '' then
-  local shard, token = ARGV[4], ARGV[5]
+  local shard, token, grant = ARGV[4], ARGV[5], ARGV[7]
   local n = tonumber(shard)
   local at = (n % SEG) * 96
   local held = redis.call('HGET', KEYS[3], shard)
-  if held and string.match(held, '^(%d+) ') == token then
+  local held_token, held_grant
+  if held then held_token, held_grant = string.match(held, '^(%d+) %d+ (%S+) ') end
+  -- G.FENCING off (the fault checker's proof only): the token number alone, as before
+  if held and held_token == token and (held_grant == grant or not G.FENCING) then
     local index = redis.call('HGET', KEYS[12], 'w:' .. id)
     if not index then
       index = redis.call('HINCRBY', KEYS[12], 'n', 1)
@@ -71,7 +80,7 @@ if ARGV[4] ~= '' then
     redis.call('SETBIT', KEYS[5], n, 1)
     redis.call('HINCRBY', KEYS[1], 'done', 1)
     redis.call('HINCRBY', KEYS[1], 'by:' .. id, 1)
-    redis.call('HSET', KEYS[1], 'last:' .. id, shard .. ' ' .. token)
+    redis.call('HSET', KEYS[1], 'last:' .. id, shard .. ' ' .. token .. ' ' .. grant)
     local samples = tonumber(ARGV[6]) or 0
     if samples > 0 then
       redis.call('HINCRBY', KEYS[13], 'samples', samples)
@@ -83,10 +92,15 @@ if ARGV[4] ~= '' then
   else
     completion = -1
     if redis.call('GETBIT', KEYS[5], n) == 1 then
-      local got = redis.call('BITFIELD', KEYS[11], 'GET', 'i64', at)
-      if got[1] == tonumber(token) then completion = 0 end
+      -- a retry of a recorded completion: the same token, completed by this worker
+      local got = redis.call('BITFIELD', KEYS[11], 'GET', 'i64', at, 'GET', 'u32', at + 64)
+      if got[1] == tonumber(token)
+        and (tostring(got[2]) == redis.call('HGET', KEYS[12], 'w:' .. id) or not G.FENCING) then
+        completion = 0
+      end
     end
-    if completion < 0 and redis.call('HGET', KEYS[1], 'last:' .. id) == shard .. ' ' .. token then
+    local last = shard .. ' ' .. token .. ' ' .. grant
+    if completion < 0 and redis.call('HGET', KEYS[1], 'last:' .. id) == last then
       completion = 0  -- a retry of this worker's last completion (in a closed epoch too)
     end
   end
@@ -112,7 +126,7 @@ if not redis.call('ZSCORE', KEYS[7], id) then
 end
 local pool = redis.call('HMGET', KEYS[1], 'swept', 'closed_ms', 'num_shards', 'cursor')
 if pool[2] then  -- closed (init_epoch): nothing of it is leased any more
-  return answer({S.OK, A.NOTHING, tonumber(pool[3]), 0, NARGV - 6})
+  return answer({S.OK, A.NOTHING, tonumber(pool[3]), 0, NARGV - 8})
 end
 local swept = pool[1]
 if not swept then return answer({S.OK, A.NO_POOL}) end
@@ -154,11 +168,11 @@ if swept ~= gen then
 end
 
 local pick
-local consumed = NARGV - 6
-for i = 7, NARGV do
+local consumed = NARGV - 8
+for i = 9, NARGV do
   if redis.call('GETBIT', KEYS[2], tonumber(ARGV[i])) == 0 then
     pick = tonumber(ARGV[i])
-    consumed = i - 6
+    consumed = i - 8
     break
   end
 end
@@ -182,7 +196,7 @@ end
 redis.call('SETBIT', KEYS[2], pick, 1)
 local token = redis.call('INCR', KEYS[6])
 local expires = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[3], pick, token .. ' ' .. expires .. ' 0 ' .. id)
+redis.call('HSET', KEYS[3], pick, token .. ' ' .. expires .. ' ' .. ARGV[8] .. ' ' .. id)
 redis.call('ZADD', KEYS[4], expires, pick)
 local offset = tonumber(redis.call('HGET', KEYS[10], pick) or '0')
 return answer({S.OK, pick, token, expires, offset, consumed})

@@ -7,11 +7,13 @@
 -- KEYS[4] = offsets HASH   KEYS[5] = the dataset's lease totals HASH
 -- ARGV[1] = shard id   ARGV[2] = fencing token   ARGV[3] = new offset (samples taken), or ""
 -- ARGV[4] = samples of the shard the caller took with this lease ("" or 0: none)
+-- ARGV[5] = the grant id (acquire_shard's ARGV[8] for this lease): the release names the
+--           grant it ends, so a token number issued again after a rollback is not the caller's
 -- returns {0} | {20} LEASE_LOST: the caller no longer holds it
 local held = redis.call('HGET', KEYS[1], ARGV[1])
 if not held then return {S.LEASE_LOST} end
-local token, holder = string.match(held, '^(%d+) %d+ %S+ (.*)$')
-if token ~= ARGV[2] then return {S.LEASE_LOST} end
+local token, grant, holder = string.match(held, '^(%d+) %d+ (%S+) (.*)$')
+if token ~= ARGV[2] or (G.FENCING and grant ~= ARGV[5]) then return {S.LEASE_LOST} end
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
   local samples = tonumber(ARGV[4]) or 0

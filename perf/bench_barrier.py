@@ -173,6 +173,7 @@ class LoopHarness:
     def arm(self, r: int, gen: int) -> None:
         self.round, self.gen, self.woke = r, gen, [0.0] * len(self.ids)
         self.state = [0] * len(self.ids)  # 0 arriving, 1 blocked, 2 woken
+        self.stamped: list[list[Any]] = [[] for _ in self.ids]
         for i, worker_id in enumerate(self.ids):
             if self.mode == "floor":
                 self.socks[i].sendall(pack("BLPOP", f"{self.floor_key}:{r}", 0))
@@ -183,6 +184,7 @@ class LoopHarness:
             else:
                 call = self.barrier.arrive_call(worker_id, uuid.uuid4().hex, gen, WAIT_S)
                 keys, args = self.scripts.stamp(call[1], call[2])  # with the job's era
+                self.stamped[i] = args  # unwrap reads the call's id from them
                 self.socks[i].sendall(pack("EVALSHA", self.sha, len(keys), *keys, *args))
         self.pump(lambda: all(self.state))
 
@@ -214,7 +216,7 @@ class LoopHarness:
             self.state[i] = 1
             return
         if self.state[i] == 0:  # the arrival's reply: block as Barrier._await does
-            reply = self.scripts.unwrap(reply)  # the clock tick off, refusals raised
+            reply = self.scripts.unwrap(reply, self.stamped[i])  # the tick off, refusals raised
             code, gen, _index, _now, outcome, wake_id, events_id = reply
             if code != 0 or outcome:
                 raise RuntimeError(f"unexpected arrival reply {reply!r}")

@@ -99,7 +99,7 @@ def era_pair(job: strata_redis.Job, worker: Any) -> tuple[Any, Any]:
 
     def era() -> Any:
         k, a = job.scripts.stamp(keys, args)  # the library's own stamping, every call
-        return job.scripts.unwrap(client.evalsha(with_era.sha, len(k), *k, *a))
+        return job.scripts.unwrap(client.evalsha(with_era.sha, len(k), *k, *a), a)
 
     def plain() -> Any:
         return client.evalsha(without.sha, len(keys), *keys, *args)

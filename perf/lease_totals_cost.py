@@ -23,7 +23,7 @@ import redis
 
 import strata_redis
 from strata_redis import scripts, status
-from strata_redis.data.leases import CANDIDATES, lease_totals
+from strata_redis.data.leases import CANDIDATES, lease_totals, new_grant
 from strata_redis.server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,16 +40,19 @@ def drain(job: Any, raw: Any, sha: str, dataset: str, shards: int, new: bool) ->
         keys = keys[:-1]  # the old script had no lifetime totals key
     base = [*holder._acquire_args]
     raw.config_resetstat()
-    shard = token = ""
+    shard = token = grant_id = ""
     while True:
-        extra = [shard, token, 1 if shard != "" else ""] if new else [shard, token]
+        # today's script: the completion names its grant, and each grant gets an id
+        extra = ([shard, token, 1 if shard != "" else "", grant_id, new_id := new_grant()]
+                 if new else [shard, token])  # fmt: skip
         k, a = job.scripts.stamp(keys, [*base, *extra, *own[:CANDIDATES]])
-        reply = job.scripts.unwrap(raw.evalsha(sha, len(k), *k, *a))
+        reply = job.scripts.unwrap(raw.evalsha(sha, len(k), *k, *a), a)
         grant = reply[2:] if shard != "" else reply[1:]
         if int(grant[0]) < 0:
             break
         del own[: int(grant[-1])]
         shard, token = str(grant[0]), str(grant[1])
+        grant_id = new_id if new else ""
     us = float(raw.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
     done = holder.progress()
     assert done.finished and 0 < done.steals < shards, done

@@ -41,6 +41,7 @@ import redis
 import strata_redis
 from strata_redis.connection import hash_items
 from strata_redis.dashboard.state import DashboardState
+from strata_redis.data.leases import new_grant
 from strata_redis.data.position import restore_position
 from strata_redis.keys import LeaseKeys
 from strata_redis.server import RedisServer
@@ -191,7 +192,11 @@ def job_of(url: str, n: int) -> dict[str, float]:
     holder = job.leases("ds", 0, names[0], ttl=3600)
     holder.prepare()
     # one worker holds n leases (the sweep's cost is per lease held, not per worker)
-    call = ("acquire_shard", holder._handoff_keys(), [*holder._acquire_args, "", "", ""])
+    call = (
+        "acquire_shard",
+        holder._handoff_keys(),
+        [*holder._acquire_args, "", "", "", "", new_grant()],
+    )
     for first in range(0, n, 2_000):
         job.scripts.run_many([call] * min(2_000, n - first))
     assert raw.hlen(LeaseKeys(job.keys, "ds", 0).holders) == n

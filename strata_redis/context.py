@@ -154,7 +154,10 @@ class JobContext:
         # share a client share it; every script of this context carries it
         self.era: Era = (
             shared.era if shared is not None and shared.job_id == self.job_id
-            else Era(self.client, self.keys.era, self.job_id, self.keys.clock, self.keys.anchors)
+            else Era(
+                self.client, self.keys.era, self.job_id, self.keys.clock, self.keys.anchors,
+                self.keys.history,
+            )
         )  # fmt: skip
         self.min_replicas: int = check_int("min_replicas", min_replicas, low=0, high=100)
         if self.min_replicas and is_cluster(self.client):

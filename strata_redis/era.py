@@ -18,9 +18,14 @@ restart from an older snapshot. So the prelude also ticks the job's clock
 remembers the highest tick it saw (its ``mark``) and sends it with every call. Redis
 holding a lower clock answers ``STATE_ROLLED_BACK`` before the script touches anything,
 and marks the era rolled back, so every other process of the job (and any new one) stops
-with ``StateRolledBackError`` too. Committed checkpoints record the era and the mark, so a
-relaunch after a rollback that no live process saw is caught by the first rank that
-resumes (``resume.py``).
+with ``StateRolledBackError`` too. Height alone can be masked: after a failover that lost k
+ticks, k calls of processes that did not see them raise the clock back. So every call also
+carries an id of its own (8 random bytes), which the prelude writes at its tick in the job's
+history (``strata:{<job>}:history``, the last ``status.HISTORY_TICKS`` ticks), and the id
+of the call that took the context's mark: a history that holds another id at the mark is a
+state that does not continue the one this process saw, whatever the clock says. Committed
+checkpoints record the era and the mark, so a relaunch after a rollback that no live process
+saw is caught by the first rank that resumes (``resume.py``).
 
 ``min_replicas`` (``WAIT``) narrows what a failover can lose; it cannot stop it (``WAIT`` is
 no consensus: a replica that had the write may still not be the one promoted). What it
@@ -140,18 +145,28 @@ class Era:
         job_id: the job, for the error.
         clock_key: the clock key (``Keys.clock``).
         anchors: the job's anchor keys, in ``status.ANCHORS``' order (``Keys.anchors``).
+        history_key: the history key (``Keys.history``).
     """
 
     def __init__(
-        self, client: Any, key: str, job_id: str, clock_key: str, anchors: Sequence[str]
+        self,
+        client: Any,
+        key: str,
+        job_id: str,
+        clock_key: str,
+        anchors: Sequence[str],
+        history_key: str,
     ) -> None:
         self._client = client
         self.key = key
         self.clock_key = clock_key
+        self.history_key = history_key
         self.anchors = tuple(anchors)
         self.job_id = job_id
         self._value: str | None = None
-        self._mark = 0
+        #: (the mark, the id of the call that took it: b"" when not known): one attribute,
+        #: so a reader never pairs a mark with another tick's id
+        self._seen: tuple[int, bytes] = (0, b"")
         self._lock = threading.Lock()
 
     @property
@@ -162,13 +177,21 @@ class Era:
     @property
     def mark(self) -> int:
         """The highest tick of the job's clock this process has seen (0: none yet)."""
-        return self._mark
+        return self._seen[0]
 
-    def seen(self, clock: int) -> None:
-        """Raise the mark to ``clock`` (a tick Redis answered, or a checkpoint recorded)."""
-        if clock > self._mark:
+    @property
+    def seen_at(self) -> tuple[int, bytes]:
+        """The mark and the id of the call that took it (b"": not known, e.g. a mark read
+        from a checkpoint): what every call sends for the prelude's checks."""
+        return self._seen
+
+    def seen(self, clock: int, call_id: bytes = b"") -> None:
+        """Raise the mark to ``clock`` (a tick Redis answered to the call ``call_id``, or a
+        checkpoint recorded: no id)."""
+        if clock > self._seen[0]:
             with self._lock:
-                self._mark = max(self._mark, clock)
+                if clock > self._seen[0]:
+                    self._seen = (clock, call_id)
 
     def value(self) -> str:
         """The era: learned once (created if the job has none yet), then always the same.
@@ -197,12 +220,15 @@ class Era:
         """The error for a ``STATE_LOST`` reply (``found``: the stored era, "" if none)."""
         return StateLostError.of(self.job_id, self._value or "", _text(found) or None)
 
-    def rolled_back(self, clock: object) -> StateRolledBackError:
-        """The error for a ``STATE_ROLLED_BACK`` reply (``clock``: the clock Redis held)."""
+    def rolled_back(self, clock: object, diverged: bool = False) -> StateRolledBackError:
+        """The error for a ``STATE_ROLLED_BACK`` reply (``clock``: the clock Redis held;
+        ``diverged``: it was not below the mark, but Redis' history at the mark is another)."""
+        mark = self._seen[0]
         return StateRolledBackError.detected(
-            self.job_id, self._value or "", int(_text(clock) or 0), self._mark,
+            self.job_id, self._value or "", int(_text(clock) or 0), mark,
             by="this process (from Redis, or from the newest checkpoint)",
-            found=f"{self._value}{ROLLED_BACK_MARK}{_text(clock)}<{self._mark}",
+            found=f"{self._value}{ROLLED_BACK_MARK}{_text(clock)}{'~' if diverged else '<'}{mark}",
+            diverged=diverged,
         )  # fmt: skip
 
     def check(self) -> None:
@@ -270,13 +296,15 @@ class EraScripts:
         return self._scripts[name]
 
     def stamp(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[list[str], list[Any]]:
-        """A script call's keys and arguments with the era and the clock appended (for a
-        caller that sends EVALSHA itself, as perf/bench_barrier.py does on raw sockets: it
-        passes the raw reply to ``unwrap``). The job's anchor keys go first (the prelude
-        checks that those once made still exist: ``status.ANCHORS``)."""
+        """A script call's keys and arguments with the era, the clock and the history
+        appended (for a caller that sends EVALSHA itself, as perf/bench_barrier.py does on
+        raw sockets: it passes the raw reply and these arguments to ``unwrap``). The job's
+        anchor keys go first (the prelude checks that those once made still exist:
+        ``status.ANCHORS``); the last argument is this call's own id."""
         era = self._era.value()
-        era_keys = [*self._era.anchors, self._era.key, self._era.clock_key]
-        return [*keys, *era_keys], [*args, era, self._era.mark]
+        mark, mark_id = self._era.seen_at
+        era_keys = [*self._era.anchors, self._era.key, self._era.clock_key, self._era.history_key]
+        return [*keys, *era_keys], [*args, era, mark, mark_id, os.urandom(8)]
 
     def _send(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -286,13 +314,15 @@ class EraScripts:
         except OutOfMemoryError as exc:  # the script wrote nothing: Redis refused its first write
             raise RedisMemoryFullError.at(self._era.job_id, exc) from exc
 
-    def unwrap(self, reply: Any) -> Any:
+    def unwrap(self, reply: Any, args: Sequence[Any]) -> Any:
         """A script's reply as the script returned it: the prelude's clock tick taken off
-        (and remembered), its refusals raised.
+        (and remembered with the call's id, the last of its stamped ``args``), its refusals
+        raised.
 
         Raises:
             StateLostError: the job's state in Redis is not this context's era's.
-            StateRolledBackError: it went back (Redis' clock is below this process's mark).
+            StateRolledBackError: it went back (Redis' clock is below this process's mark,
+                or its history at the mark is not the one this process saw).
         """
         if isinstance(reply, Exception):
             return reply
@@ -300,10 +330,10 @@ class EraScripts:
         inner: Any = reply[1] if len(reply) > 1 else None
         if tick == _REFUSED:
             if inner[0] == _ROLLED_BACK:
-                raise self._era.rolled_back(inner[1])
+                raise self._era.rolled_back(inner[1], diverged=len(inner) > 2)
             if inner[0] == _LOST:
                 raise self._era.lost(inner[1])
-        self._era.seen(tick)
+        self._era.seen(tick, args[-1])
         return inner
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -314,7 +344,7 @@ class EraScripts:
         """
         keys, args = self.stamp(keys, args)
         if not self.min_replicas or name not in DURABLE_SCRIPTS:
-            return self.unwrap(self._send(self._scripts.call, name, keys, args))
+            return self.unwrap(self._send(self._scripts.call, name, keys, args), args)
         timeout_ms = max(1, round(self.replica_timeout * 1000))
         reply, acked = self._send(
             self._scripts.call_and_wait, name, keys, args, self.min_replicas, timeout_ms
@@ -326,7 +356,7 @@ class EraScripts:
                 "could lose them)", self._era.job_id, name, acked, self.min_replicas,
                 self.replica_timeout,
             )  # fmt: skip
-        return self.unwrap(reply)
+        return self.unwrap(reply, args)
 
     def run(
         self,
@@ -350,7 +380,8 @@ class EraScripts:
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """Run several scripts with the era in one round trip; their raw replies."""
         stamped: list[Call] = [(name, *self.stamp(keys, args)) for name, keys, args in calls]
-        return [self.unwrap(reply) for reply in self._send(self._scripts.run_many, stamped)]
+        replies = self._send(self._scripts.run_many, stamped)
+        return [self.unwrap(reply, call[2]) for reply, call in zip(replies, stamped, strict=True)]
 
 
 def _moved(job_id: str, exc: MovedError) -> ValueError:

@@ -684,10 +684,18 @@ class StateRolledBackError(StateLostError):
     @classmethod
     def detected(
         cls, job_id: str, era: str, clock: int | None, seen: int | None, *, by: str = "",
-        found: str | None = None,
+        found: str | None = None, diverged: bool = False,
     ) -> StateRolledBackError:  # fmt: skip
-        """The state of ``job_id`` went back to ``clock`` after ``seen`` had been seen."""
-        if clock is not None and seen is not None:
+        """The state of ``job_id`` went back to ``clock`` after ``seen`` had been seen
+        (``diverged``: the clock was raised again since, but Redis' history at ``seen`` is
+        not the one seen)."""
+        if clock is not None and seen is not None and diverged:
+            what = (
+                f"Redis' history at tick {seen}, which {by or 'another process of the job'} "
+                f"had seen, is another call's: its state went back and later calls raised "
+                f"the clock again (to {clock})"
+            )
+        elif clock is not None and seen is not None:
             what = (
                 f"Redis holds its clock at {clock}, {seen - clock} script calls behind the "
                 f"{seen} {by or 'another process of the job'} had seen"
@@ -707,10 +715,11 @@ class StateRolledBackError(StateLostError):
         clock: int | None = None
         seen: int | None = None
         tail = found.split(ROLLED_BACK_MARK, 1)[1] if ROLLED_BACK_MARK in found else ""
-        low, _, high = tail.partition("<")
+        diverged = "~" in tail
+        low, _, high = tail.partition("~" if diverged else "<")
         if low.isdigit() and high.isdigit():
             clock, seen = int(low), int(high)
-        return cls.detected(job_id, era, clock, seen, found=found)
+        return cls.detected(job_id, era, clock, seen, found=found, diverged=diverged)
 
     @classmethod
     def refused(cls, c: Context) -> StateRolledBackError:

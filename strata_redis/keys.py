@@ -117,6 +117,14 @@ class Keys:
         return f"{self.base}:clock"
 
     @property
+    def history(self) -> str:
+        """STRING the job's recent history: at ``(tick % status.HISTORY_TICKS) * 8``, the id
+        (8 random bytes) of the script call that took that tick. A process sends the id of
+        the call that took its mark; another id there means Redis' state is not the one it
+        saw, even where later calls raised the clock back (``era.py``). 32 KiB per job."""
+        return f"{self.base}:history"
+
+    @property
     def anchors(self) -> tuple[str, ...]:
         """The job's anchor keys (``status.ANCHORS``: fence, generation, epoch): once made,
         they exist for as long as the era stands; every script checks those made."""
@@ -384,8 +392,10 @@ class LeaseKeys:
 
     @property
     def holders(self) -> str:
-        """HASH shard id -> "<token> <expires_ms> 0 <worker id>" for leased shards (bounded
-        by the leases held; the 0 is kept for the format: leases have no priority now)."""
+        """HASH shard id -> "<token> <expires_ms> <grant id> <worker id>" for leased shards
+        (bounded by the leases held). The grant id (16 hex digits, random, sent by the call
+        that leased it) is what a completion, renewal or release must name besides the token:
+        a token number issued again after a rollback is not the same grant."""
         return self._key("shard_leases")
 
     @property

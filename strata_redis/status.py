@@ -10,10 +10,23 @@ for a status in Python or in a script's file.
 
 from __future__ import annotations
 
+import os
 import re
 from enum import IntEnum
 
-__all__ = ["ANCHORS", "EPILOGUE", "ERA_CHECK", "Acquire", "Status", "inline", "prelude"]
+__all__ = [
+    "ANCHORS",
+    "EPILOGUE",
+    "ERA_CHECK",
+    "GUARDS",
+    "GUARDS_ENV",
+    "HISTORY_TICKS",
+    "Acquire",
+    "Status",
+    "guard",
+    "inline",
+    "prelude",
+]
 
 
 class Status(IntEnum):
@@ -66,44 +79,66 @@ class Acquire(IntEnum):
 #: order, before the era key (``era.py``)
 ANCHORS = ("fence", "generation", "epoch")
 
-#: the era, clock and anchor check in front of every script (one line). The caller appends
-#: the anchor keys, the era key and the clock key to KEYS, and the era it works in and the
-#: highest clock tick it has seen to ARGV; a script reads ``NKEYS``/``NARGV`` for its own
-#: counts. The clock key holds ``tick * 8 + made``: ``made``'s bits are the anchors made so
-#: far (bit n-1 for ``ANCHORS[n]``), so one ``INCRBY 8`` ticks it and reads both.
+#: ticks of the job's history kept (``Keys.history``: 8 bytes each, a 32 KiB string per job):
+#: a process whose last call was at most this many ticks ago can tell whether Redis' state
+#: continues the one it saw; past that only the height check (and fencing by grant) stand
+HISTORY_TICKS = 4096
+
+#: the era, clock, history and anchor check in front of every script (one line). The caller
+#: appends the anchor keys, the era key, the clock key and the history key to KEYS, and the
+#: era it works in, the highest clock tick it has seen (its mark), the id of the call that
+#: took that tick ("": not known) and this call's own id (8 random bytes) to ARGV; a script
+#: reads ``NKEYS``/``NARGV`` for its own counts. The clock key holds ``tick * 8 + made``:
+#: ``made``'s bits are the anchors made so far (bit n-1 for ``ANCHORS[n]``), so one
+#: ``INCRBY 8`` ticks it and reads both. The history key holds, at ``(tick % HISTORY_TICKS)
+#: * 8``, the id of the call that took the tick.
 #: - A missing or other era answers ``{0, {S.STATE_LOST, stored era or ""}}`` before the
 #:   script touches anything.
-#: - A tick below the caller's means the job's state went back (a failover to a replica
+#: - A tick below the caller's mark means the job's state went back (a failover to a replica
 #:   that lagged, a restart from an older snapshot, an evicted clock): the era is marked
 #:   rolled back (``<era>!rolled-back:<tick><<seen>``: every other process then sees a lost
 #:   era) and the answer is ``{0, {S.STATE_ROLLED_BACK, tick}}``.
+#: - A tick at or past the mark whose history at the mark holds another call's id means the
+#:   state went back and other callers' ticks raised the clock again since (a height check
+#:   alone is masked then): the era is marked ``<era>!rolled-back:<tick>~<seen>`` and the
+#:   answer is ``{0, {S.STATE_ROLLED_BACK, tick, seen}}``.
 #: - An anchor that was made and is gone means part of the state was lost while the era
 #:   stands (evicted, expired or deleted by hand): the era is marked
 #:   (``<era>!lost:<anchor>``) and the answer is ``{0, {S.STATE_LOST, marked era}}``.
-#: Otherwise the script runs (``CLOCK``: this call's tick), and ``EPILOGUE`` notes anchors
-#: made meanwhile and answers ``{CLOCK, the script's reply}``.
+#: Otherwise the call's id is written at its tick, the script runs (``CLOCK``: this call's
+#: tick), and ``EPILOGUE`` notes anchors made meanwhile and answers ``{CLOCK, the script's
+#: reply}``. ``G.HISTORY`` is the history check's switch (``guards.py``: on, except in the
+#: fault checker's proof that it matters).
 ERA_CHECK = (
-    f"local NKEYS, NARGV = #KEYS - {len(ANCHORS) + 2}, #ARGV - 2 "
-    "local ERA_NOW = redis.call('GET', KEYS[#KEYS - 1]) "
-    "if ERA_NOW ~= ARGV[#ARGV - 1] then return {0, {S.STATE_LOST, ERA_NOW or ''}} end "
-    "local CLOCKED = redis.call('INCRBY', KEYS[#KEYS], 8) "
+    f"local NKEYS, NARGV = #KEYS - {len(ANCHORS) + 3}, #ARGV - 4 "
+    "local ERA_NOW = redis.call('GET', KEYS[#KEYS - 2]) "
+    "if ERA_NOW ~= ARGV[#ARGV - 3] then return {0, {S.STATE_LOST, ERA_NOW or ''}} end "
+    "local CLOCKED = redis.call('INCRBY', KEYS[#KEYS - 1], 8) "
     "local CLOCK, MADE = math.floor(CLOCKED / 8), CLOCKED % 8 "
-    "if CLOCK - 1 < tonumber(ARGV[#ARGV]) then "
-    "redis.call('SET', KEYS[#KEYS - 1], "
-    "ERA_NOW .. '!rolled-back:' .. (CLOCK - 1) .. '<' .. ARGV[#ARGV]) "
+    "local SEEN = tonumber(ARGV[#ARGV - 2]) "
+    "if CLOCK - 1 < SEEN then "
+    "redis.call('SET', KEYS[#KEYS - 2], "
+    "ERA_NOW .. '!rolled-back:' .. (CLOCK - 1) .. '<' .. SEEN) "
     "return {0, {S.STATE_ROLLED_BACK, CLOCK - 1}} end "
+    f"if G.HISTORY and SEEN > 0 and ARGV[#ARGV - 1] ~= '' and CLOCK - 1 - SEEN < {HISTORY_TICKS} "
+    f"and redis.call('GETRANGE', KEYS[#KEYS], SEEN % {HISTORY_TICKS} * 8, "
+    f"SEEN % {HISTORY_TICKS} * 8 + 7) ~= ARGV[#ARGV - 1] then "
+    "redis.call('SET', KEYS[#KEYS - 2], "
+    "ERA_NOW .. '!rolled-back:' .. (CLOCK - 1) .. '~' .. SEEN) "
+    "return {0, {S.STATE_ROLLED_BACK, CLOCK - 1, SEEN}} end "
+    f"redis.call('SETRANGE', KEYS[#KEYS], CLOCK % {HISTORY_TICKS} * 8, ARGV[#ARGV]) "
     # one EXISTS of every anchor against how many were made; the slow path names the lost one
     # (an anchor made and not noted yet hides a lost one for one call, until it is noted)
     "if MADE > 0 and redis.call('EXISTS', "
-    + ", ".join(f"KEYS[#KEYS - {len(ANCHORS) + 1 - n}]" for n in range(len(ANCHORS)))
+    + ", ".join(f"KEYS[#KEYS - {len(ANCHORS) + 2 - n}]" for n in range(len(ANCHORS)))
     + ") < ({"
     + ", ".join(str(bin(m).count("1")) for m in range(2 ** len(ANCHORS)))
     + "})[MADE + 1] then "
     f"for n = 1, {len(ANCHORS)} do "
     "if math.floor(MADE / 2 ^ (n - 1)) % 2 == 1 "
-    f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 2} + n]) == 0 then "
+    f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 3} + n]) == 0 then "
     "local lost = ERA_NOW .. '!lost:' .. ({" + ", ".join(f"'{name}'" for name in ANCHORS) + "})[n] "
-    "redis.call('SET', KEYS[#KEYS - 1], lost) return {0, {S.STATE_LOST, lost}} end end end "
+    "redis.call('SET', KEYS[#KEYS - 2], lost) return {0, {S.STATE_LOST, lost}} end end end "
     "local function BODY() "
 )
 
@@ -114,26 +149,55 @@ EPILOGUE = (
     f"if MADE < {2 ** len(ANCHORS) - 1} then local add = 0 "
     f"for n = 1, {len(ANCHORS)} do "
     "if math.floor(MADE / 2 ^ (n - 1)) % 2 == 0 "
-    f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 2} + n]) == 1 then "
+    f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 3} + n]) == 1 then "
     "add = add + 2 ^ (n - 1) end end "
-    "if add > 0 then redis.call('INCRBY', KEYS[#KEYS], add) end end "
+    "if add > 0 then redis.call('INCRBY', KEYS[#KEYS - 1], add) end end "
     "return {CLOCK, REPLY}"
 )
 
 
-#: a member of the enums as a script names it
-_NAMED = re.compile(r"\b([SA])\.([A-Za-z_]\w*)")
+#: the guards the exactly-once promise rests on, each a switch a script names as ``G.<NAME>``
+#: (and Python reads with ``guard``): ``history`` the rollback check by history (not height),
+#: ``fencing`` a completion, renewal or release naming its grant, ``anchors`` every structure's
+#: loss being an error, ``commit`` a checkpoint committing only when every rank acked it
+GUARDS = ("history", "fencing", "anchors", "commit")
+#: test-only: a comma-separated list of ``GUARDS`` to switch off, read when a process first
+#: loads the scripts. It exists so the fault checker can prove that each guard matters (with
+#: one off, its fixed seeds must report a violation: ``strata_redis.chaos``); never set it
+#: in a real job: it gives up exactly once
+GUARDS_ENV = "STRATA_UNSAFE_DISABLE_GUARDS"
+
+
+def guard(name: str) -> bool:
+    """Whether the guard ``name`` (one of ``GUARDS``) is on: always, unless ``$GUARDS_ENV``
+    switches it off for the fault checker's proof.
+
+    Raises:
+        ValueError: ``name`` (or a name in ``$GUARDS_ENV``) is no guard.
+    """
+    off = {part.strip() for part in os.environ.get(GUARDS_ENV, "").split(",") if part.strip()}
+    unknown = sorted((off | {name}) - set(GUARDS))
+    if unknown:
+        raise ValueError(f"no such guard {unknown[0]!r} (guards: {', '.join(GUARDS)})")
+    return name not in off
+
+
+#: a member of the enums (or a guard switch) as a script names it
+_NAMED = re.compile(r"\b([SAG])\.([A-Za-z_]\w*)")
 
 
 def inline(lua: str) -> str:
     """``lua`` with each ``S.<NAME>`` (``Status``) and ``A.<NAME>`` (``Acquire``) replaced by
-    its number (negative ones in parentheses).
+    its number (negative ones in parentheses), and each ``G.<NAME>`` by whether that guard
+    is on (``guard``: ``true`` or ``false``).
 
     Raises:
         ValueError: a name no enum has (a typo would otherwise be a runtime error in Redis).
     """
 
     def number(match: re.Match[str]) -> str:
+        if match.group(1) == "G":
+            return "true" if guard(match.group(2).lower()) else "false"
         enum = Status if match.group(1) == "S" else Acquire
         try:
             value = int(enum[match.group(2)])

@@ -469,9 +469,11 @@ def test_a_finished_epoch_closes_into_its_summary_when_the_next_begins(
     assert job.leases("ds", 0, "a").acquire() is None  # a closed epoch leases nothing
     # exactly-once holds across the close: a retry of a completion records nothing, any
     # other completion (a stale token) is refused
-    retry = leases_module.Lease(zero[0].shard, zero[0].token, 0, zero[0].owner)
+    retry = leases_module.Lease(zero[0].shard, zero[0].token, 0, zero[0].owner, grant=zero[0].grant)
     assert retry.complete() is False
-    stale_retry = leases_module.Lease(zero[0].shard, zero[0].token - 1, 0, zero[0].owner)
+    stale_retry = leases_module.Lease(
+        zero[0].shard, zero[0].token - 1, 0, zero[0].owner, grant=zero[0].grant
+    )
     with pytest.raises(strata_redis.LeaseLostError):
         stale_retry.complete()
     assert la.completed_by() == before  # nothing counted twice

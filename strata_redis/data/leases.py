@@ -2,8 +2,10 @@
 
 Each shard of a (dataset, epoch) is a lease target. A worker leases its own shards (from the
 static assignment) first, then steals other workers' unstarted shards. Every grant carries
-a fencing token from a counter that never goes back; renewals keep it, a new grant raises
-it, and ``complete`` with a stale token is refused (``LeaseLostError``). A lease is held
+a fencing token from a counter that never goes back within an era, and a grant id the
+acquiring call chose at random; renewals keep both, and ``complete``, ``renew`` and
+``release`` name both: another grant (a stale token, or the same number issued again after a
+rollback) is refused (``LeaseLostError``). Fencing is by holder, not by number. A lease is held
 until it is taken back: by the next ``acquire`` of any worker once it has expired, or once
 its worker is no longer live. The completion record lives in Redis, so a job restarted with
 any number of workers resumes the epoch with no shard recorded twice and none skipped.
@@ -12,6 +14,7 @@ any number of workers resumes the epoch with no shard recorded twice and none sk
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import warnings
 from collections import Counter
@@ -95,6 +98,8 @@ class Lease:
     Attributes:
         shard: the shard (ids, range, ``indices()`` in this epoch's order).
         token: the fencing token of this grant.
+        grant: the grant's id (random, chosen by the call that leased it): with the token,
+            what the calls that end or renew it name.
         start: samples of the shard already trained (a restored position, or a part
             another worker took): train ``indices()[start:]``.
         lost: set (and the owner's ``on_lost`` called) when a renewal finds the lease gone.
@@ -108,6 +113,7 @@ class Lease:
     finished: bool = False
     #: samples of the shard (in this epoch's order) already trained: start there
     start: int = 0
+    grant: str = ""
 
     @property
     def shard_id(self) -> int:
@@ -308,15 +314,17 @@ class ShardLeases:
             return lease
         if not self._prepared:
             self.prepare()
-        args = [*self._acquire_args, "", "", "", *self._own[:CANDIDATES]]
+        grant = new_grant()
+        args = [*self._acquire_args, "", "", "", "", grant, *self._own[:CANDIDATES]]
         reply = self.context.scripts.run("acquire_shard", self._handoff_keys(), args, self._context)
         if int(reply[0]) == Acquire.NO_POOL:  # the pool was removed (expired record): again
             self._prepared = False
             return self.acquire()
-        return self._granted(reply)
+        return self._granted(reply, grant)
 
-    def _granted(self, reply: list[Any]) -> Lease | None:
-        """The lease in an acquire reply (shard, token, expires, offset, consumed), if any.
+    def _granted(self, reply: list[Any], grant: str) -> Lease | None:
+        """The lease in an acquire reply (shard, token, expires, offset, consumed), if any,
+        granted under the id ``grant``.
 
         In place of a shard id: ``Acquire.NOTHING`` (nothing to lease now), ``NO_POOL``
         (``acquire`` creates it) or ``REFUSED`` (not a live worker).
@@ -330,7 +338,7 @@ class ShardLeases:
             return None
         lease = Lease(
             self.params.shard(shard_id, self.epoch), int(reply[1]), int(reply[2]), self,
-            start=int(reply[3]),
+            start=int(reply[3]), grant=grant,
         )  # fmt: skip
         with self._lock:
             self._held[shard_id] = lease
@@ -345,7 +353,7 @@ class ShardLeases:
         try:
             (expires,) = self.context.scripts.run(
                 "renew_shard", [self.keys.holders, self.keys.expiry],
-                [lease.shard_id, lease.token, int(self.ttl * 1000)],
+                [lease.shard_id, lease.token, int(self.ttl * 1000), lease.grant],
                 lambda: self._context(lease.shard_id, lease.token),
             )  # fmt: skip
         except LeaseLostError as exc:
@@ -370,11 +378,13 @@ class ShardLeases:
         with self._lock:
             prefetch = prefetch and self._iterating and self._next is None and self._prepared
             trained = len(lease.shard) - lease.start  # counted once, if this call records it
+            grant = new_grant()  # the next lease's, when this call leases one
             if prefetch:
-                args = [*self._acquire_args, lease.shard_id, lease.token, trained,
-                        *self._own[:CANDIDATES]]  # fmt: skip
+                args = [*self._acquire_args, lease.shard_id, lease.token, trained, lease.grant,
+                        grant, *self._own[:CANDIDATES]]  # fmt: skip
             else:
-                args = [self.worker_id, 0, "", lease.shard_id, lease.token, trained]
+                args = [self.worker_id, 0, "", lease.shard_id, lease.token, trained,
+                        lease.grant, ""]  # fmt: skip
 
             def context() -> dict[str, Any]:
                 return self._context(lease.shard_id, lease.token)
@@ -383,7 +393,7 @@ class ShardLeases:
                 keys = self._handoff_keys(lease.shard_id)
                 reply = self.context.scripts.run("acquire_shard", keys, args, context)
                 if prefetch:
-                    self._next = self._granted(reply[1:])
+                    self._next = self._granted(reply[1:], grant)
                     if int(reply[0]) < 0:  # refused, but the next lease is ours
                         check([Status.LEASE_LOST], context)  # raises LeaseLostError
             except LeaseLostError as exc:
@@ -414,7 +424,7 @@ class ShardLeases:
                 self.context.scripts.run(
                     "release_shard", [k.holders, k.expiry, k.taken, k.offsets, self._totals],
                     [lease.shard_id, lease.token, "" if offset is None else offset,
-                     "" if offset is None else offset - lease.start],
+                     "" if offset is None else offset - lease.start, lease.grant],
                     lambda: self._context(lease.shard_id, lease.token),
                 )  # fmt: skip
             finally:
@@ -601,21 +611,26 @@ class LeaseHolder(NamedTuple):
         shard_id: the leased shard.
         token: the grant's fencing token.
         expires_ms: when it expires unless renewed, ms on Redis' clock.
-        priority: always 0 (kept in the format: leases have no priority since the pool is a
-            bitmap).
+        grant: the grant's id (``Lease.grant``).
         worker_id: the worker holding it.
     """
 
     shard_id: int
     token: int
     expires_ms: int
-    priority: int
+    grant: str
     worker_id: str
 
 
 def _holder(shard: str, value: str) -> LeaseHolder:
-    token, expires, priority, worker = value.split(" ", 3)
-    return LeaseHolder(int(shard), int(token), int(expires), int(priority), worker)
+    token, expires, grant, worker = value.split(" ", 3)
+    return LeaseHolder(int(shard), int(token), int(expires), grant, worker)
+
+
+def new_grant() -> str:
+    """A fresh grant id: 16 random hex digits (no rollback of the token counter can issue
+    the same pair of token and grant id twice)."""
+    return os.urandom(8).hex()
 
 
 def queue_progress(pipe: Any, job_id: str, dataset: str, epoch: int) -> None:
