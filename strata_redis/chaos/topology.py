@@ -1,0 +1,114 @@
+"""A Redis primary with a replica on loopback, each link through a ``Proxy``: the clients'
+address can be switched (a failover), the replication link stalled (a replica that lags)."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from ..server import RedisServer
+from .proxy import Proxy
+
+__all__ = ["Topology"]
+
+
+class Topology:
+    """A primary and a replica, the clients' link and the replication link each through a
+    proxy of its own.
+
+    Args:
+        aof: ``"always"``, ``"everysec"`` or ``""`` (no persistence) on both servers.
+
+    Attributes:
+        url: what clients connect to (the clients' proxy).
+        primary, replica: the servers (``failover`` swaps their roles).
+    """
+
+    def __init__(self, aof: str = "") -> None:
+        self.aof = aof
+        self.primary = RedisServer(extra=self._persistence()).start()
+        self.replica: RedisServer | None = None
+        self.clients = Proxy(("127.0.0.1", self.primary.port))
+        self.link: Proxy | None = None
+        self.failovers = 0
+        self.add_replica()
+
+    def _persistence(self) -> list[str]:
+        if not self.aof:
+            return []
+        return ["--appendonly", "yes", "--appendfsync", self.aof]
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<clients' proxy port>/0``."""
+        return f"redis://{self.clients.address}/0"
+
+    def add_replica(self, timeout: float = 20.0) -> None:
+        """Start a replica of the primary (through a new replication proxy), wait until it
+        is in sync."""
+        self.link = Proxy(("127.0.0.1", self.primary.port))
+        self.replica = RedisServer(
+            extra=[*self._persistence(), "--replicaof", "127.0.0.1", str(self.link.port)]
+        ).start()
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=self.replica.port) as client:
+            while client.info("replication").get("master_link_status") != "up":
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the replica did not sync")
+                time.sleep(0.05)
+        self.synced(timeout)
+
+    def synced(self, timeout: float = 10.0) -> bool:
+        """Wait (``WAIT``) until the replica has every write so far; whether it does."""
+        with redis.Redis(port=self.primary.port) as client:
+            return int(client.execute_command("WAIT", 1, int(timeout * 1000))) >= 1
+
+    def lag(self, on: bool = True) -> None:
+        """Stall the replication link (``on``): the primary's writes from now on are not on
+        the replica until it flows again."""
+        assert self.link is not None
+        self.link.stall(on)
+
+    def failover(self) -> None:
+        """Kill the primary (-9), promote the replica as it is (whatever it lagged), point
+        the clients' proxy at it, and start a new replica behind it."""
+        assert self.replica is not None and self.link is not None
+        self.primary.kill()
+        self.link.close()
+        with redis.Redis(port=self.replica.port) as client:
+            client.execute_command("REPLICAOF", "NO", "ONE")
+        old = self.primary
+        self.primary, self.replica = self.replica, None
+        self.clients.switch(("127.0.0.1", self.primary.port))
+        old.close()
+        self.failovers += 1
+        self.add_replica()
+
+    def restart(self) -> None:
+        """Kill the primary (-9) and start it again on its port from what it persisted (the
+        replica is restarted from scratch behind it)."""
+        self.primary.kill()
+        self.primary.start()
+        self.clients.drop()
+        self._drop_replica()
+        self.add_replica()
+
+    def _drop_replica(self) -> None:
+        if self.link is not None:
+            self.link.close()
+        if self.replica is not None:
+            self.replica.close()
+        self.replica = None
+
+    def close(self) -> None:
+        """Stop every server and proxy."""
+        self.clients.close()
+        self._drop_replica()
+        self.primary.close()
+
+    def __enter__(self) -> Topology:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
