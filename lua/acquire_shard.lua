@@ -63,8 +63,8 @@ if ARGV[4] ~= '' then
   local held = redis.call('HGET', KEYS[3], shard)
   local held_token, held_grant
   if held then held_token, held_grant = string.match(held, '^(%d+) %d+ (%S+) ') end
-  -- G.FENCING off (the fault checker's proof only): the token number alone, as before
-  if held and held_token == token and (held_grant == grant or not G.FENCING) then
+  -- G.FENCING off (the fault checker's proof that it matters only): every completion records
+  if (held and held_token == token and held_grant == grant) or not G.FENCING then
     local index = redis.call('HGET', KEYS[12], 'w:' .. id)
     if not index then
       index = redis.call('HINCRBY', KEYS[12], 'n', 1)
@@ -94,8 +94,7 @@ if ARGV[4] ~= '' then
     if redis.call('GETBIT', KEYS[5], n) == 1 then
       -- a retry of a recorded completion: the same token, completed by this worker
       local got = redis.call('BITFIELD', KEYS[11], 'GET', 'i64', at, 'GET', 'u32', at + 64)
-      if got[1] == tonumber(token)
-        and (tostring(got[2]) == redis.call('HGET', KEYS[12], 'w:' .. id) or not G.FENCING) then
+      if got[1] == tonumber(token) and tostring(got[2]) == redis.call('HGET', KEYS[12], 'w:' .. id) then
         completion = 0
       end
     end

@@ -129,7 +129,7 @@ ERA_CHECK = (
     f"redis.call('SETRANGE', KEYS[#KEYS], CLOCK % {HISTORY_TICKS} * 8, ARGV[#ARGV]) "
     # one EXISTS of every anchor against how many were made; the slow path names the lost one
     # (an anchor made and not noted yet hides a lost one for one call, until it is noted)
-    "if MADE > 0 and redis.call('EXISTS', "
+    "if G.ANCHORS and MADE > 0 and redis.call('EXISTS', "
     + ", ".join(f"KEYS[#KEYS - {len(ANCHORS) + 2 - n}]" for n in range(len(ANCHORS)))
     + ") < ({"
     + ", ".join(str(bin(m).count("1")) for m in range(2 ** len(ANCHORS)))
@@ -158,9 +158,9 @@ EPILOGUE = (
 
 #: the guards the exactly-once promise rests on, each a switch a script names as ``G.<NAME>``
 #: (and Python reads with ``guard``): ``history`` the rollback check by history (not height),
-#: ``fencing`` a completion, renewal or release naming its grant, ``anchors`` every structure's
-#: loss being an error, ``commit`` a checkpoint committing only when every rank acked it
-GUARDS = ("history", "fencing", "anchors", "commit")
+#: ``fencing`` a completion naming the grant it ends (off: any completion records), and
+#: ``anchors`` the loss of an anchor being an error
+GUARDS = ("history", "fencing", "anchors")
 #: test-only: a comma-separated list of ``GUARDS`` to switch off, read when a process first
 #: loads the scripts. It exists so the fault checker can prove that each guard matters (with
 #: one off, its fixed seeds must report a violation: ``strata_redis.chaos``); never set it

@@ -31,6 +31,7 @@ from ..context import JobContext, as_context
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
 from ..keys import Keys
+from ..outage import ride_out
 from ..scripts import check
 from ..status import Acquire, Status
 from ..validate import check_id, check_int, check_seconds
@@ -316,7 +317,7 @@ class ShardLeases:
             self.prepare()
         grant = new_grant()
         args = [*self._acquire_args, "", "", "", "", grant, *self._own[:CANDIDATES]]
-        reply = self.context.scripts.run("acquire_shard", self._handoff_keys(), args, self._context)
+        reply = self._run("acquire_shard", self._handoff_keys(), args, self._context)
         if int(reply[0]) == Acquire.NO_POOL:  # the pool was removed (expired record): again
             self._prepared = False
             return self.acquire()
@@ -351,7 +352,7 @@ class ShardLeases:
             LeaseLostError: it was taken back or re-granted; ``lease.lost`` is set too.
         """
         try:
-            (expires,) = self.context.scripts.run(
+            (expires,) = self._run(
                 "renew_shard", [self.keys.holders, self.keys.expiry],
                 [lease.shard_id, lease.token, int(self.ttl * 1000), lease.grant],
                 lambda: self._context(lease.shard_id, lease.token),
@@ -391,7 +392,7 @@ class ShardLeases:
 
             try:
                 keys = self._handoff_keys(lease.shard_id)
-                reply = self.context.scripts.run("acquire_shard", keys, args, context)
+                reply = self._run("acquire_shard", keys, args, context)
                 if prefetch:
                     self._next = self._granted(reply[1:], grant)
                     if int(reply[0]) < 0:  # refused, but the next lease is ours
@@ -421,7 +422,7 @@ class ShardLeases:
         k = self.keys
         with self._lock:
             try:
-                self.context.scripts.run(
+                self._run(
                     "release_shard", [k.holders, k.expiry, k.taken, k.offsets, self._totals],
                     [lease.shard_id, lease.token, "" if offset is None else offset,
                      "" if offset is None else offset - lease.start, lease.grant],
@@ -429,6 +430,16 @@ class ShardLeases:
                 )  # fmt: skip
             finally:
                 self._forget(lease)
+
+    def _run(
+        self, name: str, keys: list[str], args: list[Any], context: Callable[[], dict[str, Any]]
+    ) -> list[Any]:
+        """Run one lease script, riding out a Redis restart or failover shorter than the
+        job's ``redis_retry`` (``outage.ride_out``). Each is safe to send again: a completion
+        sent again is a retry of itself (recorded once), a renewal extends the same lease, and
+        a grant whose reply was lost is never used: it expires after ``ttl``."""
+        what = f"lease call {name} of worker {self.worker_id!r}"
+        return ride_out(self.context, what, self.context.scripts.run, name, keys, args, context)
 
     def _forget(self, lease: Lease, lost: LeaseLostError | None = None) -> None:
         lease.finished = True

@@ -1,0 +1,81 @@
+"""One worker process of the fault run: the raw lease API draining each epoch of a dataset,
+every grant, trained span, completion and error written to its history."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+import strata_redis
+
+from .history import History
+
+#: exit codes the checker reads: 0 finished, 3 stopped with a named error, 4 a bare error
+FINISHED, STOPPED, CRASHED = 0, 3, 4
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--history", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--sample-s", type=float, default=0.02)
+    parser.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    parser.add_argument("--lease-ttl", type=float, default=3.0)
+    parser.add_argument("--redis-retry", type=float, default=15.0)
+    args = parser.parse_args(argv)
+    history = History(args.history, args.id)
+    history.add("start")
+    try:
+        job = strata_redis.connect(
+            args.url, args.job, heartbeat_timeout=args.heartbeat_timeout,
+            redis_retry=args.redis_retry,
+        )  # fmt: skip
+        job.register_worker(args.id, heartbeat_interval=args.heartbeat_timeout / 4, replace=True)
+        for epoch in range(args.epochs):
+            leases = job.leases("ds", epoch, args.id, ttl=args.lease_ttl)
+            for lease in leases:
+                history.add(
+                    "grant", epoch=epoch, shard=lease.shard_id, token=lease.token,
+                    grant=lease.grant, start=lease.start,
+                )  # fmt: skip
+                span = len(lease.shard) - lease.start
+                time.sleep(span * args.sample_s)  # training
+                history.add("trained", epoch=epoch, shard=lease.shard_id, grant=lease.grant,
+                            samples=span)  # fmt: skip
+                try:
+                    recorded = lease.complete()
+                except strata_redis.LeaseLostError:
+                    history.add("complete", epoch=epoch, shard=lease.shard_id,
+                                token=lease.token, grant=lease.grant, outcome="lost")  # fmt: skip
+                    continue
+                history.add(
+                    "complete", epoch=epoch, shard=lease.shard_id, token=lease.token,
+                    grant=lease.grant, outcome="recorded" if recorded else "repeat",
+                )  # fmt: skip
+            history.add("epoch-done", epoch=epoch)
+        history.add("finished")
+        return FINISHED
+    except strata_redis.StrataError as exc:
+        history.add("stopped", error=type(exc).__name__, family=_family(exc), message=str(exc))
+        return STOPPED
+    except (redis.RedisError, OSError) as exc:
+        history.add("crashed", error=type(exc).__name__, message=str(exc))
+        return CRASHED
+    finally:
+        history.close()
+
+
+def _family(exc: BaseException) -> str:
+    """``state-lost`` for the StateLostError family, else ``other``."""
+    return "state-lost" if isinstance(exc, strata_redis.StateLostError) else "other"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
