@@ -1,0 +1,77 @@
+"""Fault schedules drawn from a seed: which fault, when, against which worker, for how long."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["KINDS", "Fault", "draw"]
+
+#: every kind of fault the run can play, and what it does
+KINDS: dict[str, str] = {
+    "kill": "kill -9 a worker, relaunch it under the same id",
+    "kill-new-id": "kill -9 a worker, relaunch it under a new id",
+    "stop": "SIGSTOP a worker past its lease ttl and heartbeat timeout, then SIGCONT it",
+    "pause": "SIGSTOP a worker for less than its heartbeat timeout",
+    "cut": "cut one worker's link to Redis for a while (shorter than redis_retry)",
+    "stall": "stall every client's link to Redis for a while (shorter than redis_retry)",
+    "restart-aof": "kill -9 Redis (AOF always) and start it again",
+    "failover": "fail over to a replica that lagged (the replication link stalled first)",
+    "masked-failover": "stop a worker, fail over to a replica that lagged while it made "
+    "calls, let the others run, then let it run again (the masked rollback)",
+    "del-anchor": "delete one of the job's anchor keys (an operator's DEL, an eviction)",
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: its kind, when (seconds from the start), the worker slot it targets, and
+    its parameters (``hold``: how long it lasts; ``lag``: replication lag, s; ``key``)."""
+
+    kind: str
+    at: float
+    slot: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.at:5.1f}s {self.kind} slot={self.slot} {extra}".rstrip()
+
+
+def draw(
+    seed: int, duration: float, workers: int, kinds: list[str] | None = None, count: int = 0
+) -> list[Fault]:
+    """A schedule for ``seed``: ``count`` faults (default: one per 6 s of ``duration``, at
+    least 2) of ``kinds`` (default: all), spread over the run's first ``duration`` seconds.
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    pool = list(kinds or KINDS)
+    for kind in pool:
+        if kind not in KINDS:
+            raise ValueError(f"no such fault kind {kind!r} (kinds: {', '.join(KINDS)})")
+    rng = random.Random(seed)
+    n = count or max(2, int(duration // 6))
+    faults = []
+    for i in range(n):
+        # one fault per slice of the run, at a random moment inside it (faults don't overlap)
+        at = duration * (i + rng.uniform(0.2, 0.8)) / n
+        kind = rng.choice(pool)
+        params: dict[str, Any] = {}
+        if kind in ("stop",):
+            params["hold"] = round(rng.uniform(5.0, 7.0), 2)
+        elif kind == "pause":
+            params["hold"] = round(rng.uniform(0.3, 1.2), 2)
+        elif kind in ("cut", "stall"):
+            params["hold"] = round(rng.uniform(0.3, 2.0), 2)
+        elif kind in ("failover",):
+            params["lag"] = round(rng.uniform(0.005, 0.5), 3)
+        elif kind == "masked-failover":
+            params["lag"] = round(rng.uniform(0.3, 0.8), 3)
+            params["hold"] = round(rng.uniform(1.0, 2.0), 2)
+        elif kind == "del-anchor":
+            params["key"] = rng.choice(["fence", "generation", "epoch"])
+        faults.append(Fault(kind, round(at, 2), rng.randrange(workers), params))
+    return faults
