@@ -1,0 +1,53 @@
+"""The fault checker in CI (its short fixed form; the long form is ``python -m
+strata_redis.chaos --seeds 200``): fixed seeds of generated fault schedules against real
+worker processes and a real Redis primary and replica report no violation, and with each
+guard switched off a schedule that needs it reports one (a checker that cannot fail proves
+nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata_redis.chaos.run import RunConfig, run
+from strata_redis.chaos.schedule import KINDS, Fault, draw
+
+#: the seeds CI plays: between them, every kind of fault (checked below)
+SEEDS = (0, 1, 2)
+DURATION = 15.0
+
+
+def test_the_fixed_seeds_cover_every_fault_kind() -> None:
+    drawn = {f.kind for seed in SEEDS for f in draw(seed, DURATION, 3)}
+    extra = {"masked-failover", "del-anchor", "stop"}  # the teeth runs play these
+    assert drawn | extra == set(KINDS), set(KINDS) - drawn - extra
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_fixed_seed_reports_no_violation(seed: int) -> None:
+    outcome = run(RunConfig(seed=seed, duration=DURATION))
+    assert outcome.report.ok, "\n".join(outcome.lines())
+    assert outcome.report.completions > 0 and sum(outcome.played.values()) >= 2
+
+
+#: for each guard, a schedule whose exactly-once outcome rests on it
+TEETH = {
+    # the others raise the clock back past the mark of the one that saw the lost ticks
+    "history": Fault("masked-failover", 6.0, 0, {"lag": 0.5, "hold": 1.5}),
+    # stopped past its lease ttl: its shard is re-granted and completed meanwhile
+    "fencing": Fault("stop", 6.0, 0, {"hold": 6.0}),
+    # the fencing counter deleted: token numbers start over
+    "anchors": Fault("del-anchor", 6.0, 0, {"key": "fence"}),
+}
+
+
+@pytest.mark.parametrize("guard", sorted(TEETH))
+def test_with_a_guard_off_its_schedule_reports_a_violation(guard: str) -> None:
+    fault = TEETH[guard]
+    off = run(RunConfig(seed=100, duration=12.0, schedule=[fault], disable=guard))
+    assert not off.report.ok, "\n".join(off.lines())
+
+
+def test_the_masked_failover_with_every_guard_on_ends_with_a_clear_error() -> None:
+    on = run(RunConfig(seed=100, duration=12.0, schedule=[TEETH["history"]]))
+    assert on.report.ok, "\n".join(on.lines())
+    assert on.report.lost  # the process that saw the lost ticks stopped the job
