@@ -24,6 +24,11 @@ KINDS: dict[str, str] = {
 }
 
 
+#: the kinds that may end a run with a StateLostError (the state went back or lost an
+#: anchor): a schedule plays them after the others, so those are played too
+TERMINAL = frozenset({"failover", "masked-failover", "del-anchor"})
+
+
 @dataclass(frozen=True)
 class Fault:
     """One fault: its kind, when (seconds from the start), the worker slot it targets, and
@@ -54,11 +59,11 @@ def draw(
             raise ValueError(f"no such fault kind {kind!r} (kinds: {', '.join(KINDS)})")
     rng = random.Random(seed)
     n = count or max(2, int(duration // 6))
+    kinds_drawn = sorted((rng.choice(pool) for _ in range(n)), key=lambda k: k in TERMINAL)
     faults = []
-    for i in range(n):
+    for i, kind in enumerate(kinds_drawn):
         # one fault per slice of the run, at a random moment inside it (faults don't overlap)
         at = duration * (i + rng.uniform(0.2, 0.8)) / n
-        kind = rng.choice(pool)
         params: dict[str, Any] = {}
         if kind in ("stop",):
             params["hold"] = round(rng.uniform(5.0, 7.0), 2)

@@ -33,7 +33,7 @@ from ..errors import LeaseLostError
 from ..keys import Keys
 from ..outage import ride_out
 from ..scripts import check
-from ..status import Acquire, Status
+from ..status import Acquire, Status, guard
 from ..validate import check_id, check_int, check_seconds
 from .sharding import DatasetParams, Shard, assignment
 
@@ -374,7 +374,7 @@ class ShardLeases:
         Raises:
             LeaseLostError: stale token; the shard is someone else's now.
         """
-        if lease.lost is not None:
+        if lease.lost is not None and guard("fencing"):  # (off: the fault checker's proof)
             raise lease.lost
         with self._lock:
             prefetch = prefetch and self._iterating and self._next is None and self._prepared
