@@ -1,7 +1,8 @@
 """Redis CPU per script call of the prelude every script runs behind (``status.ERA_CHECK``):
 the heartbeat script with no check, with the era check alone (the prelude before the job's
-clock, 392eb16), with today's era, clock and anchor check, and with the same check behind
-the status codes as Lua tables built on every call (before ``status.inline``), side by side.
+clock, 392eb16), with the era, clock and anchor check before the history check (ea57689),
+with today's era, clock, history and anchor check, and with the same check behind the
+status codes as Lua tables built on every call (before ``status.inline``), side by side.
 
     python perf/prelude_cost.py [--rounds 7] [--calls 4000]
 
@@ -14,7 +15,11 @@ the median and range over the rounds.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -28,6 +33,22 @@ ERA_ONLY = (
     "local ERA_NOW = redis.call('GET', KEYS[#KEYS]) "
     "if ERA_NOW ~= ARGV[#ARGV] then return {S.STATE_LOST, ERA_NOW or ''} end "
 )
+
+
+#: the commit whose prelude had the era, clock and anchor check but no history check
+BEFORE_HISTORY = "ea57689"
+
+
+def before_history() -> tuple[str, str]:
+    """The prelude and epilogue of ``BEFORE_HISTORY``'s ``status.py``, inlined."""
+    src = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parent.parent), "show",
+         f"{BEFORE_HISTORY}:strata_redis/status.py"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    space: dict[str, Any] = {"__name__": "old_status"}
+    exec(compile(src, "old_status.py", "exec"), space)
+    return space["prelude"](), space["inline"](space["EPILOGUE"])
 
 
 def tables() -> str:
@@ -54,15 +75,22 @@ def main() -> None:
         job.scripts.call(name, keys, args_)  # the anchors are noted
         body = status.inline(scripts.sources()[name])
         full_keys, full_args = job.scripts.stamp(keys, args_)
+        old_head, old_tail = before_history()
+        old_src = status.inline(scripts.sources()[name])
         variants = {
             "no check": ("local NKEYS, NARGV = #KEYS, #ARGV " + body, keys, args_),
             "era only (392eb16)": (
                 status.inline(ERA_ONLY) + body, [*keys, job.keys.era],
                 [*args_, job.context.era.value()],
             ),
-            "era, clock and anchors": (scripts.compiled()[name], full_keys, full_args),
+            "era, clock, anchors (ea57689)": (
+                old_head + old_src + "\n" + old_tail, full_keys[:-1], full_args[:-2],
+            ),
+            "era, clock, history, anchors": (scripts.compiled()[name], full_keys, full_args),
             "the same, codes as tables": (
-                tables() + status.ERA_CHECK + scripts.sources()[name] + "\n" + status.EPILOGUE,
+                tables() + re.sub(r"\bG\.[A-Z_]+", "true",
+                                  status.ERA_CHECK + scripts.sources()[name] + "\n"
+                                  + status.EPILOGUE),
                 full_keys, full_args,
             ),
         }  # fmt: skip
@@ -78,7 +106,7 @@ def main() -> None:
         print(f"heartbeat script, Redis CPU per call ({args.rounds} rounds x {args.calls} calls):")
         for label, values in per_call.items():
             print(
-                f"  {label:24s} median {statistics.median(values):6.2f} us "
+                f"  {label:30s} median {statistics.median(values):6.2f} us "
                 f"(range {min(values):.2f}-{max(values):.2f})"
             )
         raw.close()

@@ -107,7 +107,7 @@ HISTORY_TICKS = 4096
 #:   (``<era>!lost:<anchor>``) and the answer is ``{0, {S.STATE_LOST, marked era}}``.
 #: Otherwise the call's id is written at its tick, the script runs (``CLOCK``: this call's
 #: tick), and ``EPILOGUE`` notes anchors made meanwhile and answers ``{CLOCK, the script's
-#: reply}``. ``G.HISTORY`` is the history check's switch (``guards.py``: on, except in the
+#: reply}``. ``G.HISTORY`` is the history check's switch (``guard``, below: on, except in the
 #: fault checker's proof that it matters).
 ERA_CHECK = (
     f"local NKEYS, NARGV = #KEYS - {len(ANCHORS) + 3}, #ARGV - 4 "
