@@ -20,12 +20,12 @@ holding a lower clock answers ``STATE_ROLLED_BACK`` before the script touches an
 and marks the era rolled back, so every other process of the job (and any new one) stops
 with ``StateRolledBackError`` too. Height alone can be masked: after a failover that lost k
 ticks, k calls of processes that did not see them raise the clock back. So every call also
-carries an id of its own (8 random bytes), which the prelude writes at its tick in the job's
-history (``strata:{<job>}:history``, the last ``status.HISTORY_TICKS`` ticks), and the id
-of the call that took the context's mark: a history that holds another id at the mark is a
-state that does not continue the one this process saw, whatever the clock says. Committed
-checkpoints record the era and the mark, so a relaunch after a rollback that no live process
-saw is caught by the first rank that resumes (``resume.py``).
+carries an id of its own (8 random characters: ``call_id``), which the prelude writes at its
+tick in the job's history (``strata:{<job>}:history``, the last ``status.HISTORY_TICKS``
+ticks), and the id of the call that took the context's mark: a history that holds another
+id at the mark is a state that does not continue the one this process saw, whatever the
+clock says. Committed checkpoints record the era and the mark, so a relaunch after a
+rollback that no live process saw is caught by the first rank that resumes (``resume.py``).
 
 ``min_replicas`` (``WAIT``) narrows what a failover can lose; it cannot stop it (``WAIT`` is
 no consensus: a replica that had the write may still not be the one promoted). What it
@@ -38,6 +38,7 @@ with ``RedisConfigError`` unless ``STRATA_ALLOW_EVICTION=1`` opts out (a warning
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import secrets
@@ -66,6 +67,7 @@ __all__ = [
     "DURABLE_SCRIPTS",
     "Era",
     "EraScripts",
+    "call_id",
     "check_eviction",
     "eviction_risk",
     "queue_era_state",
@@ -164,9 +166,9 @@ class Era:
         self.anchors = tuple(anchors)
         self.job_id = job_id
         self._value: str | None = None
-        #: (the mark, the id of the call that took it: b"" when not known): one attribute,
+        #: (the mark, the id of the call that took it: "" when not known): one attribute,
         #: so a reader never pairs a mark with another tick's id
-        self._seen: tuple[int, bytes] = (0, b"")
+        self._seen: tuple[int, str] = (0, "")
         self._lock = threading.Lock()
 
     @property
@@ -180,18 +182,18 @@ class Era:
         return self._seen[0]
 
     @property
-    def seen_at(self) -> tuple[int, bytes]:
-        """The mark and the id of the call that took it (b"": not known, e.g. a mark read
+    def seen_at(self) -> tuple[int, str]:
+        """The mark and the id of the call that took it ("": not known, e.g. a mark read
         from a checkpoint): what every call sends for the prelude's checks."""
         return self._seen
 
-    def seen(self, clock: int, call_id: bytes = b"") -> None:
-        """Raise the mark to ``clock`` (a tick Redis answered to the call ``call_id``, or a
-        checkpoint recorded: no id)."""
+    def seen(self, clock: int, call: str = "") -> None:
+        """Raise the mark to ``clock`` (a tick Redis answered to the call with the id
+        ``call``, or a checkpoint recorded: no id)."""
         if clock > self._seen[0]:
             with self._lock:
                 if clock > self._seen[0]:
-                    self._seen = (clock, call_id)
+                    self._seen = (clock, call)
 
     def value(self) -> str:
         """The era: learned once (created if the job has none yet), then always the same.
@@ -304,7 +306,7 @@ class EraScripts:
         era = self._era.value()
         mark, mark_id = self._era.seen_at
         era_keys = [*self._era.anchors, self._era.key, self._era.clock_key, self._era.history_key]
-        return [*keys, *era_keys], [*args, era, mark, mark_id, os.urandom(8)]
+        return [*keys, *era_keys], [*args, era, mark, mark_id, call_id()]
 
     def _send(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -382,6 +384,12 @@ class EraScripts:
         stamped: list[Call] = [(name, *self.stamp(keys, args)) for name, keys, args in calls]
         replies = self._send(self._scripts.run_many, stamped)
         return [self.unwrap(reply, call[2]) for reply, call in zip(replies, stamped, strict=True)]
+
+
+def call_id() -> str:
+    """A fresh id for one script call: 8 URL-safe characters from 6 random bytes (readable
+    in ``redis-cli`` and in SLOWLOG, and one slot of the job's history)."""
+    return base64.urlsafe_b64encode(os.urandom(6)).decode()
 
 
 def _moved(job_id: str, exc: MovedError) -> ValueError:

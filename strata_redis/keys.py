@@ -119,7 +119,7 @@ class Keys:
     @property
     def history(self) -> str:
         """STRING the job's recent history: at ``(tick % status.HISTORY_TICKS) * 8``, the id
-        (8 random bytes) of the script call that took that tick. A process sends the id of
+        (8 random characters) of the script call that took that tick. A process sends the id of
         the call that took its mark; another id there means Redis' state is not the one it
         saw, even where later calls raised the clock back (``era.py``). 32 KiB per job."""
         return f"{self.base}:history"

@@ -87,8 +87,8 @@ HISTORY_TICKS = 4096
 #: the era, clock, history and anchor check in front of every script (one line). The caller
 #: appends the anchor keys, the era key, the clock key and the history key to KEYS, and the
 #: era it works in, the highest clock tick it has seen (its mark), the id of the call that
-#: took that tick ("": not known) and this call's own id (8 random bytes) to ARGV; a script
-#: reads ``NKEYS``/``NARGV`` for its own counts. The clock key holds ``tick * 8 + made``:
+#: took that tick ("": not known) and this call's own id (8 random characters) to ARGV; a
+#: script reads ``NKEYS``/``NARGV`` for its own counts. The clock key holds ``tick * 8 + made``:
 #: ``made``'s bits are the anchors made so far (bit n-1 for ``ANCHORS[n]``), so one
 #: ``INCRBY 8`` ticks it and reads both. The history key holds, at ``(tick % HISTORY_TICKS)
 #: * 8``, the id of the call that took the tick.

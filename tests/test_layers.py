@@ -58,7 +58,7 @@ SUPPORTED = [
 
 
 #: packages that are one layer as a whole (their modules import each other freely)
-WHOLE = ("storage", "dashboard", "torch")
+WHOLE = ("storage", "dashboard", "torch", "chaos")
 
 
 def _modules() -> set[str]:
