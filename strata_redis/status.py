@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from enum import IntEnum
+from functools import cache
 
 __all__ = [
     "ANCHORS",
@@ -175,11 +176,18 @@ def guard(name: str) -> bool:
     Raises:
         ValueError: ``name`` (or a name in ``$GUARDS_ENV``) is no guard.
     """
-    off = {part.strip() for part in os.environ.get(GUARDS_ENV, "").split(",") if part.strip()}
+    return name not in _off(os.environ.get(GUARDS_ENV, ""), name)
+
+
+@cache
+def _off(raw: str, name: str) -> frozenset[str]:
+    """The guards ``raw`` (``$GUARDS_ENV``) switches off, checked once per value (a
+    completion asks for every shard)."""
+    off = frozenset(part.strip() for part in raw.split(",") if part.strip())
     unknown = sorted((off | {name}) - set(GUARDS))
     if unknown:
         raise ValueError(f"no such guard {unknown[0]!r} (guards: {', '.join(GUARDS)})")
-    return name not in off
+    return off
 
 
 #: a member of the enums (or a guard switch) as a script names it

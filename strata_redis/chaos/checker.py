@@ -51,14 +51,14 @@ def check(
           bare connection error through a fault shorter than ``redis_retry``).
     """
     report = Report(operations=len(events))
-    granted: dict[tuple[str, int, int, int, str], int] = {}
+    granted: set[tuple[str, int, int, int, str]] = set()
     tokens: Counter[int] = Counter()
     recorded: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for ev in events:
         kind = ev["ev"]
         if kind == "grant":
             report.grants += 1
-            granted[(ev["who"], ev["epoch"], ev["shard"], ev["token"], ev["grant"])] = 1
+            granted.add((ev["who"], ev["epoch"], ev["shard"], ev["token"], ev["grant"]))
             tokens[int(ev["token"])] += 1
         elif kind == "complete":
             report.completions += 1

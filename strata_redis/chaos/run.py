@@ -16,10 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 import strata_redis
 from strata_redis.data.leases import keep_whole
+from strata_redis.status import ANCHORS, GUARDS_ENV
 
 from .checker import Report, check
 from .history import History, read_history
@@ -92,7 +91,7 @@ class _Workers:
         wid = self.ids[slot]
         env = dict(os.environ)
         if self.cfg.disable:
-            env["STRATA_UNSAFE_DISABLE_GUARDS"] = self.cfg.disable
+            env[GUARDS_ENV] = self.cfg.disable
         cmd = [
             sys.executable, "-m", "strata_redis.chaos.worker",
             "--url", f"redis://{self.proxies[slot].address}/0", "--job", JOB, "--id", wid,
@@ -129,7 +128,7 @@ class _Workers:
             proxy.close()
 
 
-def _play(fault: Fault, topo: Topology, workers: _Workers, cfg: RunConfig) -> None:
+def _play(fault: Fault, topo: Topology, workers: _Workers) -> None:
     """Play one fault (blocking for as long as it lasts)."""
     proc = workers.proc(fault.slot)
     hold = float(fault.params.get("hold", 0))
@@ -178,8 +177,9 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, cfg: RunConfig) -> No
         if proc.poll() is None:
             proc.send_signal(signal.SIGCONT)
     elif fault.kind == "del-anchor":
-        with redis.Redis.from_url(topo.url) as raw:
-            raw.delete(f"strata:{{{JOB}}}:{fault.params['key']}")
+        with strata_redis.connect(topo.url, JOB) as job:  # the key as the schema names it
+            key = dict(zip(ANCHORS, job.keys.anchors, strict=True))[fault.params["key"]]
+            job.client.delete(key)
 
 
 def _record(url: str, cfg: RunConfig, shards: int) -> dict[int, dict[int, tuple[str, int]]] | None:
@@ -218,7 +218,7 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
                 if progress:
                     print(f"  seed {cfg.seed}: {fault.describe()}", flush=True)
                 controller.add("fault", kind=fault.kind, slot=fault.slot, **fault.params)
-                _play(fault, topo, workers, cfg)
+                _play(fault, topo, workers)
                 played[fault.kind] += 1
             # every process ends: finished, or stopped by a named error, within the budget
             deadline = time.monotonic() + cfg.duration + 4 * cfg.redis_retry

@@ -31,7 +31,6 @@ class Topology:
         self.replica: RedisServer | None = None
         self.clients = Proxy(("127.0.0.1", self.primary.port))
         self.link: Proxy | None = None
-        self.failovers = 0
         self.add_replica()
 
     def _persistence(self) -> list[str]:
@@ -82,7 +81,6 @@ class Topology:
         self.primary, self.replica = self.replica, None
         self.clients.switch(("127.0.0.1", self.primary.port))
         old.close()
-        self.failovers += 1
         self.add_replica()
 
     def restart(self) -> None:
