@@ -3,7 +3,10 @@
 -- sender the one leader: the state moves to "committing" and the leader gets every rank's
 -- files, to write metadata.json. A checkpoint that is no longer after the newest committed
 -- one (index members sort in (run, epoch, step) order) can never commit: it is aborted here,
--- and its waiters are woken at once.
+-- and its waiters are woken at once. The same ack sent again (its reply was lost to a Redis
+-- restart or failover) is recorded once: its save record and totals are not counted twice,
+-- and one that finds the checkpoint committed since is answered as an ack (the caller's wait
+-- then finds it committed).
 -- KEYS[1] = checkpoint HASH   KEYS[2] = acks HASH   KEYS[3] = wake LIST
 -- KEYS[4] = committed checkpoints ZSET   KEYS[5] = save records STREAM
 -- KEYS[6] = checkpoint totals HASH (saves, saved_bytes, save_ms, aborted_steps: never reset)
@@ -18,7 +21,11 @@
 --       | {40, newest committed member} STALE | {41, culprit, reason} ABORTED
 --       | {43, holder}: the rank is not the caller's (another worker's, or it expired)
 local state = redis.call('HMGET', KEYS[1], 'state', 'world_size', 'leader', 'culprit', 'reason')
-if state[1] == 'committed' then return {S.STEP_COMMITTED} end
+local again = redis.call('HGET', KEYS[2], ARGV[5]) == ARGV[7]
+if state[1] == 'committed' then
+  if again then return {S.OK, 0} end
+  return {S.STEP_COMMITTED}
+end
 if state[1] == 'aborted' then return {S.STEP_ABORTED, state[4] or '', state[5] or ''} end
 local holder = redis.call('HGET', KEYS[1], 'r:' .. ARGV[5])
 if holder ~= ARGV[6] then return {S.RANK_NOT_HELD, holder or ''} end
@@ -43,15 +50,17 @@ if #redis.call('ZRANGEBYLEX', KEYS[4], '[' .. ARGV[1], '+', 'LIMIT', 0, 1) > 0 t
   redis.call('PEXPIRE', KEYS[3], ARGV[8])
   return {S.STEP_NOT_FORWARD, newest}
 end
-redis.call('HSET', KEYS[2], ARGV[5], ARGV[7])
+if not again then
+  redis.call('HSET', KEYS[2], ARGV[5], ARGV[7])
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[9], '*', 'step', ARGV[4], 'epoch', ARGV[3],
+    'run', ARGV[2], 'rank', ARGV[5], 'worker', ARGV[6], 'bytes', ARGV[10],
+    'seconds', ARGV[11], 'mb_s', ARGV[12], 'outcome', 'uploaded', 'at_ms', now)
+  redis.call('HINCRBY', KEYS[6], 'saves', 1)
+  redis.call('HINCRBY', KEYS[6], 'saved_bytes', ARGV[10])
+  redis.call('HINCRBY', KEYS[6], 'save_ms', math.floor(tonumber(ARGV[11]) * 1000 + 0.5))
+end
 redis.call('PEXPIRE', KEYS[2], ARGV[8])
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[9], '*', 'step', ARGV[4], 'epoch', ARGV[3],
-  'run', ARGV[2], 'rank', ARGV[5], 'worker', ARGV[6], 'bytes', ARGV[10], 'seconds', ARGV[11],
-  'mb_s', ARGV[12], 'outcome', 'uploaded', 'at_ms', now)
-redis.call('HINCRBY', KEYS[6], 'saves', 1)
-redis.call('HINCRBY', KEYS[6], 'saved_bytes', ARGV[10])
-redis.call('HINCRBY', KEYS[6], 'save_ms', math.floor(tonumber(ARGV[11]) * 1000 + 0.5))
 if redis.call('HLEN', KEYS[2]) < tonumber(state[2]) then return {S.OK, 0} end
 redis.call('HSET', KEYS[1], 'state', 'committing', 'leader', ARGV[6], 'acked_ms', now,
   'acked_clock', CLOCK)

@@ -25,8 +25,9 @@ The tree::
     │   └── LeaseLostError              the lease expired, was taken over, or its token is stale
     ├── RedisUnavailableError       .job_id, .seconds: unreachable past ``redis_retry``
     │                                   (also a ``redis.ConnectionError``)
-    ├── RedisMemoryFullError        .job_id: Redis is at ``maxmemory`` and evicts nothing
-    │                                   (also a ``redis.exceptions.OutOfMemoryError``)
+    ├── RedisMemoryFullError        .job_id, .seconds: Redis is at ``maxmemory`` and evicts
+    │                                   nothing, past ``redis_retry`` (also a
+    │                                   ``redis.exceptions.OutOfMemoryError``)
     ├── StateLostError              .job_id, .era, .found: the job's state in Redis was lost
     │   └── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
     ├── RedisConfigError            Redis is set up so that it could break a guarantee
@@ -552,25 +553,37 @@ class RedisMemoryFullError(StrataError, OutOfMemoryError):
     With ``maxmemory-policy noeviction`` (the only policy under which a job's state is
     safe) a full Redis refuses every command that would grow it. Scripts check before they
     write, so nothing was half-applied: the call can be repeated once memory is freed (or
-    ``maxmemory`` raised). Also a ``redis.exceptions.OutOfMemoryError``.
+    ``maxmemory`` raised). The library's calls wait for that themselves, up to the job's
+    ``redis_retry`` seconds (``outage.Outage``), and raise this past it. Also a
+    ``redis.exceptions.OutOfMemoryError``.
 
     Attributes:
         job_id: the job.
+        seconds: how long the call waited for memory before giving up (None: it did not
+            wait: the refusal itself).
     """
 
-    def __init__(self, message: str, *, job_id: str) -> None:
+    def __init__(self, message: str, *, job_id: str, seconds: float | None = None) -> None:
         super().__init__(message)
         self.job_id = job_id
+        self.seconds = seconds
 
     @classmethod
-    def at(cls, job_id: str, cause: BaseException) -> RedisMemoryFullError:
-        """The error for redis-py's ``OutOfMemoryError`` ``cause`` in a call of ``job_id``."""
+    def at(
+        cls, job_id: str, cause: BaseException, seconds: float | None = None
+    ) -> RedisMemoryFullError:
+        """The error for redis-py's ``OutOfMemoryError`` ``cause`` in a call of ``job_id``
+        (``seconds``: how long the call waited for memory first, if it did)."""
+        waited = (
+            "" if seconds is None
+            else f" for {seconds:.3g}s (the redis_retry budget the call waited)"
+        )  # fmt: skip
         return cls(
-            f"Redis is at its memory limit (maxmemory, with nothing it may evict): a write "
-            f"of job {job_id!r} was refused and not applied ({cause}). Free memory or raise "
-            "maxmemory (CONFIG SET maxmemory), then retry",
-            job_id=job_id,
-        )
+            f"Redis is at its memory limit (maxmemory, with nothing it may evict){waited}: a "
+            f"write of job {job_id!r} was refused and not applied ({cause}). Free memory or "
+            "raise maxmemory (CONFIG SET maxmemory), then retry",
+            job_id=job_id, seconds=seconds,
+        )  # fmt: skip
 
 
 class StateLostError(StrataError):

@@ -19,6 +19,7 @@ from .data.leases import ShardLeases
 from .era import EraScripts
 from .errors import StrataError
 from .keys import Keys
+from .outage import ride_out, riding_out
 from .scripts import Call
 
 __all__ = ["Job", "connect"]
@@ -117,6 +118,7 @@ class Job:
         self.close()
 
     # -- the job's lifecycle -------------------------------------------------------------
+    @riding_out
     def end(self, retention: float | None = None) -> int:
         """End the job: it reads ``ended``, and every key of it expires ``retention``
         seconds from now (default: the job's ``retention``, 3 days unless set).
@@ -137,6 +139,7 @@ class Job:
         assert expires is not None
         return expires
 
+    @riding_out
     def state(self) -> str:
         """The job's state: ``running``, ``stale``, ``ended``, ``lost`` or ``idle`` (see
         ``strata_redis.coordination.lifecycle``), judged by the job's own heartbeat timeout."""
@@ -182,14 +185,17 @@ class Job:
         """
         return heartbeat_workers(self.context, workers)
 
+    @riding_out
     def workers(self) -> list[WorkerInfo]:
         """Every worker the job has seen, sorted by id, with ages on Redis' clock."""
         return registry.workers(self.context)
 
+    @riding_out
     def live_workers(self) -> list[str]:
         """Ids of the workers that are registered and not failed or left, sorted."""
         return registry.live_workers(self.context)
 
+    @riding_out
     def membership_generation(self) -> int:
         """The membership generation: moves by one on every join, leave and failure."""
         return registry.membership_generation(self.context)
@@ -202,6 +208,7 @@ class Job:
         """The ids newly declared failed, from the raw reply of a ``reap_call``."""
         return registry.reaped(self.context, reply)
 
+    @riding_out
     def reap(self) -> list[str]:
         """Declare failed every worker silent for longer than ``heartbeat_timeout``.
 
@@ -213,6 +220,7 @@ class Job:
         """
         return registry.reap(self.context)
 
+    @riding_out
     def events(self, count: int = 100) -> list[dict[str, str]]:
         """The newest membership events (join, replace, leave, fail), oldest first."""
         return registry.events(self.context, count)
@@ -226,7 +234,7 @@ class Job:
         Raises:
             DatasetNotFoundError: the dataset is not registered.
         """
-        params = get_dataset(self.context, dataset)
+        params = ride_out(self.context, "Job.leases", get_dataset, self.context, dataset)
         return ShardLeases(self.context, params, epoch, worker_id, **options)
 
     # -- barriers and epochs ---------------------------------------------------------------
@@ -252,6 +260,7 @@ class Job:
         """
         return epochs.advance_epoch(self.context, worker_id, timeout)
 
+    @riding_out
     def current_epoch(self) -> int:
         """The job's epoch: 0 until the first ``advance_epoch``."""
         return epochs.current_epoch(self.context)
@@ -260,6 +269,7 @@ class Job:
         """The barrier behind ``advance_epoch``, e.g. to ``reset(err.generation)`` it."""
         return epochs.epoch_barrier(self.context, timeout)
 
+    @riding_out
     def barrier_latencies(self, count: int = 1000) -> list[BarrierLatency]:
         """The newest barrier releases with their release latency, oldest first."""
         return latency.barrier_latencies(self.context, count)

@@ -298,8 +298,9 @@ class TrainingOrchestrator:
 
     @property
     def epoch(self) -> int:
-        """The job's current epoch (one Redis read)."""
-        return current_epoch(self.context)
+        """The job's current epoch (one Redis read; a Redis restart or failover shorter than
+        ``redis_retry`` is ridden out)."""
+        return self._retry(current_epoch, self.context)
 
     def _join(self, leaving: int, *, abort: bool = False) -> Round:
         """Join a round (leaving round ``leaving`` if it broke); it becomes ``self.round``."""
@@ -395,7 +396,7 @@ class TrainingOrchestrator:
         Raises:
             DatasetNotFoundError: ``dataset`` is not registered (the message says how).
         """
-        params = get_dataset(self.context, dataset)
+        params = self._retry(get_dataset, self.context, dataset)
         if self._resume is not None and self._resume.round == self.round.number:
             self._resume.restore(params)  # (registered after the round closed: now)
         stream = ShardStream(

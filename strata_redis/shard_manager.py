@@ -12,6 +12,7 @@ from .data import datasets
 from .data.sharding import DatasetParams, Shard, assign, shards_for_worker
 from .errors import WorkerNotRegisteredError
 from .job import Job
+from .outage import riding_out
 from .validate import check_id
 
 
@@ -40,6 +41,7 @@ class ShardManager:
     def __repr__(self) -> str:
         return f"ShardManager({self.job!r})"
 
+    @riding_out
     def register_dataset_params(
         self,
         name: str,
@@ -65,6 +67,7 @@ class ShardManager:
         datasets.register_dataset(self.context, params, replace=replace)
         return params
 
+    @riding_out
     def get_dataset(self, name: str) -> DatasetParams:
         """The parameters of a registered dataset.
 
@@ -73,6 +76,7 @@ class ShardManager:
         """
         return datasets.get_dataset(self.context, name)
 
+    @riding_out
     def list_datasets(self) -> list[DatasetParams]:
         """Every registered dataset, sorted by name."""
         return datasets.list_datasets(self.context)
@@ -81,12 +85,14 @@ class ShardManager:
         """Forget a dataset's registration; returns whether it existed."""
         return datasets.delete_dataset(self.context, name)
 
+    @riding_out
     def assignment(self, dataset: str, epoch: int) -> dict[str, list[Shard]]:
         """Every live worker's shards for ``epoch``, in the order it should read them."""
         params = self.get_dataset(dataset)
         workers = live_workers(self.context)
         return assign(params, workers, epoch)
 
+    @riding_out
     def get_shard_for_worker(self, dataset: str, worker_id: str, epoch: int) -> list[Shard]:
         """The shards ``worker_id`` reads in ``epoch``, in this epoch's order.
 

@@ -1,12 +1,16 @@
-"""Redis at its memory limit (``maxmemory`` reached under ``noeviction``): calls fail with
-one clear error naming the limit and apply nothing, heartbeat threads log one line when
-they start failing and one when they recover, and the reaper declares no live worker
-failed because its heartbeats could not be written."""
+"""Redis at its memory limit (``maxmemory`` reached under ``noeviction``) is a pause: calls
+wait for memory (one WARNING when the wait starts, one when it ends) and carry on once it is
+freed; past the job's ``redis_retry`` they fail with one clear error naming the limit and
+apply nothing. Heartbeat threads log one line when they start failing and one when they
+recover, and the reaper declares no live worker failed because its heartbeats could not be
+written."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +20,9 @@ import redis
 
 import strata_redis
 from strata_redis.server import RedisServer
+
+from . import loops
+from .procs import join_all, spawn, wait_for
 
 TIMEOUT = 1.0  # heartbeat timeout: the memory stays full for over two of them
 
@@ -49,22 +56,29 @@ def test_live_workers_ride_out_a_full_memory_and_a_reap_during_it(
 ) -> None:
     caplog.set_level(logging.INFO, logger="strata_redis")
     admin = redis.Redis(port=server.port)
-    job = strata_redis.connect(server.url, "oom", heartbeat_timeout=TIMEOUT)
+    # calls wait for memory at most 0.5 s (redis_retry) here, then give up
+    job = strata_redis.connect(server.url, "oom", heartbeat_timeout=TIMEOUT, redis_retry=0.5)
     workers = [job.register_worker(f"w{i}", heartbeat_interval=0.1) for i in range(2)]
     time.sleep(0.5)
     generation = job.membership_generation()
     with memory_full(admin):
         time.sleep(2.5 * TIMEOUT)  # no heartbeat gets through for 2.5 timeouts
-        # a reap during it declares nobody: the call is refused whole, and says why
+        # a reap during it declares nobody: the call waits for memory, then is refused
+        # whole past the budget, and says why
         with pytest.raises(strata_redis.RedisMemoryFullError, match="memory limit") as err:
             job.reap()
         assert isinstance(err.value, redis.exceptions.OutOfMemoryError)
         assert err.value.job_id == "oom"
+        assert err.value.seconds is not None and err.value.seconds >= 0.5
+        assert "redis_retry" in str(err.value)
         # other calls fail the same way, and apply nothing
         with pytest.raises(strata_redis.RedisMemoryFullError, match="maxmemory"):
             job.register_worker("late", heartbeat_interval=None)
         with pytest.raises(strata_redis.RedisMemoryFullError):
             job.barrier("b", expected=2).wait("w0", timeout=5)
+    # each call logged its wait once when it began, and nothing when it gave up
+    waits = [r.getMessage() for r in caplog.records if r.name == "strata_redis.outage"]
+    assert len(waits) == 3 and all("refuses writes" in m for m in waits), waits
     # the first reap after it (before any heartbeat thread's step) sees the outage, too
     assert job.reap() == []
     time.sleep(2 * TIMEOUT)
@@ -115,20 +129,72 @@ def test_a_dead_worker_is_still_declared_failed_after_a_full_memory(
     job.close()
 
 
-def test_the_training_loop_stops_on_one_clear_error_and_can_go_on(
-    server: RedisServer, tmp_path: Path
+def test_the_training_loop_waits_for_memory_and_goes_on(
+    server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="strata_redis.outage")
     admin = redis.Redis(port=server.port)
     with strata_redis.TrainingOrchestrator(
         server.url, "w0", job_id="oom", checkpoint_path=str(tmp_path), last_call=0.1,
         heartbeat_timeout=5.0,
     ) as orch:  # fmt: skip
+        done: list[object] = []
+
+        def loop() -> None:  # the loop's calls, while the memory is full
+            try:
+                future = orch.save_checkpoint(step=1, epoch=0, state=b"model")
+                assert future is not None
+                done.extend([future.result(30).step, orch.advance_epoch(), orch.epoch])
+            except BaseException as exc:  # the test looks at what the loop got
+                done.append(exc)
+
         with memory_full(admin):
-            with pytest.raises(strata_redis.RedisMemoryFullError, match="memory limit"):
-                orch.save_checkpoint(step=1, epoch=0, state=b"model")
-            with pytest.raises(strata_redis.RedisMemoryFullError, match="memory limit"):
-                orch.advance_epoch()
-        # nothing was half-applied: the same step saves, the epoch moves once
-        future = orch.save_checkpoint(step=1, epoch=0, state=b"model")
-        assert future is not None and future.result(30).step == 1
-        assert orch.advance_epoch() == 1
+            thread = threading.Thread(target=loop, daemon=True)
+            thread.start()
+            time.sleep(1.0)
+            assert done == []  # waiting, not failed
+        thread.join(30)
+        # the step saved once, the epoch moved once
+        assert done == [1, 1, 1]
+    # one line when the wait began, one when it ended
+    lines = [r.getMessage() for r in caplog.records if r.name == "strata_redis.outage"]
+    assert len(lines) == 2, lines
+    assert "refuses writes" in lines[0] and "accepts writes again" in lines[1], lines
+
+
+def test_a_training_job_pauses_at_the_memory_limit_and_carries_on(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    # three README loops; Redis' memory fills mid-epoch for longer than two heartbeat
+    # timeouts, then is freed: every loop waits, none dies, and the job finishes
+    logs, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    logs.mkdir()
+    loops.register(server.url, total=1200, per_shard=50)
+    timeout = 2.0
+    cfg = {"workers": 3, "sleep": 0.02, "save_every": 10, "heartbeat_timeout": timeout}
+    procs = [spawn(loops.readme_worker, server.url, f"w{i}", str(ckpt), str(logs), cfg)
+             for i in range(3)]  # fmt: skip
+    wait_for(lambda: loops.batches(logs) >= 60, 60, why=lambda: loops.errors(logs))
+    admin = redis.Redis(port=server.port)
+    with memory_full(admin):
+        time.sleep(2.5 * timeout)
+        # every loop is paused in a call now (a loop trains the rest of the shard it holds
+        # without Redis, 0.3 s at most): no batch trained in the last second, none dead
+        before = loops.batches(logs)
+        time.sleep(1.0)
+        assert loops.batches(logs) == before
+        assert not loops.errors(logs) and all(p.is_alive() for p in procs)
+    assert join_all(procs, timeout=120) == [0, 0, 0], loops.errors(logs)
+    trained = loops.samples(logs)
+    assert sorted(trained) == [0, 1]
+    for epoch in (0, 1):
+        assert trained[epoch] == Counter(range(1200)), epoch  # each sample once
+    # no checkpoint step aborted, every save committed; nobody was declared failed
+    outcomes = loops.outcomes(logs)
+    assert len(outcomes) == 3 and all(outcomes.values()), outcomes
+    assert all(line.endswith(" committed") for lines in outcomes.values() for line in lines)
+    job = strata_redis.connect(server.url, loops.JOB)
+    assert int(admin.hget(job.keys.checkpoint_totals, "aborted_steps") or 0) == 0
+    assert admin.hget(job.keys.rendezvous, "restarts_failure") in (None, b"0")
+    assert not [e for e in job.events(1000) if e["type"] == "fail"]
+    job.close()

@@ -11,7 +11,9 @@ whose upload fails aborts it (Lua): its waiters block on one list per checkpoint
 abort wakes them at once, and it never becomes visible. A waiter also aborts a checkpoint
 whose missing participant the registry declared failed, or that outlived its timeout; a
 committing one whose leader vanished is finished by a waiter (the metadata is the same
-bytes either way).
+bytes either way). Each script call rides out a Redis restart, failover or memory pause
+shorter than the job's ``redis_retry`` (``outage.ride_out``): an ack in flight is sent
+again, and its step goes on.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ..errors import (
     StorageExistsError,
 )
 from ..keys import Keys
-from ..outage import LOST, Outage
+from ..outage import RIDDEN, Outage, ride_out
 from ..storage import Storage
 from .ids import CheckpointId
 from .index import CheckpointIndex
@@ -90,7 +92,12 @@ class StepProtocol:
                 "world_size": self.world_size, "parse": CheckpointId.from_member,
             }  # fmt: skip
 
-        return self.context.scripts.run(name, keys, args, context)
+        # every script of the protocol may be sent again: a begin, an ack (ack_checkpoint.lua
+        # records a repeated ack once), a commit and an abort each repeat as themselves, and
+        # a script Redis refused at its memory limit applied nothing
+        what = f"checkpoint {cid} {name} of {self.worker_id!r}"
+        ctx = self.context
+        return ride_out(ctx, what, ctx.scripts.run, name, keys, args, context)
 
     def begin(self, cid: CheckpointId) -> None:
         """Open (or join) checkpoint ``cid`` as this rank's worker.
@@ -231,7 +238,7 @@ class StepProtocol:
                     return self._committed_info(cid)
                 timed_out = popped is None and remaining <= CHECK_EVERY_S
                 state, who, reason = self._check(cid, timed_out)
-            except LOST as exc:
+            except RIDDEN as exc:
                 outage.failed(exc)  # Redis answers again: look again (the reads repeat)
                 continue
             if state == "committed":

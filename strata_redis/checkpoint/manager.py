@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis as redis_py
 
 from ..context import HasContext, JobContext
+from ..outage import ride_out, riding_out
 from ..storage import Storage, as_byte_view, open_storage
 from ..storage.base import check_path
 from ..validate import check_id, check_int, check_seconds
@@ -193,8 +194,9 @@ class CheckpointManager:
         if not isinstance(copy, bool):
             raise TypeError(f"copy must be a bool, got {type(copy).__name__} {copy!r}")
         views = _parts(data, name)
-        self._ensure_index()
-        return self.pipeline.submit(cid, views, copy, self.reader.newest_id())
+        what = f"checkpoint {cid} save of {self.worker_id!r}"
+        newest = ride_out(self.context, what, self._newest)
+        return self.pipeline.submit(cid, views, copy, newest)
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until every save in flight is done and retention has caught up.
@@ -232,10 +234,12 @@ class CheckpointManager:
         return prune(self.storage, self.context, self.keep_count)
 
     # -- reading -------------------------------------------------------------------------------
+    @riding_out
     def list(self) -> list[CheckpointInfo]:
         """Every committed checkpoint of the job, newest first (from the Redis index)."""
         return self.reader.list()
 
+    @riding_out
     def latest(self) -> CheckpointInfo | None:
         """The newest committed checkpoint whose metadata.json and files are in storage, or
         None.
@@ -245,6 +249,7 @@ class CheckpointManager:
         """
         return self.reader.latest()
 
+    @riding_out
     def load(
         self,
         step: int | None = None,
@@ -279,6 +284,7 @@ class CheckpointManager:
         """
         return self.load_checkpoint(step, name, rank, epoch=epoch, run=run).data
 
+    @riding_out
     def load_checkpoint(
         self,
         step: int | None = None,
@@ -298,6 +304,7 @@ class CheckpointManager:
         rank = self.rank if rank is None else check_int("rank", rank, low=0, high=100_000)
         return self.reader.load(step, name, rank, epoch, run)
 
+    @riding_out
     def verify(
         self, step: int, *, epoch: int | None = None, run: int | None = None
     ) -> CheckpointInfo:
@@ -312,6 +319,7 @@ class CheckpointManager:
         _, epoch, run = _numbers(None, epoch, run)
         return self.reader.verify(step, epoch, run)
 
+    @riding_out
     def rebuild_index(self) -> builtins.list[CheckpointId]:
         """Rebuild the Redis index from the metadata.json files in storage.
 
@@ -324,6 +332,7 @@ class CheckpointManager:
         self._indexed = True
         return ids
 
+    @riding_out
     def records(self, count: int = 100) -> builtins.list[SaveRecord]:
         """The job's newest save records (bytes, seconds, MB/s per rank and checkpoint),
         oldest first."""
@@ -333,6 +342,11 @@ class CheckpointManager:
         if not self._indexed:
             self.reader.ensure_index()
             self._indexed = True
+
+    def _newest(self) -> CheckpointId | None:
+        """The job's newest committed checkpoint (the index built first, if it is not)."""
+        self._ensure_index()
+        return self.reader.newest_id()
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self, wait: bool = True) -> None:

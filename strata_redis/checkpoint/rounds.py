@@ -160,7 +160,7 @@ class RoundCheckpoints:
             index = CheckpointIndex(self.context)
             self.held = set(self._retry(index.ids))
             self._retry(CheckpointReader(self.storage, self.context).rebuild_index)
-            newest = index.newest()
+            newest = self._retry(index.newest)
             candidate = 0 if newest is None else newest.run + 1
             (run,) = self._retry(
                 self.context.scripts.run, "start_checkpoint_run", [keys.checkpoint_run],

@@ -8,12 +8,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
-import redis
-
 from ..connection import SCAN_STEP
 from ..context import JobContext, as_context
 from ..errors import BarrierBrokenError, BarrierError, BarrierTimeoutError
-from ..outage import LOST, Outage
+from ..outage import RIDDEN, Outage, riding_out
 from ..scripts import Call, check
 from ..status import Status
 from ..validate import check_id, check_int, check_seconds
@@ -193,7 +191,8 @@ class Barrier:
         """Arrive, and block (inside Redis) until this generation releases.
 
         A Redis restart or failover shorter than the job's ``redis_retry`` is ridden out:
-        the wait re-issues its blocking read once Redis answers again (``outage.Outage``).
+        the wait re-issues its blocking read once Redis answers again (``outage.Outage``);
+        so is Redis refusing writes at its memory limit (the arrival waits for memory).
         A retry after a connection error (by ``wait`` itself, or by calling ``wait`` again
         from the same process and job) is counted once: it is answered from the generation
         the first attempt was counted in. While it waits, the caller runs the reaper step every
@@ -214,6 +213,7 @@ class Barrier:
             BarrierError: ``expected`` differs from the generation's, or its record expired.
             RedisUnavailableError: Redis stayed unreachable past ``redis_retry`` (calling
                 ``wait`` again is a retry of the same arrival).
+            RedisMemoryFullError: Redis refused writes past ``redis_retry`` (likewise).
             ValueError, TypeError: a bad argument.
         """
         check_id("worker_id", worker_id)
@@ -233,9 +233,9 @@ class Barrier:
                         arrival = self._arrive(worker_id, ticket, timeout)
                     release = self._await(worker_id, arrival, deadline, timeout)
                     break
-                except LOST as exc:
+                except RIDDEN as exc:
                     outage.failed(exc)  # Redis answers again: re-issue the blocking read
-        except (redis.ConnectionError, redis.TimeoutError):
+        except RIDDEN:
             raise  # the ticket stays: calling again is a retry of this arrival
         except BaseException:
             memo.tickets.pop(key, None)
@@ -284,10 +284,12 @@ class Barrier:
             _memo(self.context).generations[self.name] = int(current)
             return int(current)
 
+    @riding_out
     def generation(self) -> int:
         """The current generation (1 before the barrier's first use)."""
         return int(self.context.client.hget(self._state, "gen") or 1)
 
+    @riding_out
     def state(self) -> BarrierState:
         """The current generation: its number, expected, arrivals, and whether it broke."""
         fields = self.context.client.hgetall(self._state)  # a few fields per generation

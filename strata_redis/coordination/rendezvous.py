@@ -30,7 +30,7 @@ from ..connection import (
 from ..context import JobContext
 from ..errors import RendezvousTimeoutError, RestartLimitError, RoundBrokenError
 from ..keys import Keys
-from ..outage import LOST, Outage, ride_out
+from ..outage import RIDDEN, Outage, ride_out
 from ..scripts import check
 from ..status import Status
 from ..validate import check_int, check_seconds
@@ -183,7 +183,7 @@ class Rendezvous:
         while True:
             try:
                 reply = self.join_step(worker_id, incarnation, guess, leaving)
-            except LOST as exc:
+            except RIDDEN as exc:
                 outage.failed(exc)  # Redis answers again: the step repeats (it is idempotent)
                 continue
             if int(reply[0]) == Status.ROUND_MOVED:
@@ -221,7 +221,7 @@ class Rendezvous:
             # Block until something happens in the rendezvous (or the window closes).
             try:
                 ctx.client.xread({ctx.keys.rendezvous_events: payload[-1]}, block=block, count=16)
-            except LOST as exc:
+            except RIDDEN as exc:
                 outage.failed(exc)
 
     def join_step(self, worker_id: str, incarnation: int, guess: int, leaving: int) -> Any:

@@ -24,6 +24,7 @@ import redis
 
 from ..context import JobContext
 from ..errors import StateLostError, StrataError, WorkerError, from_status
+from ..outage import ride_out
 from ..scripts import Call, check
 from ..status import Status
 from ..validate import check_id, check_int, check_seconds
@@ -81,6 +82,8 @@ def register_worker(
     Raises:
         WorkerExistsError: the id is registered and alive, and ``replace`` is false (the
             message names the holder's host and pid; the holder is untouched).
+        RedisMemoryFullError: Redis refused writes at its memory limit for longer than the
+            job's ``redis_retry`` (a shorter refusal is waited out).
         ValueError, TypeError: a bad argument, named in the message.
     """
     check_id("worker_id", worker_id)
@@ -95,13 +98,17 @@ def register_worker(
     if heartbeat_interval is not None:
         check_seconds("heartbeat_interval", heartbeat_interval, high=ctx.heartbeat_timeout)
     # the job's record: made by its first registration; an ended job is opened again
-    open_job(ctx)
+    what = f"registration of worker {worker_id!r}"
+    ride_out(ctx, what, open_job, ctx)  # (opening an open job again changes nothing)
     k = ctx.keys
-    reply = ctx.scripts.call(
-        "register_worker",
+    # at Redis' memory limit the registration waits for memory (a refused script applied
+    # nothing); it is not sent again after a lost connection, which may have applied it
+    reply = ride_out(
+        ctx, what, ctx.scripts.call, "register_worker",
         [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events],
         [worker_id, orjson.dumps(info), "1" if replace else "0", ctx.events_cap],
-    )
+        refused_only=True,
+    )  # fmt: skip
     ids: dict[str, Any] = {"job_id": ctx.job_id, "worker_id": worker_id}
     if int(reply[0]) == Status.WORKER_EXISTS:
         ids["holder"] = holder(reply[1])

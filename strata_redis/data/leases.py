@@ -31,7 +31,7 @@ from ..context import JobContext, as_context
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
 from ..keys import Keys
-from ..outage import ride_out
+from ..outage import ride_out, riding_out
 from ..scripts import check
 from ..status import Acquire, Status, guard
 from ..validate import check_id, check_int, check_seconds
@@ -258,6 +258,7 @@ class ShardLeases:
         }  # fmt: skip
 
     # -- setup ---------------------------------------------------------------------------
+    @riding_out
     def prepare(self) -> None:
         """Compute this worker's own shard order and create the epoch's pool if it is missing.
 
@@ -450,6 +451,7 @@ class ShardLeases:
             self._held.pop(lease.shard_id, None)
 
     # -- reading the record ----------------------------------------------------------------
+    @riding_out
     def progress(self) -> EpochProgress:
         """Shards done, leased and waiting in this (dataset, epoch)."""
         with self.context.client.pipeline(transaction=True) as pipe:
@@ -457,6 +459,7 @@ class ShardLeases:
             replies = iter(pipe.execute())
         return take_progress(replies, self.params.num_shards)
 
+    @riding_out
     def keep_record(self) -> None:
         """Keep a finished epoch's record ``RECORD_TTL_S`` more, then let it expire (unless
         the next epoch's pool closes it first)."""
@@ -467,6 +470,7 @@ class ShardLeases:
                 pipe.expire(key, RECORD_TTL_S)
             pipe.execute()
 
+    @riding_out
     def holders(self) -> dict[int, LeaseHolder]:
         """The leases held now in this (dataset, epoch): shard id -> its holder."""
         ctx = self.context
@@ -476,6 +480,7 @@ class ShardLeases:
             take_holders,
         )
 
+    @riding_out
     def completed_by(self) -> Counter[str]:
         """Worker id -> shards it completed in this (dataset, epoch), open or closed."""
         ctx = self.context
@@ -485,6 +490,7 @@ class ShardLeases:
             take_completed_by,
         )
 
+    @riding_out
     def completions(self) -> dict[int, tuple[str, int]]:
         """The completion record: shard id -> (worker id, fencing token); a shard restored
         done from a checkpoint reads ("restored", 0). Empty once the epoch is closed
@@ -547,6 +553,7 @@ class ShardLeases:
                     return
                 last_id = self.wait_for_work(last_id)
 
+    @riding_out
     def wait_for_work(self, last_id: str = "$") -> str:
         """Wait a little when others hold the remaining leases: for a membership event (a
         failure frees leases), or a short while for expiries and completions. It reaps, as
