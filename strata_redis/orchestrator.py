@@ -559,7 +559,7 @@ class TrainingOrchestrator:
                 break
             except BarrierBrokenError as exc:
                 try:
-                    self.rendezvous.check(round_)
+                    self._retry(self.rendezvous.check, round_)
                 except RoundBrokenError as broken:
                     self._watch.flag(round_, broken)
                     if not self.elastic:

@@ -9,7 +9,8 @@ era key, routed to the job's slot under Redis Cluster) until Redis answers, and 
 the caller re-issues its step; the steps that wait are idempotent (a barrier arrival is
 counted once per ticket). When Redis has not answered within the budget, counted from the
 outage's first error, ``failed`` raises ``RedisUnavailableError``. A connection-pool limit
-of this process (``PoolExhaustedError``) is not an outage and passes through.
+of this process (``PoolExhaustedError``) is not an outage and passes through, nor are
+credentials Redis refuses (``AuthenticationError``).
 
 Redis at its memory limit (``maxmemory`` reached under ``noeviction``) is a pause of the
 same kind: it refuses every write (``OutOfMemoryError``) and applies nothing of a refused
@@ -32,7 +33,12 @@ from collections.abc import Callable
 from typing import Concatenate, Final, ParamSpec, TypeVar
 
 import redis
-from redis.exceptions import MaxConnectionsError, OutOfMemoryError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    MaxConnectionsError,
+    OutOfMemoryError,
+)
 
 from .context import HasContext, JobContext, as_context
 from .errors import RedisMemoryFullError, RedisUnavailableError
@@ -43,6 +49,9 @@ log = logging.getLogger("strata_redis.outage")
 
 #: the errors that mean Redis could not be reached (closed, refused, timed out, loading)
 LOST: Final = (redis.ConnectionError, redis.TimeoutError)
+#: connection errors that are no outage: a limit of this process, credentials Redis refuses
+#: (waiting does not change them)
+NOT_OUTAGES: Final = (MaxConnectionsError, AuthenticationError, AuthorizationError)
 #: what a call rides out: Redis unreachable (``LOST``), or refusing writes at its memory limit
 RIDDEN: Final = (*LOST, OutOfMemoryError)
 #: a step that ran this long after Redis answered again ended the outage: the next error
@@ -84,7 +93,7 @@ class Outage:
         full = isinstance(exc, OutOfMemoryError)
         if (
             not isinstance(exc, RIDDEN)
-            or isinstance(exc, (MaxConnectionsError, RedisUnavailableError))
+            or isinstance(exc, (*NOT_OUTAGES, RedisUnavailableError))
             or (isinstance(exc, RedisMemoryFullError) and exc.seconds is not None)
         ):
             raise exc
@@ -120,7 +129,7 @@ class Outage:
             try:
                 self._probe(full)
             except RIDDEN as again:
-                if isinstance(again, MaxConnectionsError):
+                if isinstance(again, NOT_OUTAGES):
                     raise
                 last = again
                 continue

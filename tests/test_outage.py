@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,14 @@ import pytest
 import redis
 
 import strata_redis
+from strata_redis.checkpoint.ids import CheckpointId
+from strata_redis.checkpoint.manifest import FileEntry
 from strata_redis.coordination.epochs import epoch_barrier
 from strata_redis.coordination.rendezvous import Rendezvous
 from strata_redis.server import RedisServer
 
-from .procs import wait_for
+from . import loops
+from .procs import join_all, spawn, wait_for
 
 
 def _restart(server: RedisServer, down: float = 0.2) -> float:
@@ -168,4 +172,132 @@ def test_a_checkpoint_wait_rides_out_a_restart(
     assert ranks[0].load(step=1) == b"rank 0"
     for r in ranks:
         r.close()
+    job.close()
+
+
+class _GatedStorage(strata_redis.LocalStorage):
+    """Local storage whose part writes wait for ``gate``: a save held in its upload."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate = threading.Event()
+        self.writing = threading.Event()
+
+    def write(self, path: str, data: object) -> None:
+        if not path.endswith("metadata.json"):
+            self.writing.set()
+            self.gate.wait(30)
+        super().write(path, data)
+
+
+def test_a_save_in_flight_across_a_restart_commits(
+    redis_factory: Callable[..., RedisServer], tmp_path: Path
+) -> None:
+    server = redis_factory(aof=True)
+    job = strata_redis.connect(server.url, "outage", heartbeat_timeout=30.0)
+    gated = _GatedStorage(tmp_path)
+    ranks = [
+        strata_redis.CheckpointManager(
+            storage, redis=job, worker_id=f"w{r}", rank=r, world_size=2, commit_timeout=30
+        )
+        for r, storage in enumerate([gated, strata_redis.LocalStorage(tmp_path)])
+    ]
+    first = ranks[0].save(b"rank 0", step=1)
+    assert gated.writing.wait(10)  # rank 0 began the step and is uploading
+    # Redis goes down while the upload runs: the ack is sent while it is down, then again
+    # once it is back (not a failed save, not an aborted step)
+    server.stop()
+    gated.gate.set()
+    time.sleep(0.3)
+    server.start()
+    info = ranks[1].save(b"rank 1", step=1).result(30)
+    assert first.result(30) == info and sorted(info.workers.values()) == ["w0", "w1"]
+    assert ranks[0].load(step=1) == b"rank 0"
+    totals = job.client.hgetall(job.keys.checkpoint_totals)
+    assert totals["saves"] == "2" and int(totals.get("aborted_steps", 0)) == 0, totals
+    for r in ranks:
+        r.close()
+    job.close()
+
+
+def test_a_repeated_ack_is_recorded_once(redis_url: str, tmp_path: Path) -> None:
+    # an ack whose reply was lost is sent again: the same ack, recorded once, and answered
+    # as an ack after the step committed
+    job = strata_redis.connect(redis_url, "outage-ack")
+    ranks = [
+        strata_redis.CheckpointManager(
+            str(tmp_path), redis=job, worker_id=f"w{r}", rank=r, world_size=2, commit_timeout=30
+        )
+        for r in range(2)
+    ]
+    cid = CheckpointId(1, None, 0)
+    files = {"rank_0/model.bin": FileEntry("rank_0/model.bin", "model.bin", 0, 6, "crc32:00000000")}
+    protocol = ranks[0].protocol
+    protocol.begin(cid)
+    assert protocol.ack(cid, files, 6, 0.1) is None
+    assert protocol.ack(cid, files, 6, 0.1) is None  # again: recorded once
+    totals = job.client.hgetall(job.keys.checkpoint_totals)
+    assert totals["saves"] == "1" and totals["saved_bytes"] == "6", totals
+    assert len(job.client.xrange(job.keys.checkpoint_records)) == 1
+    info = ranks[1].save(b"rank 1", step=1).result(30)
+    assert info.world_size == 2
+    assert protocol.ack(cid, files, 6, 0.1) is None  # after the commit: still an ack
+    assert job.client.hget(job.keys.checkpoint_totals, "saves") == "2"
+    for r in ranks:
+        r.close()
+    job.close()
+
+
+def test_the_readme_loop_reading_the_epoch_rides_out_a_restart(
+    redis_factory: Callable[..., RedisServer], tmp_path: Path
+) -> None:
+    # three README loops that read orchestrator.epoch every batch; Redis restarts (0.3 s
+    # down, AOF with appendfsync always: nothing is lost) mid-epoch, and the job finishes
+    server = redis_factory(aof=True)
+    logs, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    logs.mkdir()
+    loops.register(server.url, total=1200, per_shard=50)
+    cfg = {"workers": 3, "sleep": 0.01, "save_every": 10, "read_epoch": True,
+           "heartbeat_timeout": 5.0}  # fmt: skip
+    procs = [spawn(loops.readme_worker, server.url, f"w{i}", str(ckpt), str(logs), cfg)
+             for i in range(3)]  # fmt: skip
+    wait_for(lambda: loops.batches(logs) >= 60, 60, why=lambda: loops.errors(logs))
+    _restart(server, down=0.3)
+    assert join_all(procs, timeout=120) == [0, 0, 0], loops.errors(logs)
+    trained = loops.samples(logs)
+    assert sorted(trained) == [0, 1]
+    for epoch in (0, 1):
+        assert trained[epoch] == Counter(range(1200)), epoch  # each sample once
+    outcomes = loops.outcomes(logs)
+    assert len(outcomes) == 3 and all(outcomes.values()), outcomes
+    assert all(line.endswith(" committed") for lines in outcomes.values() for line in lines)
+
+
+def test_public_reads_ride_out_a_restart(
+    redis_factory: Callable[..., RedisServer], tmp_path: Path
+) -> None:
+    server = redis_factory(aof=True)
+    job = strata_redis.connect(server.url, "outage", heartbeat_timeout=30.0)
+    job.register_worker("w0", heartbeat_interval=None)
+    shards = strata_redis.ShardManager(job)
+    shards.register_dataset_params("d", 100, 10, True, 1)
+    leases = job.leases("d", 0, "w0")
+    leases.prepare()
+    ckpt = strata_redis.CheckpointManager(str(tmp_path), redis=job, worker_id="w0")
+    calls: list[Callable[[], Any]] = [
+        job.current_epoch, job.workers, job.membership_generation, job.reap, job.state,
+        leases.progress, leases.holders, leases.completed_by,
+        lambda: shards.get_shard_for_worker("d", "w0", 0), ckpt.list, ckpt.latest,
+        job.barrier("b", expected=2).state, lambda: job.leases("d", 1, "w0"),
+    ]  # fmt: skip
+    server.stop()  # each call is made while Redis is down, and answered once it is back
+    results: queue.Queue[Any] = queue.Queue()
+    threads = _threads(results, calls)
+    time.sleep(0.3)
+    server.start()
+    for t in threads:
+        t.join(30)
+    got = [results.get_nowait() for _ in calls]
+    assert not [r for r in got if isinstance(r, BaseException)], got
+    ckpt.close()
     job.close()

@@ -30,7 +30,7 @@ from ..connection import (
 from ..context import JobContext
 from ..errors import RendezvousTimeoutError, RestartLimitError, RoundBrokenError
 from ..keys import Keys
-from ..outage import RIDDEN, Outage, ride_out
+from ..outage import RIDDEN, Outage, ride_out, riding_out
 from ..scripts import check
 from ..status import Status
 from ..validate import check_int, check_seconds
@@ -145,6 +145,7 @@ class Rendezvous:
             k.round_members(g + 1), k.round_ranks(g + 1), k.round_expected(g + 1),
         ]  # fmt: skip
 
+    @riding_out
     def current_round(self) -> int:
         """The number of the newest round (0 before the first join)."""
         return int(self.context.client.hget(self.context.keys.rendezvous, "round") or 0)
@@ -237,6 +238,7 @@ class Rendezvous:
             raise RestartLimitError.over(self.context.job_id, number, failures, self.max_restarts)
         return Round(number, rank, world, members, bool(fresh), generation, failures, growth)
 
+    @riding_out
     def members(self, number: int) -> tuple[str, ...]:
         """A round's members in rank order, read in pages of ``MEMBERS_PAGE`` (each one
         bounded command, however big the round)."""
@@ -290,6 +292,7 @@ class Rendezvous:
         )
         return bool(decision == "keep")
 
+    @riding_out
     def ended(self) -> bool:
         """Whether the rendezvous was ended for good (``end``): torchrun's ``is_closed``."""
         return bool(self.context.client.hget(self.context.keys.rendezvous, ENDED) == "1")
@@ -311,6 +314,7 @@ class Rendezvous:
             )
             pipe.execute()
 
+    @riding_out
     def waiting(self, mine: int) -> int:
         """Workers that could join a round after round ``mine``: they arrived while it ran
         and it has room (fewer than ``max_workers`` members), or they are in a newer round
@@ -343,6 +347,7 @@ class Rendezvous:
         """The longest a waiter goes between two looks (each refreshes its waiting entry)."""
         return max(5, min(MAX_BLOCK_MS, self._stale_ms() // 4))
 
+    @riding_out
     def state(self) -> dict[str, str]:
         """The rendezvous hash as it stands (round, state, world size, restart counts...)."""
         return dict(self.context.client.hgetall(self.context.keys.rendezvous))
