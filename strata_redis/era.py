@@ -129,7 +129,8 @@ def check_eviction(client: Any, job_id: str) -> str | None:
     if limit and not allowed:
         raise RedisConfigError(
             f"job {job_id!r}: {what}. Set `maxmemory-policy noeviction` (at the limit, calls "
-            f"then fail with a clear error instead), or set {ALLOW_EVICTION_ENV}=1 to run "
+            "then wait for memory, and fail with a clear error past redis_retry), or set "
+            f"{ALLOW_EVICTION_ENV}=1 to run "
             "anyway without the exactly-once guarantee",
             setting="maxmemory-policy", value=policy,
         )  # fmt: skip

@@ -239,7 +239,10 @@ class StepProtocol:
                 timed_out = popped is None and remaining <= CHECK_EVERY_S
                 state, who, reason = self._check(cid, timed_out)
             except RIDDEN as exc:
+                paused = time.monotonic()
                 outage.failed(exc)  # Redis answers again: look again (the reads repeat)
+                # the outage does not count against the other ranks: none could ack in it
+                deadline += time.monotonic() - paused
                 continue
             if state == "committed":
                 return self._committed_info(cid)
