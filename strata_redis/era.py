@@ -33,7 +33,10 @@ cannot prevent, the clock detects at the next call of a process that saw the los
 
 A ``maxmemory-policy`` that evicts keys can drop a lease record or the epoch, which trains
 samples twice: the first script call checks the policy (``check_eviction``) and refuses it
-with ``RedisConfigError`` unless ``STRATA_ALLOW_EVICTION=1`` opts out (a warning then).
+with ``RedisConfigError`` unless ``STRATA_ALLOW_EVICTION=1`` opts out (a warning then), and
+calls check it again every ``POLICY_EVERY`` seconds (an operator's ``CONFIG SET`` while the
+job runs). A key that is lost all the same (evicted meanwhile, deleted by hand) is caught by
+the anchors and the structure checks of the scripts (``status.ERA_CHECK``: ``LOST``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -65,6 +69,7 @@ from .status import Status
 __all__ = [
     "ALLOW_EVICTION_ENV",
     "DURABLE_SCRIPTS",
+    "POLICY_EVERY",
     "Era",
     "EraScripts",
     "call_id",
@@ -87,6 +92,8 @@ DURABLE_SCRIPTS: Final = frozenset(
 )
 #: set to 1 to run on a Redis whose ``maxmemory-policy`` may evict the job's keys
 ALLOW_EVICTION_ENV: Final = "STRATA_ALLOW_EVICTION"
+#: seconds between two checks of ``maxmemory-policy`` by one process (one ``INFO memory``)
+POLICY_EVERY: Final = 10.0
 
 
 def eviction_risk(policy: str, limit: int) -> str | None:
@@ -102,8 +109,11 @@ def eviction_risk(policy: str, limit: int) -> str | None:
     )
 
 
-def check_eviction(client: Any, job_id: str) -> str | None:
+def check_eviction(client: Any, job_id: str, known: str | None = None) -> str | None:
     """Refuse a Redis whose ``maxmemory-policy`` may evict keys (``INFO memory``).
+
+    Args:
+        known: the policy the last check saw: the same policy again is not warned twice.
 
     Returns:
         The policy (None: Redis did not say: ``INFO`` is not allowed to this user, or a
@@ -133,7 +143,8 @@ def check_eviction(client: Any, job_id: str) -> str | None:
             "anyway without the exactly-once guarantee",
             setting="maxmemory-policy", value=policy,
         )  # fmt: skip
-    log.warning("job %r: %s (use `maxmemory-policy noeviction`)", job_id, what)
+    if policy != known:
+        log.warning("job %r: %s (use `maxmemory-policy noeviction`)", job_id, what)
     return policy
 
 
@@ -170,6 +181,9 @@ class Era:
         #: so a reader never pairs a mark with another tick's id
         self._seen: tuple[int, str] = (0, "")
         self._lock = threading.Lock()
+        #: the maxmemory-policy the last check saw, and when the next check is due
+        self._policy: str | None = None
+        self._policy_due = 0.0
 
     @property
     def known(self) -> str | None:
@@ -214,9 +228,22 @@ class Era:
                     era = fresh if old is None else _text(old)
                     if ROLLED_BACK_MARK in era or PARTLY_LOST_MARK in era:
                         raise StateLostError.of(self.job_id, "", era)
-                    check_eviction(self._client, self.job_id)
+                    self._policy = check_eviction(self._client, self.job_id)
+                    self._policy_due = time.monotonic() + POLICY_EVERY
                     self._value = era
         return self._value
+
+    def watch(self) -> None:
+        """Check ``maxmemory-policy`` again when ``POLICY_EVERY`` seconds have passed since
+        the last check (it can be changed while the job runs).
+
+        Raises:
+            RedisConfigError: Redis may evict the job's keys now (``check_eviction``).
+        """
+        if self._value is None or time.monotonic() < self._policy_due:
+            return
+        self._policy_due = time.monotonic() + POLICY_EVERY  # one check per period, not per thread
+        self._policy = check_eviction(self._client, self.job_id, self._policy)
 
     def lost(self, found: object) -> StateLostError:
         """The error for a ``STATE_LOST`` reply (``found``: the stored era, "" if none)."""
@@ -304,6 +331,7 @@ class EraScripts:
         anchor keys go first (the prelude checks that those once made still exist:
         ``status.ANCHORS``); the last argument is this call's own id."""
         era = self._era.value()
+        self._era.watch()
         mark, mark_id = self._era.seen_at
         era_keys = [*self._era.anchors, self._era.key, self._era.clock_key, self._era.history_key]
         return [*keys, *era_keys], [*args, era, mark, mark_id, call_id()]
@@ -322,7 +350,8 @@ class EraScripts:
         raised.
 
         Raises:
-            StateLostError: the job's state in Redis is not this context's era's.
+            StateLostError: the job's state in Redis is not this context's era's, or the
+                script found a key of a structure it relies on gone (``LOST`` in the prelude).
             StateRolledBackError: it went back (Redis' clock is below this process's mark,
                 or its history at the mark is not the one this process saw).
         """
@@ -336,6 +365,8 @@ class EraScripts:
             if inner[0] == _LOST:
                 raise self._era.lost(inner[1])
         self._era.seen(tick, args[-1])
+        if isinstance(inner, list) and inner and inner[0] == _LOST:
+            raise self._era.lost(inner[1])  # the script found a key of its structure gone
         return inner
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:

@@ -109,11 +109,11 @@ class Keys:
 
     @property
     def clock(self) -> str:
-        """STRING the job's clock, ``tick * 8 + made``: the tick +1 per script call (the era
+        """STRING the job's clock, ``tick * 16 + made``: the tick +1 per script call (the era
         check in front of every script), never going back — a process remembers the highest
         tick it saw (checkpoints record it), and Redis holding less means its state went back;
-        ``made``'s bits: the anchors made so far (bit 0 fence, 1 generation, 2 epoch:
-        ``status.ANCHORS``), which every script checks still exist."""
+        ``made``'s bits: the anchors made so far (bit 0 fence, 1 generation, 2 epoch, 3
+        datasets: ``status.ANCHORS``), which every script checks still exist."""
         return f"{self.base}:clock"
 
     @property
@@ -126,8 +126,8 @@ class Keys:
 
     @property
     def anchors(self) -> tuple[str, ...]:
-        """The job's anchor keys (``status.ANCHORS``: fence, generation, epoch): once made,
-        they exist for as long as the era stands; every script checks those made."""
+        """The job's anchor keys (``status.ANCHORS``: fence, generation, epoch, datasets):
+        once made, they exist for as long as the era stands; every script checks those made."""
         return tuple(getattr(self, name) for name in ANCHORS)
 
     def doctor_probe(self, what: str) -> str:
@@ -251,7 +251,9 @@ class Keys:
     # -- datasets and shard leases -------------------------------------------------------
     @property
     def datasets(self) -> str:
-        """HASH dataset name -> JSON params {total_samples, samples_per_shard, shuffle, seed}."""
+        """HASH dataset name -> JSON params {total_samples, samples_per_shard, shuffle, seed},
+        and the field "" (1) once a dataset was registered: an anchor (``status.ANCHORS``),
+        it stands while the era does, even with every dataset deleted."""
         return f"{self.base}:datasets"
 
     @property
@@ -370,7 +372,9 @@ class LeaseKeys:
         the holders under way, in steps), steals (this epoch's; ``Keys.lease_totals`` keeps the
         job's), cursor (where the next steal looks for a
         free shard), done (shards done), by:<worker> (shards it completed),
-        last:<worker> ("<shard> <token>": its last completion). Once the epoch is closed
+        last:<worker> ("<shard> <token> <grant>": its last completion); what was made, which
+        ``acquire_shard.lua`` checks still exists: offsets (the offsets HASH was written),
+        indexed (the workers HASH was), seg:<k> (record segment k was). Once the epoch is closed
         (``init_epoch.lua``: finished, or the job is past it, when a later epoch's pool is
         built) it is the epoch's summary, of constant size in the shards (bounded by the
         workers): its other keys are gone, it gains ``closed_ms``, loses the pool fields, and
