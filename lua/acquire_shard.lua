@@ -57,12 +57,20 @@
 --       | {S.OK, A.NOTHING, shards done, shards leased, candidates consumed}: nothing to lease
 --       | {S.OK, A.NO_POOL}: the epoch was not initialized (call init_epoch first)
 --       | {S.WORKER_NOT_REGISTERED} | {S.WORKER_FAILED} | {S.WORKER_LEFT}: only live workers
--- returns, any: {S.STATE_LOST, era marked lost}: a key of the epoch's structure is gone
+-- returns, any: {S.STATE_LOST, era marked lost}: a key of the epoch's structure, or the live
+--       worker's heartbeat, is gone
 -- returns, both: {S.OK, completion, <acquire reply without its leading status>} where
 --       completion is 1 recorded now | 0 already recorded | -1 lease lost; a worker that may
 --       not lease gets {S.OK, completion, A.REFUSED, its status}
 local SEG = 65535
 local id = ARGV[1]
+-- a live worker's heartbeat (every script that ends it sets its status failed or left): a
+-- status that says live with none means the heartbeats ZSET was lost
+local beat = redis.call('ZSCORE', KEYS[7], id)
+if G.ANCHORS and not beat then
+  local status = redis.call('HGET', KEYS[8], id)
+  if status and status ~= 'failed' and status ~= 'left' then return LOST(KEYS[7]) end
+end
 local pool = redis.call('HMGET', KEYS[1], 'swept', 'closed_ms', 'num_shards', 'cursor',
   'offsets', 'indexed')
 if G.ANCHORS and not pool[2] then
@@ -157,7 +165,7 @@ local function answer(reply)
   return reply
 end
 
-if not redis.call('ZSCORE', KEYS[7], id) then
+if not beat then
   local status = redis.call('HGET', KEYS[8], id)
   if not status then return answer({S.WORKER_NOT_REGISTERED}) end
   if status == 'failed' then return answer({S.WORKER_FAILED}) end

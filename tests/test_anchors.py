@@ -132,3 +132,16 @@ def test_the_datasets_hash_is_an_anchor(job: strata_redis.Job, raw: Any, redis_u
         pytest.raises(strata_redis.StateLostError, match="datasets"),
     ):
         strata_redis.ShardManager(fresh).get_dataset("ds")
+
+
+def test_a_deleted_heartbeats_key_stops_the_job_not_a_worker(
+    job: strata_redis.Job, raw: Any
+) -> None:
+    """Live workers (by their status) with no heartbeat: the failure detector's key was lost.
+    Without the check every worker was told it had left (``WorkerLeftError``) and the epoch
+    was never finished (the fault checker: 231 shards never recorded)."""
+    leases, _, held = _running_epoch(job)
+    raw.delete(job.keys.heartbeats)
+    with pytest.raises(strata_redis.StateLostError, match="heartbeats"):
+        held.complete()
+        leases.acquire()
