@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -220,6 +221,31 @@ def test_a_second_live_process_with_the_id_is_refused_and_the_holder_runs_on(
     (now,) = job.workers()
     assert (now.pid, now.status) == (os.getpid(), "idle")
     back.heartbeat()
+    job.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="a zombie is seen in /proc")
+def test_a_holder_killed_but_not_yet_collected_by_its_parent_is_taken_over(
+    redis_url: str, job_id: str
+) -> None:
+    """A dead process whose parent has not collected it yet (a zombie) still has its pid:
+    it is gone all the same."""
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=30.0)
+    ready: Queue[Any] = CTX.Queue()
+    proc = spawn(heartbeating_worker, redis_url, job_id, "w", 0.1, 30.0, 0.0, ready)
+    ready.get(timeout=60)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)  # and not collected (no join) until the end
+
+    def zombie() -> bool:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+    wait_for(zombie, 10)
+    back = job.register_worker("w", heartbeat_interval=None)
+    assert [(e["type"], e["worker"]) for e in job.events()][-1] == ("replace", "w")
+    back.heartbeat()
+    proc.join(10)
     job.close()
 
 

@@ -158,27 +158,27 @@ def register_worker(
 _GONE = "its process is gone on this host"
 
 
-def _stat(pid: int) -> str | None:
-    """``/proc/<pid>/stat`` (Linux), or None: no such process, or no ``/proc``."""
+def _proc(pid: int) -> tuple[str, int] | None:
+    """The state letter and start time of process ``pid`` (``/proc/<pid>/stat`` fields 3 and
+    22: the start in clock ticks since boot), or None where it cannot be read (no such
+    process, no ``/proc``). With the pid, the start time names one process: a pid is given
+    again to a later process, the pair is not."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read()
+            stat = f.read()
     except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold ")"
+    try:
+        return fields[0], int(fields[19])  # the list starts at field 3
+    except (IndexError, ValueError):
         return None
 
 
 def _started(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat``
-    field 22), or None where it cannot be read: with the pid, it names one process (a pid
-    is given again to a later process; the pair is not)."""
-    stat = _stat(pid)
-    if stat is None:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold " )"
-    try:
-        return int(fields[19])  # field 22; the list starts at field 3 (state)
-    except (IndexError, ValueError):
-        return None
+    """The start time of process ``pid`` (``_proc``), or None where unknown."""
+    proc = _proc(pid)
+    return None if proc is None else proc[1]
 
 
 @functools.cache
@@ -218,13 +218,18 @@ def _process_state(held: Holder) -> str:
         here = held.host == socket.gethostname()
     if not here:
         return "its process was not checked: it ran on another host"
+    if os.name != "posix":  # on Windows, os.kill would end the process
+        return "its process was not checked"
     try:
         os.kill(held.pid, 0)
     except ProcessLookupError:
         return _GONE
     except PermissionError:
         pass  # it runs, as another user
-    if held.started is not None and _started(held.pid) not in (held.started, None):
+    proc = _proc(held.pid)
+    if proc is not None and proc[0] in ("Z", "X"):
+        return _GONE  # dead, its exit status not yet collected by its parent
+    if proc is not None and held.started is not None and proc[1] != held.started:
         return _GONE  # the pid was given to a later process
     return "its process is running on this host"
 
