@@ -5,7 +5,7 @@ The tree::
     StrataError                     root: catch this to catch everything of ours
     ├── WorkerError                 .job_id, .worker_id
     │   ├── WorkerNotRegisteredError    the id was never registered (or its record was deleted)
-    │   ├── WorkerExistsError           .holder_host, .holder_pid: id live; replace=True takes it
+    │   ├── WorkerExistsError           .holder_host, .holder_pid: held alive; replace=True takes it
     │   ├── WorkerFailedError           declared failed by the reaper: re-register to come back
     │   ├── WorkerLeftError             deregistered: re-register to come back
     │   └── WorkerReplacedError         a newer registration of the same id took over
@@ -131,11 +131,17 @@ class WorkerNotRegisteredError(WorkerError):
 
 
 class WorkerExistsError(WorkerError):
-    """The worker id is registered and alive; ``replace=True`` takes it over.
+    """The worker id is registered and its holder alive; ``replace=True`` takes it over.
+
+    A holder that is stale (silent past the heartbeat timeout, or its process gone on the
+    registering process's host) is taken over without it: this error means the holder
+    looked alive.
 
     Attributes:
         holder_host, holder_pid: where the live registration was made (None if unknown:
             made before pids were recorded, or the context did not say).
+        last_seen_s: seconds since the holder's last heartbeat, on Redis' clock (None if
+            the context did not say).
     """
 
     what = "is already registered and alive (pass replace=True to take it)"
@@ -148,26 +154,42 @@ class WorkerExistsError(WorkerError):
         worker_id: str,
         holder_host: str | None = None,
         holder_pid: int | None = None,
+        last_seen_s: float | None = None,
     ) -> None:
         super().__init__(message, job_id=job_id, worker_id=worker_id)
         self.holder_host = holder_host
         self.holder_pid = holder_pid
+        self.last_seen_s = last_seen_s
 
     @classmethod
     def refused(cls, c: Context) -> WorkerExistsError:
-        """The id is live (``WORKER_EXISTS``); ``c['holder']``: the holder's (host, pid)."""
+        """The id is live (``WORKER_EXISTS``); ``c['holder']``: the holder's (host, pid);
+        ``c['last_seen_s']``, ``c['timeout_s']``: its heartbeat's age and the timeout it is
+        within; ``c['process']``: what this host knows of its process (a phrase)."""
         host, pid = c.get("holder") or (None, None)
         where = f"on host {host!r}" if host is not None else "on an unknown host"
         who = f"process {pid}" if pid is not None else "a process of unknown pid"
+        seen, timeout = c.get("last_seen_s"), c.get("timeout_s")
+        why = []
+        if seen is not None:
+            why.append(f"its last heartbeat {seen:.3g} s ago" + (
+                f", within the heartbeat timeout of {timeout:g} s" if timeout is not None else ""
+            ))  # fmt: skip
+        if c.get("process"):
+            why.append(str(c["process"]))
         return cls(
             f"worker {c['worker_id']!r} of job {c['job_id']!r} is already registered and alive, "
-            f"held by {who} {where}; that worker is untouched. Choose another worker_id (or "
-            "none: one is derived per process), or pass replace=True to take the id over (a "
-            "restart of that worker)",
+            f"held by {who} {where}" + (f" ({'; '.join(why)})" if why else "") + "; that "
+            "worker is untouched. A relaunch takes the id over by itself once its holder is "
+            "stale (silent past the heartbeat timeout, or its process gone on the relaunch's "
+            "host). Choose another worker_id (or none: one is derived per process), or pass "
+            "replace=True to take the id over now (a restart of that worker; the holder is "
+            "refused at its next heartbeat)",
             job_id=c["job_id"],
             worker_id=c["worker_id"],
             holder_host=host,
             holder_pid=pid,
+            last_seen_s=seen,
         )
 
 

@@ -161,7 +161,8 @@ class Job:
         See ``strata_redis.coordination.workers.register_worker`` for the arguments.
 
         Raises:
-            WorkerExistsError: the id is registered and alive, and ``replace`` is false.
+            WorkerExistsError: the id's holder looks alive (a fresh heartbeat, its process
+                not known to be gone), and ``replace`` is false; a stale holder is taken over.
             ValueError, TypeError: a bad argument, named in the message.
         """
         return register_worker(

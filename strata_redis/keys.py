@@ -91,8 +91,10 @@ class Keys:
 
     @property
     def info(self) -> str:
-        """HASH worker id -> JSON {host, address, gpu_count, labels, pid} (``pid``: the
-        registering process's; entries written before it was recorded lack it)."""
+        """HASH worker id -> JSON {host, address, gpu_count, labels, pid, started, space}
+        (the registering process: its pid, start time in clock ticks since boot and pid
+        space, ``<boot id>/<pid namespace>``, or null where unknown; entries written before
+        they were recorded lack them)."""
         return f"{self.base}:info"
 
     @property

@@ -133,17 +133,19 @@ class TrainingOrchestrator:
         commit_timeout: seconds a checkpoint waits for the other ranks' parts.
         lease_ttl: seconds a shard lease lasts without renewal (renewed in the background).
         redis_retry: seconds the loop keeps retrying while Redis is unreachable.
-        replace: take over ``worker_id`` if a registration of it is alive (a restarted
+        replace: take over ``worker_id`` even if its holder looks alive (a restarted
             process). None: only when torchrun says this process is a restart
-            (``TORCHELASTIC_RESTART_COUNT`` > 0); otherwise a live registration of the id
-            raises ``WorkerExistsError`` naming its host and pid, and leaves it untouched.
+            (``TORCHELASTIC_RESTART_COUNT`` > 0). A stale holder (silent past the heartbeat
+            timeout, or its process gone on this host: a dead rank relaunched under its id)
+            is taken over in any case; one that looks alive raises ``WorkerExistsError``
+            naming its host and pid, and is left untouched.
         job_retention: seconds the job's keys are kept in Redis once it ended (default
             ``$STRATA_JOB_RETENTION``, else 3 days). The job ends when its last rank closes
             after the loop's last epoch (see ``close``).
 
     Raises:
         TypeError, ValueError: a bad argument, named in the message (nothing is written).
-        WorkerExistsError: ``worker_id`` is registered and alive, and ``replace`` is not set.
+        WorkerExistsError: ``worker_id``'s holder looks alive, and ``replace`` is not set.
         RendezvousTimeoutError: no round closed within ``rendezvous_timeout``.
     """
 
