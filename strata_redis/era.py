@@ -31,6 +31,11 @@ rollback that no live process saw is caught by the first rank that resumes (``re
 no consensus: a replica that had the write may still not be the one promoted). What it
 cannot prevent, the clock detects at the next call of a process that saw the lost writes.
 
+The era also records the layout the job's state is written in (``keys.LAYOUT``):
+``<16 hex>.v<layout>``. A context that learns an era of another layout (or of none: made by
+older code) raises ``JobLayoutError`` before any script runs, once per process, at no cost
+of its own (the era is read then anyway): code never reads state another version wrote.
+
 A ``maxmemory-policy`` that evicts keys can drop a lease record or the epoch, which trains
 samples twice: the first script call checks the policy (``check_eviction``) and refuses it
 with ``RedisConfigError`` unless ``STRATA_ALLOW_EVICTION=1`` opts out (a warning then), and
@@ -57,12 +62,13 @@ from .errors import (
     PARTLY_LOST_MARK,
     ROLLED_BACK_MARK,
     Context,
+    JobLayoutError,
     RedisConfigError,
     RedisMemoryFullError,
     StateLostError,
     StateRolledBackError,
 )
-from .keys import Keys
+from .keys import LAYOUT, Keys
 from .scripts import Call, Scripts, check
 from .status import Status
 
@@ -75,6 +81,8 @@ __all__ = [
     "call_id",
     "check_eviction",
     "eviction_risk",
+    "layout_of",
+    "new_era",
     "queue_era_state",
     "take_era_state",
 ]
@@ -90,6 +98,8 @@ _ROLLED_BACK: Final = int(Status.STATE_ROLLED_BACK)
 DURABLE_SCRIPTS: Final = frozenset(
     {"acquire_shard", "renew_shard", "release_shard", "commit_checkpoint"}
 )
+#: what separates an era's random id from the layout of the job's state (``new_era``)
+LAYOUT_TAG: Final = ".v"
 #: set to 1 to run on a Redis whose ``maxmemory-policy`` may evict the job's keys
 ALLOW_EVICTION_ENV: Final = "STRATA_ALLOW_EVICTION"
 #: seconds between two checks of ``maxmemory-policy`` by one process (one ``INFO memory``)
@@ -146,6 +156,18 @@ def check_eviction(client: Any, job_id: str, known: str | None = None) -> str | 
     if policy != known:
         log.warning("job %r: %s (use `maxmemory-policy noeviction`)", job_id, what)
     return policy
+
+
+def new_era() -> str:
+    """A fresh era: a random id and this code's layout (``<16 hex>.v<LAYOUT>``)."""
+    return f"{secrets.token_hex(8)}{LAYOUT_TAG}{LAYOUT}"
+
+
+def layout_of(era: str) -> int | None:
+    """The layout an era records (None: none, an era made by older code); the marks a
+    rollback or loss appends (``!...``) are skipped."""
+    _, tag, version = era.split("!", 1)[0].rpartition(LAYOUT_TAG)
+    return int(version) if tag and version.isdigit() else None
 
 
 class Era:
@@ -214,12 +236,13 @@ class Era:
 
         Raises:
             StateRolledBackError: the job's era is marked rolled back.
+            JobLayoutError: the job's state was made in another layout (``keys.LAYOUT``).
             RedisConfigError: Redis may evict the job's keys (``check_eviction``).
         """
         if self._value is None:
             with self._lock:
                 if self._value is None:
-                    fresh = secrets.token_hex(8)
+                    fresh = new_era()
                     # one round trip, atomic: set it if absent, and say what was there
                     try:
                         old = self._client.set(self.key, fresh, nx=True, get=True)
@@ -228,6 +251,9 @@ class Era:
                     era = fresh if old is None else _text(old)
                     if ROLLED_BACK_MARK in era or PARTLY_LOST_MARK in era:
                         raise StateLostError.of(self.job_id, "", era)
+                    layout = layout_of(era)
+                    if layout != LAYOUT:
+                        raise JobLayoutError.made(self.job_id, era, layout, LAYOUT)
                     self._policy = check_eviction(self._client, self.job_id)
                     self._policy_due = time.monotonic() + POLICY_EVERY
                     self._value = era

@@ -28,7 +28,8 @@ The tree::
     ├── RedisMemoryFullError        .job_id: Redis is at ``maxmemory`` and evicts nothing
     │                                   (also a ``redis.exceptions.OutOfMemoryError``)
     ├── StateLostError              .job_id, .era, .found: the job's state in Redis was lost
-    │   └── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
+    │   ├── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
+    │   └── JobLayoutError              .layout, .expected: written in another layout (version)
     ├── RedisConfigError            Redis is set up so that it could break a guarantee
     ├── StorageError                .backend, .path (never credentials)
     │   ├── StorageNotFoundError        the object does not exist
@@ -73,6 +74,7 @@ __all__ = [
     "DatasetError",
     "DatasetNotFoundError",
     "EpochUnfinishedError",
+    "JobLayoutError",
     "LeaseError",
     "LeaseLostError",
     "RedisConfigError",
@@ -748,6 +750,44 @@ class StateRolledBackError(StateLostError):
         """A ``STATE_ROLLED_BACK`` reply seen without the era at hand."""
         clock = int(c["payload"][0]) if c.get("payload") else None
         return cls.detected(c.get("job_id", "?"), "?", clock, None)
+
+
+class JobLayoutError(StateLostError):
+    """The job's state in Redis is in another layout than this code reads (``keys.LAYOUT``):
+    made by an older strata_redis (an epoch of older code would read as every shard free,
+    and be trained again) or a newer one. Nothing is read or written; every call of the job
+    refuses the same way. Checked once per process, at the job's first script call.
+
+    Attributes:
+        layout: the layout the job's state was made with (None: older code, from before
+            layouts were recorded).
+        expected: the layout this code reads.
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str, era: str, found: str | None,
+        layout: int | None, expected: int,
+    ) -> None:  # fmt: skip
+        super().__init__(message, job_id=job_id, era=era, found=found)
+        self.layout = layout
+        self.expected = expected
+
+    @classmethod
+    def made(cls, job_id: str, found: str, layout: int | None, expected: int) -> JobLayoutError:
+        """Job ``job_id``'s era ``found`` records ``layout``; this code reads ``expected``."""
+        made = (
+            "an older strata_redis, from before layouts were recorded" if layout is None
+            else f"a {'newer' if layout > expected else 'older'} strata_redis (layout {layout})"
+        )  # fmt: skip
+        return cls(
+            f"the state of job {job_id!r} in Redis was made by {made}; this strata_redis "
+            f"reads layout {expected} only, and reading it could train samples twice, so "
+            "nothing was read or written. Finish the job with the strata_redis version that "
+            f"started it, or stop its processes and remove its state from Redis with "
+            f"`strata jobs rm {job_id} --yes` (its checkpoints in storage are kept: the job "
+            "started again resumes from them)",
+            job_id=job_id, era="", found=found, layout=layout, expected=expected,
+        )  # fmt: skip
 
 
 class RedisConfigError(StrataError):

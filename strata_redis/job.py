@@ -31,7 +31,9 @@ class Job:
         redis: a Redis URL (``redis://``, ``rediss://``, ``unix://``), ``host:port``, a
             ``redis.Redis``, or another ``Job`` (its client is shared). Default:
             ``$STRATA_REDIS_URL`` or ``redis://localhost:6379/0``.
-        job_id: the job's id. Default: ``$STRATA_JOB_ID`` or ``"default"``.
+        job_id: the job's id. Default: the process's default job, the same for every entry
+            point (``$STRATA_JOB_ID``, else torchrun's run id, else ``<script>-<8 hex>``
+            derived from the launch, logged once: ``identity.job_id``).
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
             worker failed (default 10, or the shared job's). Every process of a job should
             use the same value.

@@ -17,6 +17,12 @@ from .validate import check_id
 
 PREFIX = "strata"
 
+#: the version of this schema and of the value formats its owners write (a job's layout).
+#: Bump it with any change that code of another version would misread (the epoch pool
+#: became a bitmap: older code's epoch would read as every shard free). A job records the
+#: layout it was made with in its era (``era.py``), and code of another layout refuses it.
+LAYOUT = 1
+
 
 #: the ``SCAN`` ``MATCH`` pattern of every key of every job (``job_of`` reads the job back)
 JOBS_KEYS_PATTERN = f"{PREFIX}:{{*}}:*"
@@ -104,8 +110,9 @@ class Keys:
 
     @property
     def era(self) -> str:
-        """STRING the job's era: a random id set once (SET NX) by the job's first script
-        call; every script checks it first (``era.py``). Gone or changed: the state was lost;
+        """STRING the job's era: a random id and the layout the job's state is written in
+        (``<16 hex>.v<LAYOUT>``), set once (SET NX) by the job's first script call; every
+        script checks it first (``era.py``). Gone or changed: the state was lost;
         ``<era>!rolled-back:<clock><<seen>``: the state went back (``clock``)."""
         return f"{self.base}:era"
 

@@ -107,7 +107,9 @@ class TrainingOrchestrator:
         job_id: the job; default ``$STRATA_JOB_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``,
             else one derived from the user, the main script and the working directory
             (``<script>-<8 hex>``: a relaunch of the same command reproduces it;
-            ``identity.job_id``). With a ``Job`` or context as ``coordinator_url``: its job.
+            ``identity.job_id``): the same as every other entry point of the process takes
+            (a ``ShardManager(url)`` made before it registers in this job). With a ``Job`` or
+            context as ``coordinator_url``: its job.
         checkpoint_path: where checkpoints go (a ``Storage``, URL or path); None reads the
             environment (``STORAGE_BACKEND``, ``LOCAL_STORAGE_PATH``, ...), else the per-user
             ``~/.local/share/strata_redis/checkpoints`` (logged once).
@@ -206,8 +208,6 @@ class TrainingOrchestrator:
         self.state_provider = state_provider
         self.elastic = elastic
         self.on_round = on_round
-        if job_id is None and not isinstance(coordinator_url, (JobContext, HasContext)):
-            job_id = identity.job_id()  # never the low-level API's shared "default"
         self.context = JobContext(
             coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout,
             retention=job_retention, redis_retry=self.redis_retry,

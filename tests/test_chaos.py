@@ -34,8 +34,9 @@ def test_a_fixed_seed_reports_no_violation(seed: int) -> None:
 TEETH = {
     # the others raise the clock back past the mark of the one that saw the lost ticks
     "history": Fault("masked-failover", 6.0, 0, {"lag": 0.5, "hold": 1.5}),
-    # stopped past its lease ttl: its shard is re-granted and completed meanwhile
-    "fencing": Fault("stop", 6.0, 0, {"hold": 6.0}),
+    # stopped past its lease ttl mid-epoch 0 (the others need its shard to end the epoch):
+    # its shard is re-granted and completed meanwhile
+    "fencing": Fault("stop", 3.0, 0, {"hold": 6.0}),
     # the fencing counter deleted: token numbers start over
     "anchors": Fault("del-key", 6.0, 0, {"key": "fence"}),
     # every epoch's taken bitmap deleted: its done shards go back to the pool
