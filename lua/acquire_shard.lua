@@ -27,6 +27,13 @@
 -- once per membership generation), go back to the pool: at most 256 of each per call, a
 -- sweep of more holders goes on over the next calls (its cursor in the epoch meta).
 -- Every grant carries a new fencing token from a counter that never expires.
+-- The epoch's structure stands whole while its pool is open, or the call changes nothing
+-- and answers S.STATE_LOST naming the key that is gone (LOST, status.py; G.ANCHORS): the
+-- taken and done bitmaps exist, the holders and expiry hold as many shards (every script
+-- writes both), the offsets exist once written (meta `offsets`), the workers once indexed
+-- (meta `indexed`), a record segment once made (meta `seg:<k>`), and the meta exists while
+-- either bitmap does (an operator's DEL, an eviction: a pool rebuilt from nothing, or a
+-- taken bitmap gone, would hand out shards already trained).
 -- KEYS[1] = epoch meta HASH   KEYS[2] = taken STRING (bitmap)   KEYS[3] = holders HASH
 -- KEYS[4] = expiry ZSET       KEYS[5] = done STRING (bitmap)    KEYS[6] = fence STRING
 -- KEYS[7] = heartbeats ZSET   KEYS[8] = status HASH    KEYS[9] = generation STRING
@@ -50,11 +57,38 @@
 --       | {S.OK, A.NOTHING, shards done, shards leased, candidates consumed}: nothing to lease
 --       | {S.OK, A.NO_POOL}: the epoch was not initialized (call init_epoch first)
 --       | {S.WORKER_NOT_REGISTERED} | {S.WORKER_FAILED} | {S.WORKER_LEFT}: only live workers
+-- returns, any: {S.STATE_LOST, era marked lost}: a key of the epoch's structure, or the live
+--       worker's heartbeat, is gone
 -- returns, both: {S.OK, completion, <acquire reply without its leading status>} where
 --       completion is 1 recorded now | 0 already recorded | -1 lease lost; a worker that may
 --       not lease gets {S.OK, completion, A.REFUSED, its status}
 local SEG = 65535
 local id = ARGV[1]
+-- a live worker's heartbeat (every script that ends it sets its status failed or left): a
+-- status that says live with none means the heartbeats ZSET was lost
+local beat = redis.call('ZSCORE', KEYS[7], id)
+if G.ANCHORS and not beat then
+  local status = redis.call('HGET', KEYS[8], id)
+  if status and status ~= 'failed' and status ~= 'left' then return LOST(KEYS[7]) end
+end
+local pool = redis.call('HMGET', KEYS[1], 'swept', 'closed_ms', 'num_shards', 'cursor',
+  'offsets', 'indexed')
+if G.ANCHORS and not pool[2] then
+  if pool[1] then  -- open: its bitmaps, holders and expiry, offsets once written
+    if redis.call('EXISTS', KEYS[2], KEYS[5]) < 2 then
+      if redis.call('EXISTS', KEYS[2]) == 0 then return LOST(KEYS[2]) end
+      return LOST(KEYS[5])
+    end
+    local held, expiring = redis.call('HLEN', KEYS[3]), redis.call('ZCARD', KEYS[4])
+    if held ~= expiring then
+      if held < expiring then return LOST(KEYS[3]) end
+      return LOST(KEYS[4])
+    end
+    if pool[5] and redis.call('EXISTS', KEYS[10]) == 0 then return LOST(KEYS[10]) end
+  elseif redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2], KEYS[5]) > 0 then
+    return LOST(KEYS[1])  -- its bitmaps stand without it
+  end
+end
 local completion
 if ARGV[4] ~= '' then
   local shard, token, grant = ARGV[4], ARGV[5], ARGV[7]
@@ -65,16 +99,26 @@ if ARGV[4] ~= '' then
   if held then held_token, held_grant = string.match(held, '^(%d+) %d+ (%S+) ') end
   -- G.FENCING off (the fault checker's proof that it matters only): every completion records
   if (held and held_token == token and held_grant == grant) or not G.FENCING then
+    local segment = 'seg:' .. math.floor(n / SEG)
+    local made = redis.call('EXISTS', KEYS[11]) == 1
+    if not made and G.ANCHORS and redis.call('HEXISTS', KEYS[1], segment) == 1 then
+      return LOST(KEYS[11])
+    end
     local index = redis.call('HGET', KEYS[12], 'w:' .. id)
     if not index then
+      if G.ANCHORS and pool[6] and redis.call('EXISTS', KEYS[12]) == 0 then
+        return LOST(KEYS[12])
+      end
       index = redis.call('HINCRBY', KEYS[12], 'n', 1)
       redis.call('HSET', KEYS[12], 'w:' .. id, index, 'i:' .. index, id)
+      if not pool[6] then redis.call('HSET', KEYS[1], 'indexed', 1) end
     end
-    if redis.call('EXISTS', KEYS[11]) == 0 then
+    if not made then
       -- the segment at its size at once (written in place from then on: a string grown by
       -- BITFIELD writes past its end is given up to twice the room)
       local total = tonumber(redis.call('HGET', KEYS[1], 'num_shards'))
       redis.call('SETRANGE', KEYS[11], math.min(SEG, total - (n - n % SEG)) * 12 - 1, '\0')
+      redis.call('HSET', KEYS[1], segment, 1)
     end
     redis.call('BITFIELD', KEYS[11], 'SET', 'i64', at, token, 'SET', 'u32', at + 64, index)
     redis.call('SETBIT', KEYS[5], n, 1)
@@ -93,6 +137,10 @@ if ARGV[4] ~= '' then
     completion = -1
     if redis.call('GETBIT', KEYS[5], n) == 1 then
       -- a retry of a recorded completion: the same token, completed by this worker
+      if G.ANCHORS and redis.call('EXISTS', KEYS[11]) == 0
+          and redis.call('HEXISTS', KEYS[1], 'seg:' .. math.floor(n / SEG)) == 1 then
+        return LOST(KEYS[11])
+      end
       local got = redis.call('BITFIELD', KEYS[11], 'GET', 'i64', at, 'GET', 'u32', at + 64)
       if got[1] == tonumber(token) and tostring(got[2]) == redis.call('HGET', KEYS[12], 'w:' .. id) then
         completion = 0
@@ -117,13 +165,12 @@ local function answer(reply)
   return reply
 end
 
-if not redis.call('ZSCORE', KEYS[7], id) then
+if not beat then
   local status = redis.call('HGET', KEYS[8], id)
   if not status then return answer({S.WORKER_NOT_REGISTERED}) end
   if status == 'failed' then return answer({S.WORKER_FAILED}) end
   return answer({S.WORKER_LEFT})
 end
-local pool = redis.call('HMGET', KEYS[1], 'swept', 'closed_ms', 'num_shards', 'cursor')
 if pool[2] then  -- closed (init_epoch): nothing of it is leased any more
   return answer({S.OK, A.NOTHING, tonumber(pool[3]), 0, NARGV - 8})
 end

@@ -5,12 +5,16 @@
 -- ARGV[1] = worker id   ARGV[2] = the caller's incarnation
 -- ARGV[3] = new status (idle | training | checkpointing) or "" to keep it
 -- returns {0, now_ms} | {1} NOT_REGISTERED | {3} FAILED | {4} LEFT | {6} REPLACED
+--       | {S.STATE_LOST, era marked lost}: a live worker (by its status) has no heartbeat:
+--         the heartbeats ZSET was lost (every script that ends a worker's heartbeat sets its
+--         status failed or left), so the failure detector cannot be trusted (G.ANCHORS)
 local id = ARGV[1]
 local status = redis.call('HGET', KEYS[2], id)
 if not status then return {S.WORKER_NOT_REGISTERED} end
 if status == 'failed' then return {S.WORKER_FAILED} end
 if status == 'left' then return {S.WORKER_LEFT} end
 if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {S.WORKER_REPLACED} end
+if G.ANCHORS and not redis.call('ZSCORE', KEYS[1], id) then return LOST(KEYS[1]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now, id)

@@ -7,6 +7,8 @@
 -- ARGV[1..n] = the workers' ids   ARGV[n+1..2n] = the caller's incarnation of each, in order
 -- returns {0, now_ms, code_1, ..., code_n}: code_i is worker i's Status: OK (heartbeat
 -- recorded) | NOT_REGISTERED | FAILED | LEFT | REPLACED (nothing written for it)
+--       | {S.STATE_LOST, era marked lost}: live workers and no heartbeats ZSET: it was lost
+--         (G.ANCHORS; heartbeat checks each worker's entry, this the key: one EXISTS)
 local n = math.floor(NARGV / 2)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -27,5 +29,8 @@ for i = 1, n do
   end
   reply[i + 2] = code
 end
-if b > 0 then redis.call('ZADD', KEYS[1], unpack(beats, 1, b)) end
+if b > 0 then
+  if G.ANCHORS and redis.call('EXISTS', KEYS[1]) == 0 then return LOST(KEYS[1]) end
+  redis.call('ZADD', KEYS[1], unpack(beats, 1, b))
+end
 return reply

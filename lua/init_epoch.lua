@@ -10,6 +10,8 @@
 -- at any size) and its meta HASH becomes the epoch's summary (num_shards, created_ms,
 -- steals, done, closed_ms, and per worker by:/last:, bounded by the workers), kept
 -- ARGV[3] seconds. Closing is idempotent.
+-- A pool is never opened again over part of one (G.ANCHORS): an open meta whose bitmaps are
+-- gone, or bitmaps whose meta is gone, answer S.STATE_LOST naming the key (LOST, status.py).
 -- KEYS[1] = epoch meta HASH   KEYS[2] = the job's epoch STRING
 -- KEYS[3] = taken STRING (bitmap)   KEYS[4] = done STRING (bitmap)
 -- KEYS[5..] = the epoch to close (absent: none): meta HASH, taken STRING, holders HASH,
@@ -20,7 +22,8 @@
 -- ARGV[4] = seconds to live of the segments of a closed epoch this call does not UNLINK
 -- returns {0, 1, total, closed}: the pool is open (it was, or this call opened it); closed = 1
 --         when this call closed the epoch (the caller UNLINKs its segments past the 8th)
---       | {22} EPOCH_MISMATCH: it exists with another shard count
+--       | {S.EPOCH_MISMATCH}: it exists with another shard count
+--       | {S.STATE_LOST, era marked lost}: a key of the epoch's structure is gone
 local UNLINK_NOW = 8
 local closed = 0
 if NKEYS >= 11 then
@@ -37,7 +40,11 @@ if NKEYS >= 11 then
       end
       local t = redis.call('TIME')
       local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-      redis.call('HDEL', KEYS[5], 'swept', 'cursor', 'sweep_gen', 'sweep_cursor')
+      redis.call('HDEL', KEYS[5], 'swept', 'cursor', 'sweep_gen', 'sweep_cursor', 'offsets',
+        'indexed')
+      for k = 0, math.floor((tonumber(old[1]) - 1) / 65535) do
+        redis.call('HDEL', KEYS[5], 'seg:' .. k)  -- the record segments made (acquire_shard)
+      end
       redis.call('HSET', KEYS[5], 'done', done, 'closed_ms', now)
       redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
       closed = 1
@@ -46,6 +53,16 @@ if NKEYS >= 11 then
 end
 local meta = redis.call('HMGET', KEYS[1], 'num_shards', 'swept', 'closed_ms')
 if meta[1] and meta[1] ~= ARGV[1] then return {S.EPOCH_MISMATCH} end
+if G.ANCHORS and not meta[3] then
+  if meta[2] and redis.call('EXISTS', KEYS[3], KEYS[4]) < 2 then
+    if redis.call('EXISTS', KEYS[3]) == 0 then return LOST(KEYS[3]) end
+    return LOST(KEYS[4])
+  end
+  if not meta[2] and redis.call('EXISTS', KEYS[1]) == 0
+      and redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
+    return LOST(KEYS[1])
+  end
+end
 if meta[2] or meta[3] then return {S.OK, 1, tonumber(meta[1]), closed} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -5,6 +5,8 @@
 -- (samples, w:<holder>), as a completion's do.
 -- KEYS[1] = holders HASH   KEYS[2] = expiry ZSET   KEYS[3] = taken STRING (bitmap)
 -- KEYS[4] = offsets HASH   KEYS[5] = the dataset's lease totals HASH
+-- KEYS[6] = epoch meta HASH (`offsets`: set once the offsets exist, acquire_shard checks
+--           they still do)
 -- ARGV[1] = shard id   ARGV[2] = fencing token   ARGV[3] = new offset (samples taken), or ""
 -- ARGV[4] = samples of the shard the caller took with this lease ("" or 0: none)
 -- ARGV[5] = the grant id (acquire_shard's ARGV[8] for this lease): the release names the
@@ -16,6 +18,7 @@ local token, grant, holder = string.match(held, '^(%d+) %d+ (%S+) (.*)$')
 if token ~= ARGV[2] or (G.FENCING and grant ~= ARGV[5]) then return {S.LEASE_LOST} end
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[6], 'offsets', 1)
   local samples = tonumber(ARGV[4]) or 0
   if samples > 0 then
     redis.call('HINCRBY', KEYS[5], 'samples', samples)

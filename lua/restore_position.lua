@@ -42,6 +42,7 @@ if nxt == nil then
   local last = math.ceil(tonumber(ARGV[4]) / 8) - 1
   redis.call('SETRANGE', KEYS[4], last, '\0')
   redis.call('SETRANGE', KEYS[7], last, '\0')
+  redis.call('HSET', KEYS[3], 'done', 0)  -- the meta stands with its bitmaps (acquire_shard)
   nxt = 0
 end
 -- a chunk another member applied, or one beyond the next: say where to go on
@@ -57,6 +58,7 @@ if n > 0 then redis.call('HINCRBY', KEYS[3], 'done', n) end
 i = i + n + 1
 local m = tonumber(ARGV[i])
 for j = i + 1, i + 2 * m, 2 do redis.call('HSET', KEYS[8], ARGV[j], ARGV[j + 1]) end
+if m > 0 then redis.call('HSET', KEYS[3], 'offsets', 1) end  -- acquire_shard checks them
 if k + 1 < chunks then
   redis.call('HSET', KEYS[1], progress, mark .. ' ' .. (k + 1))
   return {S.OK, 0, k + 1, 1}

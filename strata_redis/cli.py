@@ -25,6 +25,7 @@ from .coordination.registry import list_jobs
 from .dashboard.serving import PortError
 from .dashboard.text import plain
 from .demo import run_demo
+from .identity import JOB_ENV
 from .job import Job
 
 if TYPE_CHECKING:
@@ -245,7 +246,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from . import doctor
 
     client = make_client(args.redis_url)
-    job = Job(client, args.job)  # the id validated, $STRATA_JOB_ID read
+    # never the derived default: the `strata` command is no training script
+    job = Job(client, args.job or os.environ.get(JOB_ENV) or doctor.PROBE_JOB)  # validated
     checks = doctor.diagnose(client, job.job_id)
     if args.json:
         doc = [{"check": c.name, "level": c.level, "detail": c.detail} for c in checks]
@@ -500,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--redis-url", help=redis_help)
     doctor.add_argument(
         "--job", default=None, help="the job whose keys the rights probes use (default "
-        "$STRATA_JOB_ID, else default)",
+        "$STRATA_JOB_ID, else 'default'; pass your job's id when its ACL user is limited to "
+        "its keys: `strata jobs` lists them)",
     )  # fmt: skip
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.set_defaults(func=_doctor)

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import redis
 
+from . import identity
 from .connection import (
     DEFAULT_MAX_CONNECTIONS,
     SOCKET_TIMEOUT,
@@ -30,7 +31,6 @@ from .scripts import Scripts
 from .validate import check_id, check_int, check_seconds
 
 __all__ = [
-    "DEFAULT_JOB",
     "DEFAULT_RETENTION_S",
     "JOB_ENV",
     "MAX_RETENTION_S",
@@ -40,9 +40,6 @@ __all__ = [
     "as_context",
 ]
 
-#: the low-level API's job when none is named (``TrainingOrchestrator`` derives one instead:
-#: ``identity.job_id``)
-DEFAULT_JOB = "default"
 T = TypeVar("T")
 
 
@@ -62,8 +59,10 @@ class JobContext:
             ``host:port``, a ``redis.Redis`` or ``redis.cluster.RedisCluster``, or another
             context (or what holds one): its client and scripts are shared. Default:
             ``$STRATA_REDIS_URL`` or ``redis://localhost:6379/0``.
-        job_id: the job's id. Default: the shared context's, else ``$STRATA_JOB_ID``, else
-            ``"default"``.
+        job_id: the job's id. Default: the shared context's, else this process's default
+            (``identity.job_id``: ``$STRATA_JOB_ID``, else torchrun's run id, else
+            ``<script>-<8 hex>`` derived from the launch, logged once): the same for every
+            entry point of one process.
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
             worker failed (default: the shared context's, else 10). Every process of a job
             should use the same value.
@@ -130,8 +129,7 @@ class JobContext:
         if redis_retry is None:
             redis_retry = shared.redis_retry if shared is not None else 60.0
         if job_id is None:
-            job_id = shared.job_id if shared is not None else os.environ.get(JOB_ENV)
-            job_id = job_id or DEFAULT_JOB
+            job_id = shared.job_id if shared is not None else identity.job_id()
         self.job_id: str = check_id("job_id", job_id, job=True)
         self.heartbeat_timeout: float = check_seconds(
             "heartbeat_timeout", heartbeat_timeout, high=86400

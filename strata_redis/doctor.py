@@ -34,12 +34,15 @@ from .coordination import registry
 from .era import eviction_risk, queue_era_state, take_era_state
 from .keys import Keys
 
-__all__ = ["MIN_VERSION", "Check", "diagnose", "render"]
+__all__ = ["MIN_VERSION", "PROBE_JOB", "Check", "diagnose", "render"]
 
 #: the oldest Redis the library runs on
 MIN_VERSION: Final = (7, 0)
 #: a round trip above this is worth a word (every lease hand-off and barrier waits on one)
 SLOW_RTT_MS: Final = 5.0
+#: the job whose keys the rights probes use when none is named: a shell has no training
+#: script to derive a job id from (``identity.job_id``), so a fixed name
+PROBE_JOB: Final = "default"
 #: levels, worst last
 LEVELS: Final = ("ok", "warn", "fail")
 
@@ -261,7 +264,7 @@ def _acl(client: Any, job_id: str) -> list[Check]:
     return checks
 
 
-def diagnose(client: redis.Redis | Any, job_id: str = "default") -> list[Check]:
+def diagnose(client: redis.Redis | Any, job_id: str = PROBE_JOB) -> list[Check]:
     """Every check of this Redis, for job ``job_id``'s keys (the rights probes).
 
     Raises:

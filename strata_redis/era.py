@@ -31,9 +31,17 @@ rollback that no live process saw is caught by the first rank that resumes (``re
 no consensus: a replica that had the write may still not be the one promoted). What it
 cannot prevent, the clock detects at the next call of a process that saw the lost writes.
 
+The era also records the layout the job's state is written in (``keys.LAYOUT``):
+``<16 hex>.v<layout>``. A context that learns an era of another layout (or of none: made by
+older code) raises ``JobLayoutError`` before any script runs, once per process, at no cost
+of its own (the era is read then anyway): code never reads state another version wrote.
+
 A ``maxmemory-policy`` that evicts keys can drop a lease record or the epoch, which trains
 samples twice: the first script call checks the policy (``check_eviction``) and refuses it
-with ``RedisConfigError`` unless ``STRATA_ALLOW_EVICTION=1`` opts out (a warning then).
+with ``RedisConfigError`` unless ``STRATA_ALLOW_EVICTION=1`` opts out (a warning then), and
+calls check it again every ``POLICY_EVERY`` seconds (an operator's ``CONFIG SET`` while the
+job runs). A key that is lost all the same (evicted meanwhile, deleted by hand) is caught by
+the anchors and the structure checks of the scripts (``status.ERA_CHECK``: ``LOST``).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -53,23 +62,27 @@ from .errors import (
     PARTLY_LOST_MARK,
     ROLLED_BACK_MARK,
     Context,
+    JobLayoutError,
     RedisConfigError,
     RedisMemoryFullError,
     StateLostError,
     StateRolledBackError,
 )
-from .keys import Keys
+from .keys import LAYOUT, Keys
 from .scripts import Call, Scripts, check
 from .status import Status
 
 __all__ = [
     "ALLOW_EVICTION_ENV",
     "DURABLE_SCRIPTS",
+    "POLICY_EVERY",
     "Era",
     "EraScripts",
     "call_id",
     "check_eviction",
     "eviction_risk",
+    "layout_of",
+    "new_era",
     "queue_era_state",
     "take_era_state",
 ]
@@ -85,8 +98,12 @@ _ROLLED_BACK: Final = int(Status.STATE_ROLLED_BACK)
 DURABLE_SCRIPTS: Final = frozenset(
     {"acquire_shard", "renew_shard", "release_shard", "commit_checkpoint"}
 )
+#: what separates an era's random id from the layout of the job's state (``new_era``)
+LAYOUT_TAG: Final = ".v"
 #: set to 1 to run on a Redis whose ``maxmemory-policy`` may evict the job's keys
 ALLOW_EVICTION_ENV: Final = "STRATA_ALLOW_EVICTION"
+#: seconds between two checks of ``maxmemory-policy`` by one process (one ``INFO memory``)
+POLICY_EVERY: Final = 10.0
 
 
 def eviction_risk(policy: str, limit: int) -> str | None:
@@ -102,8 +119,11 @@ def eviction_risk(policy: str, limit: int) -> str | None:
     )
 
 
-def check_eviction(client: Any, job_id: str) -> str | None:
+def check_eviction(client: Any, job_id: str, known: str | None = None) -> str | None:
     """Refuse a Redis whose ``maxmemory-policy`` may evict keys (``INFO memory``).
+
+    Args:
+        known: the policy the last check saw: the same policy again is not warned twice.
 
     Returns:
         The policy (None: Redis did not say: ``INFO`` is not allowed to this user, or a
@@ -134,8 +154,21 @@ def check_eviction(client: Any, job_id: str) -> str | None:
             "anyway without the exactly-once guarantee",
             setting="maxmemory-policy", value=policy,
         )  # fmt: skip
-    log.warning("job %r: %s (use `maxmemory-policy noeviction`)", job_id, what)
+    if policy != known:
+        log.warning("job %r: %s (use `maxmemory-policy noeviction`)", job_id, what)
     return policy
+
+
+def new_era() -> str:
+    """A fresh era: a random id and this code's layout (``<16 hex>.v<LAYOUT>``)."""
+    return f"{secrets.token_hex(8)}{LAYOUT_TAG}{LAYOUT}"
+
+
+def layout_of(era: str) -> int | None:
+    """The layout an era records (None: none, an era made by older code); the marks a
+    rollback or loss appends (``!...``) are skipped."""
+    _, tag, version = era.split("!", 1)[0].rpartition(LAYOUT_TAG)
+    return int(version) if tag and version.isdigit() else None
 
 
 class Era:
@@ -171,6 +204,9 @@ class Era:
         #: so a reader never pairs a mark with another tick's id
         self._seen: tuple[int, str] = (0, "")
         self._lock = threading.Lock()
+        #: the maxmemory-policy the last check saw, and when the next check is due
+        self._policy: str | None = None
+        self._policy_due = 0.0
 
     @property
     def known(self) -> str | None:
@@ -201,12 +237,13 @@ class Era:
 
         Raises:
             StateRolledBackError: the job's era is marked rolled back.
+            JobLayoutError: the job's state was made in another layout (``keys.LAYOUT``).
             RedisConfigError: Redis may evict the job's keys (``check_eviction``).
         """
         if self._value is None:
             with self._lock:
                 if self._value is None:
-                    fresh = secrets.token_hex(8)
+                    fresh = new_era()
                     # one round trip, atomic: set it if absent, and say what was there
                     try:
                         old = self._client.set(self.key, fresh, nx=True, get=True)
@@ -215,9 +252,25 @@ class Era:
                     era = fresh if old is None else _text(old)
                     if ROLLED_BACK_MARK in era or PARTLY_LOST_MARK in era:
                         raise StateLostError.of(self.job_id, "", era)
-                    check_eviction(self._client, self.job_id)
+                    layout = layout_of(era)
+                    if layout != LAYOUT:
+                        raise JobLayoutError.made(self.job_id, era, layout, LAYOUT)
+                    self._policy = check_eviction(self._client, self.job_id)
+                    self._policy_due = time.monotonic() + POLICY_EVERY
                     self._value = era
         return self._value
+
+    def watch(self) -> None:
+        """Check ``maxmemory-policy`` again when ``POLICY_EVERY`` seconds have passed since
+        the last check (it can be changed while the job runs).
+
+        Raises:
+            RedisConfigError: Redis may evict the job's keys now (``check_eviction``).
+        """
+        if self._value is None or time.monotonic() < self._policy_due:
+            return
+        self._policy_due = time.monotonic() + POLICY_EVERY  # one check per period, not per thread
+        self._policy = check_eviction(self._client, self.job_id, self._policy)
 
     def lost(self, found: object) -> StateLostError:
         """The error for a ``STATE_LOST`` reply (``found``: the stored era, "" if none)."""
@@ -305,6 +358,7 @@ class EraScripts:
         anchor keys go first (the prelude checks that those once made still exist:
         ``status.ANCHORS``); the last argument is this call's own id."""
         era = self._era.value()
+        self._era.watch()
         mark, mark_id = self._era.seen_at
         era_keys = [*self._era.anchors, self._era.key, self._era.clock_key, self._era.history_key]
         return [*keys, *era_keys], [*args, era, mark, mark_id, call_id()]
@@ -323,7 +377,8 @@ class EraScripts:
         raised.
 
         Raises:
-            StateLostError: the job's state in Redis is not this context's era's.
+            StateLostError: the job's state in Redis is not this context's era's, or the
+                script found a key of a structure it relies on gone (``LOST`` in the prelude).
             StateRolledBackError: it went back (Redis' clock is below this process's mark,
                 or its history at the mark is not the one this process saw).
         """
@@ -337,6 +392,8 @@ class EraScripts:
             if inner[0] == _LOST:
                 raise self._era.lost(inner[1])
         self._era.seen(tick, args[-1])
+        if isinstance(inner, list) and inner and inner[0] == _LOST:
+            raise self._era.lost(inner[1])  # the script found a key of its structure gone
         return inner
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:

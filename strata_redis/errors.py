@@ -5,7 +5,7 @@ The tree::
     StrataError                     root: catch this to catch everything of ours
     ├── WorkerError                 .job_id, .worker_id
     │   ├── WorkerNotRegisteredError    the id was never registered (or its record was deleted)
-    │   ├── WorkerExistsError           .holder_host, .holder_pid: id live; replace=True takes it
+    │   ├── WorkerExistsError           .holder_host, .holder_pid: held alive; replace=True takes it
     │   ├── WorkerFailedError           declared failed by the reaper: re-register to come back
     │   ├── WorkerLeftError             deregistered: re-register to come back
     │   └── WorkerReplacedError         a newer registration of the same id took over
@@ -29,7 +29,8 @@ The tree::
     │                                   nothing, past ``redis_retry`` (also a
     │                                   ``redis.exceptions.OutOfMemoryError``)
     ├── StateLostError              .job_id, .era, .found: the job's state in Redis was lost
-    │   └── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
+    │   ├── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
+    │   └── JobLayoutError              .layout, .expected: written in another layout (version)
     ├── RedisConfigError            Redis is set up so that it could break a guarantee
     ├── StorageError                .backend, .path (never credentials)
     │   ├── StorageNotFoundError        the object does not exist
@@ -74,6 +75,7 @@ __all__ = [
     "DatasetError",
     "DatasetNotFoundError",
     "EpochUnfinishedError",
+    "JobLayoutError",
     "LeaseError",
     "LeaseLostError",
     "RedisConfigError",
@@ -132,11 +134,17 @@ class WorkerNotRegisteredError(WorkerError):
 
 
 class WorkerExistsError(WorkerError):
-    """The worker id is registered and alive; ``replace=True`` takes it over.
+    """The worker id is registered and its holder alive; ``replace=True`` takes it over.
+
+    A holder that is stale (silent past the heartbeat timeout, or its process gone on the
+    registering process's host) is taken over without it: this error means the holder
+    looked alive.
 
     Attributes:
         holder_host, holder_pid: where the live registration was made (None if unknown:
             made before pids were recorded, or the context did not say).
+        last_seen_s: seconds since the holder's last heartbeat, on Redis' clock (None if
+            the context did not say).
     """
 
     what = "is already registered and alive (pass replace=True to take it)"
@@ -149,26 +157,42 @@ class WorkerExistsError(WorkerError):
         worker_id: str,
         holder_host: str | None = None,
         holder_pid: int | None = None,
+        last_seen_s: float | None = None,
     ) -> None:
         super().__init__(message, job_id=job_id, worker_id=worker_id)
         self.holder_host = holder_host
         self.holder_pid = holder_pid
+        self.last_seen_s = last_seen_s
 
     @classmethod
     def refused(cls, c: Context) -> WorkerExistsError:
-        """The id is live (``WORKER_EXISTS``); ``c['holder']``: the holder's (host, pid)."""
+        """The id is live (``WORKER_EXISTS``); ``c['holder']``: the holder's (host, pid);
+        ``c['last_seen_s']``, ``c['timeout_s']``: its heartbeat's age and the timeout it is
+        within; ``c['process']``: what this host knows of its process (a phrase)."""
         host, pid = c.get("holder") or (None, None)
         where = f"on host {host!r}" if host is not None else "on an unknown host"
         who = f"process {pid}" if pid is not None else "a process of unknown pid"
+        seen, timeout = c.get("last_seen_s"), c.get("timeout_s")
+        why = []
+        if seen is not None:
+            why.append(f"its last heartbeat {seen:.3g} s ago" + (
+                f", within the heartbeat timeout of {timeout:g} s" if timeout is not None else ""
+            ))  # fmt: skip
+        if c.get("process"):
+            why.append(str(c["process"]))
         return cls(
             f"worker {c['worker_id']!r} of job {c['job_id']!r} is already registered and alive, "
-            f"held by {who} {where}; that worker is untouched. Choose another worker_id (or "
-            "none: one is derived per process), or pass replace=True to take the id over (a "
-            "restart of that worker)",
+            f"held by {who} {where}" + (f" ({'; '.join(why)})" if why else "") + "; that "
+            "worker is untouched. A relaunch takes the id over by itself once its holder is "
+            "stale (silent past the heartbeat timeout, or its process gone on the relaunch's "
+            "host). Choose another worker_id (or none: one is derived per process), or pass "
+            "replace=True to take the id over now (a restart of that worker; the holder is "
+            "refused at its next heartbeat)",
             job_id=c["job_id"],
             worker_id=c["worker_id"],
             holder_host=host,
             holder_pid=pid,
+            last_seen_s=seen,
         )
 
 
@@ -739,6 +763,44 @@ class StateRolledBackError(StateLostError):
         """A ``STATE_ROLLED_BACK`` reply seen without the era at hand."""
         clock = int(c["payload"][0]) if c.get("payload") else None
         return cls.detected(c.get("job_id", "?"), "?", clock, None)
+
+
+class JobLayoutError(StateLostError):
+    """The job's state in Redis is in another layout than this code reads (``keys.LAYOUT``):
+    made by an older strata_redis (an epoch of older code would read as every shard free,
+    and be trained again) or a newer one. Nothing is read or written; every call of the job
+    refuses the same way. Checked once per process, at the job's first script call.
+
+    Attributes:
+        layout: the layout the job's state was made with (None: older code, from before
+            layouts were recorded).
+        expected: the layout this code reads.
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str, era: str, found: str | None,
+        layout: int | None, expected: int,
+    ) -> None:  # fmt: skip
+        super().__init__(message, job_id=job_id, era=era, found=found)
+        self.layout = layout
+        self.expected = expected
+
+    @classmethod
+    def made(cls, job_id: str, found: str, layout: int | None, expected: int) -> JobLayoutError:
+        """Job ``job_id``'s era ``found`` records ``layout``; this code reads ``expected``."""
+        made = (
+            "an older strata_redis, from before layouts were recorded" if layout is None
+            else f"a {'newer' if layout > expected else 'older'} strata_redis (layout {layout})"
+        )  # fmt: skip
+        return cls(
+            f"the state of job {job_id!r} in Redis was made by {made}; this strata_redis "
+            f"reads layout {expected} only, and reading it could train samples twice, so "
+            "nothing was read or written. Finish the job with the strata_redis version that "
+            f"started it, or stop its processes and remove its state from Redis with "
+            f"`strata jobs rm {job_id} --yes` (its checkpoints in storage are kept: the job "
+            "started again resumes from them)",
+            job_id=job_id, era="", found=found, layout=layout, expected=expected,
+        )  # fmt: skip
 
 
 class RedisConfigError(StrataError):

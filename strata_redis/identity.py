@@ -10,7 +10,11 @@ What a training script gets when it names none of them (``TrainingOrchestrator()
 - **job id**: ``$STRATA_JOB_ID``, else torchrun's run id (``TORCHELASTIC_RUN_ID``, unless it
   is torchrun's shared default ``none``), else ``<script>-<8 hex>``: a digest of the user,
   the main script's absolute path and the working directory, which a relaunch of the same
-  command reproduces (so it resumes) and another script or directory does not.
+  command reproduces (so it resumes) and another script or directory does not. Every entry
+  point that is given no job id takes this one (``connect``, ``Job``, ``ShardManager``,
+  ``CheckpointManager``, ``TrainingOrchestrator``: ``context.JobContext``), so the parts of
+  one script meet in one job; it is derived once per process (a later ``os.chdir`` does
+  not change it).
 - **checkpoint directory**: ``$XDG_DATA_HOME/strata_redis/checkpoints``, else
   ``~/.local/share/strata_redis/checkpoints``: per user and persistent, never the system
   temp dir.
@@ -63,7 +67,9 @@ SCRIPT_CHARS = 40
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _said: set[tuple[str, str]] = set()
-_said_lock = threading.Lock()
+_said_lock = threading.RLock()
+#: this process's derived job id, once derived (``job_id``)
+_launch_job: str | None = None
 
 
 def _first_time(kind: str, value: str) -> bool:
@@ -174,6 +180,17 @@ def job_id(
                 "job id %r (torchrun's %s; set %s to choose one)", derived, RUN_ID_ENV, JOB_ENV
             )
         return derived
+    if argv0 is None and cwd is None and user is None:
+        global _launch_job
+        with _said_lock:  # this process's launch: derived once, whatever changes later
+            if _launch_job is None:
+                _launch_job = _derive_job_id(None, None, None)
+            return _launch_job
+    return _derive_job_id(argv0, cwd, user)
+
+
+def _derive_job_id(argv0: str | None, cwd: str | None, user: str | None) -> str:
+    """``<script>-<8 hex>`` from the launch (``job_id``), logged once."""
     script = (sys.argv[0] if sys.argv else "") if argv0 is None else argv0
     where = os.getcwd() if cwd is None else cwd
     who = _user() if user is None else user

@@ -32,7 +32,9 @@ class Job:
         redis: a Redis URL (``redis://``, ``rediss://``, ``unix://``), ``host:port``, a
             ``redis.Redis``, or another ``Job`` (its client is shared). Default:
             ``$STRATA_REDIS_URL`` or ``redis://localhost:6379/0``.
-        job_id: the job's id. Default: ``$STRATA_JOB_ID`` or ``"default"``.
+        job_id: the job's id. Default: the process's default job, the same for every entry
+            point (``$STRATA_JOB_ID``, else torchrun's run id, else ``<script>-<8 hex>``
+            derived from the launch, logged once: ``identity.job_id``).
         heartbeat_timeout: seconds without a heartbeat after which the reaper declares a
             worker failed (default 10, or the shared job's). Every process of a job should
             use the same value.
@@ -164,7 +166,8 @@ class Job:
         See ``strata_redis.coordination.workers.register_worker`` for the arguments.
 
         Raises:
-            WorkerExistsError: the id is registered and alive, and ``replace`` is false.
+            WorkerExistsError: the id's holder looks alive (a fresh heartbeat, its process
+                not known to be gone), and ``replace`` is false; a stale holder is taken over.
             ValueError, TypeError: a bad argument, named in the message.
         """
         return register_worker(

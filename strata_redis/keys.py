@@ -17,6 +17,12 @@ from .validate import check_id
 
 PREFIX = "strata"
 
+#: the version of this schema and of the value formats its owners write (a job's layout).
+#: Bump it with any change that code of another version would misread (the epoch pool
+#: became a bitmap: older code's epoch would read as every shard free). A job records the
+#: layout it was made with in its era (``era.py``), and code of another layout refuses it.
+LAYOUT = 1
+
 
 #: the ``SCAN`` ``MATCH`` pattern of every key of every job (``job_of`` reads the job back)
 JOBS_KEYS_PATTERN = f"{PREFIX}:{{*}}:*"
@@ -91,8 +97,10 @@ class Keys:
 
     @property
     def info(self) -> str:
-        """HASH worker id -> JSON {host, address, gpu_count, labels, pid} (``pid``: the
-        registering process's; entries written before it was recorded lack it)."""
+        """HASH worker id -> JSON {host, address, gpu_count, labels, pid, started, space}
+        (the registering process: its pid, start time in clock ticks since boot and pid
+        space, ``<boot id>/<pid namespace>``, or null where unknown; entries written before
+        they were recorded lack them)."""
         return f"{self.base}:info"
 
     @property
@@ -102,18 +110,19 @@ class Keys:
 
     @property
     def era(self) -> str:
-        """STRING the job's era: a random id set once (SET NX) by the job's first script
-        call; every script checks it first (``era.py``). Gone or changed: the state was lost;
+        """STRING the job's era: a random id and the layout the job's state is written in
+        (``<16 hex>.v<LAYOUT>``), set once (SET NX) by the job's first script call; every
+        script checks it first (``era.py``). Gone or changed: the state was lost;
         ``<era>!rolled-back:<clock><<seen>``: the state went back (``clock``)."""
         return f"{self.base}:era"
 
     @property
     def clock(self) -> str:
-        """STRING the job's clock, ``tick * 8 + made``: the tick +1 per script call (the era
+        """STRING the job's clock, ``tick * 16 + made``: the tick +1 per script call (the era
         check in front of every script), never going back — a process remembers the highest
         tick it saw (checkpoints record it), and Redis holding less means its state went back;
-        ``made``'s bits: the anchors made so far (bit 0 fence, 1 generation, 2 epoch:
-        ``status.ANCHORS``), which every script checks still exist."""
+        ``made``'s bits: the anchors made so far (bit 0 fence, 1 generation, 2 epoch, 3
+        datasets: ``status.ANCHORS``), which every script checks still exist."""
         return f"{self.base}:clock"
 
     @property
@@ -126,8 +135,8 @@ class Keys:
 
     @property
     def anchors(self) -> tuple[str, ...]:
-        """The job's anchor keys (``status.ANCHORS``: fence, generation, epoch): once made,
-        they exist for as long as the era stands; every script checks those made."""
+        """The job's anchor keys (``status.ANCHORS``: fence, generation, epoch, datasets):
+        once made, they exist for as long as the era stands; every script checks those made."""
         return tuple(getattr(self, name) for name in ANCHORS)
 
     def doctor_probe(self, what: str) -> str:
@@ -251,7 +260,9 @@ class Keys:
     # -- datasets and shard leases -------------------------------------------------------
     @property
     def datasets(self) -> str:
-        """HASH dataset name -> JSON params {total_samples, samples_per_shard, shuffle, seed}."""
+        """HASH dataset name -> JSON params {total_samples, samples_per_shard, shuffle, seed},
+        and the field "" (1) once a dataset was registered: an anchor (``status.ANCHORS``),
+        it stands while the era does, even with every dataset deleted."""
         return f"{self.base}:datasets"
 
     @property
@@ -370,7 +381,9 @@ class LeaseKeys:
         the holders under way, in steps), steals (this epoch's; ``Keys.lease_totals`` keeps the
         job's), cursor (where the next steal looks for a
         free shard), done (shards done), by:<worker> (shards it completed),
-        last:<worker> ("<shard> <token>": its last completion). Once the epoch is closed
+        last:<worker> ("<shard> <token> <grant>": its last completion); what was made, which
+        ``acquire_shard.lua`` checks still exists: offsets (the offsets HASH was written),
+        indexed (the workers HASH was), seg:<k> (record segment k was). Once the epoch is closed
         (``init_epoch.lua``: finished, or the job is past it, when a later epoch's pool is
         built) it is the epoch's summary, of constant size in the shards (bounded by the
         workers): its other keys are gone, it gains ``closed_ms``, loses the pool fields, and

@@ -107,7 +107,9 @@ class TrainingOrchestrator:
         job_id: the job; default ``$STRATA_JOB_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``,
             else one derived from the user, the main script and the working directory
             (``<script>-<8 hex>``: a relaunch of the same command reproduces it;
-            ``identity.job_id``). With a ``Job`` or context as ``coordinator_url``: its job.
+            ``identity.job_id``): the same as every other entry point of the process takes
+            (a ``ShardManager(url)`` made before it registers in this job). With a ``Job`` or
+            context as ``coordinator_url``: its job.
         checkpoint_path: where checkpoints go (a ``Storage``, URL or path); None reads the
             environment (``STORAGE_BACKEND``, ``LOCAL_STORAGE_PATH``, ...), else the per-user
             ``~/.local/share/strata_redis/checkpoints`` (logged once).
@@ -133,17 +135,19 @@ class TrainingOrchestrator:
         commit_timeout: seconds a checkpoint waits for the other ranks' parts.
         lease_ttl: seconds a shard lease lasts without renewal (renewed in the background).
         redis_retry: seconds the loop keeps retrying while Redis is unreachable.
-        replace: take over ``worker_id`` if a registration of it is alive (a restarted
+        replace: take over ``worker_id`` even if its holder looks alive (a restarted
             process). None: only when torchrun says this process is a restart
-            (``TORCHELASTIC_RESTART_COUNT`` > 0); otherwise a live registration of the id
-            raises ``WorkerExistsError`` naming its host and pid, and leaves it untouched.
+            (``TORCHELASTIC_RESTART_COUNT`` > 0). A stale holder (silent past the heartbeat
+            timeout, or its process gone on this host: a dead rank relaunched under its id)
+            is taken over in any case; one that looks alive raises ``WorkerExistsError``
+            naming its host and pid, and is left untouched.
         job_retention: seconds the job's keys are kept in Redis once it ended (default
             ``$STRATA_JOB_RETENTION``, else 3 days). The job ends when its last rank closes
             after the loop's last epoch (see ``close``).
 
     Raises:
         TypeError, ValueError: a bad argument, named in the message (nothing is written).
-        WorkerExistsError: ``worker_id`` is registered and alive, and ``replace`` is not set.
+        WorkerExistsError: ``worker_id``'s holder looks alive, and ``replace`` is not set.
         RendezvousTimeoutError: no round closed within ``rendezvous_timeout``.
     """
 
@@ -204,8 +208,6 @@ class TrainingOrchestrator:
         self.state_provider = state_provider
         self.elastic = elastic
         self.on_round = on_round
-        if job_id is None and not isinstance(coordinator_url, (JobContext, HasContext)):
-            job_id = identity.job_id()  # never the low-level API's shared "default"
         self.context = JobContext(
             coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout,
             retention=job_retention, redis_retry=self.redis_retry,

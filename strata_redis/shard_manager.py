@@ -26,7 +26,8 @@ class ShardManager:
     Args:
         redis: a ``Job``, anything with its job's context (a ``TrainingOrchestrator``: its
             job), or what ``connect()`` takes (URL, ``host:port``, ``redis.Redis``).
-        job_id: the job, when ``redis`` is a URL or client.
+        job_id: the job, when ``redis`` is a URL or client (default: the process's default
+            job, as ``connect``'s and ``TrainingOrchestrator``'s: ``identity.job_id``).
     """
 
     def __init__(

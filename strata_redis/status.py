@@ -76,9 +76,10 @@ class Acquire(IntEnum):
 
 
 #: the job's anchors: keys that, once made, exist for as long as the era stands (a job's
-#: fencing counter, membership generation and epoch); the caller appends them, in this
-#: order, before the era key (``era.py``)
-ANCHORS = ("fence", "generation", "epoch")
+#: fencing counter, membership generation, epoch and registered datasets: that HASH keeps a
+#: field "" once a dataset was registered, so deleting every dataset leaves it standing);
+#: the caller appends them, in this order, before the era key (``era.py``)
+ANCHORS = ("fence", "generation", "epoch", "datasets")
 
 #: ticks of the job's history kept (``Keys.history``: 8 bytes each, a 32 KiB string per job):
 #: a process whose last call was at most this many ticks ago can tell whether Redis' state
@@ -89,10 +90,10 @@ HISTORY_TICKS = 4096
 #: appends the anchor keys, the era key, the clock key and the history key to KEYS, and the
 #: era it works in, the highest clock tick it has seen (its mark), the id of the call that
 #: took that tick ("": not known) and this call's own id (8 random characters) to ARGV; a
-#: script reads ``NKEYS``/``NARGV`` for its own counts. The clock key holds ``tick * 8 + made``:
-#: ``made``'s bits are the anchors made so far (bit n-1 for ``ANCHORS[n]``), so one
-#: ``INCRBY 8`` ticks it and reads both. The history key holds, at ``(tick % HISTORY_TICKS)
-#: * 8``, the id of the call that took the tick.
+#: script reads ``NKEYS``/``NARGV`` for its own counts. The clock key holds ``tick * 16 +
+#: made`` (16: ``2 ** len(ANCHORS)``): ``made``'s bits are the anchors made so far (bit n-1
+#: for ``ANCHORS[n]``), so one ``INCRBY 16`` ticks it and reads both. The history key holds,
+#: at ``(tick % HISTORY_TICKS) * 8``, the id of the call that took the tick.
 #: - A missing or other era answers ``{0, {S.STATE_LOST, stored era or ""}}`` before the
 #:   script touches anything.
 #: - A tick below the caller's mark means the job's state went back (a failover to a replica
@@ -107,15 +108,19 @@ HISTORY_TICKS = 4096
 #:   stands (evicted, expired or deleted by hand): the era is marked
 #:   (``<era>!lost:<anchor>``) and the answer is ``{0, {S.STATE_LOST, marked era}}``.
 #: Otherwise the call's id is written at its tick, the script runs (``CLOCK``: this call's
-#: tick), and ``EPILOGUE`` notes anchors made meanwhile and answers ``{CLOCK, the script's
-#: reply}``. ``G.HISTORY`` is the history check's switch (``guard``, below: on, except in the
-#: fault checker's proof that it matters).
+#: tick; a script that finds a key of a structure it relies on gone while the structure stands
+#: returns ``LOST(key)``: the era is marked ``<era>!lost:<key after the job's tag>`` and the
+#: reply is ``{S.STATE_LOST, marked era}``, guarded by ``G.ANCHORS`` like the anchors), and
+#: ``EPILOGUE`` notes anchors made meanwhile and answers ``{CLOCK, the script's reply}``.
+#: ``G.HISTORY`` is the history check's switch (``guard``, below: on, except in the fault
+#: checker's proof that it matters).
 ERA_CHECK = (
     f"local NKEYS, NARGV = #KEYS - {len(ANCHORS) + 3}, #ARGV - 4 "
     "local ERA_NOW = redis.call('GET', KEYS[#KEYS - 2]) "
     "if ERA_NOW ~= ARGV[#ARGV - 3] then return {0, {S.STATE_LOST, ERA_NOW or ''}} end "
-    "local CLOCKED = redis.call('INCRBY', KEYS[#KEYS - 1], 8) "
-    "local CLOCK, MADE = math.floor(CLOCKED / 8), CLOCKED % 8 "
+    f"local CLOCKED = redis.call('INCRBY', KEYS[#KEYS - 1], {2 ** len(ANCHORS)}) "
+    f"local CLOCK, MADE = math.floor(CLOCKED / {2 ** len(ANCHORS)}), "
+    f"CLOCKED % {2 ** len(ANCHORS)} "
     "local SEEN = tonumber(ARGV[#ARGV - 2]) "
     "if CLOCK - 1 < SEEN then "
     "redis.call('SET', KEYS[#KEYS - 2], "
@@ -140,6 +145,11 @@ ERA_CHECK = (
     f"and redis.call('EXISTS', KEYS[#KEYS - {len(ANCHORS) + 3} + n]) == 0 then "
     "local lost = ERA_NOW .. '!lost:' .. ({" + ", ".join(f"'{name}'" for name in ANCHORS) + "})[n] "
     "redis.call('SET', KEYS[#KEYS - 2], lost) return {0, {S.STATE_LOST, lost}} end end end "
+    # a script that finds a key of a structure gone while the structure stands: the era
+    # marked lost naming the key (its part after the job's tag), the reply STATE_LOST
+    "local function LOST(key) "
+    "local lost = ERA_NOW .. '!lost:' .. string.match(key, '^.-}:(.*)$') "
+    "redis.call('SET', KEYS[#KEYS - 2], lost) return {S.STATE_LOST, lost} end "
     "local function BODY() "
 )
 
@@ -160,7 +170,7 @@ EPILOGUE = (
 #: the guards the exactly-once promise rests on, each a switch a script names as ``G.<NAME>``
 #: (and Python reads with ``guard``): ``history`` the rollback check by history (not height),
 #: ``fencing`` a completion naming the grant it ends (off: any completion records), and
-#: ``anchors`` the loss of an anchor being an error
+#: ``anchors`` the loss of an anchor, or of a key of a structure that stands, being an error
 GUARDS = ("history", "fencing", "anchors")
 #: test-only: a comma-separated list of ``GUARDS`` to switch off, read when a process first
 #: loads the scripts. It exists so the fault checker can prove that each guard matters (with

@@ -19,7 +19,7 @@ FAULTS = 4
 
 def test_the_fixed_seeds_cover_every_fault_kind() -> None:
     drawn = {f.kind for seed in SEEDS for f in draw(seed, DURATION, 3, None, FAULTS)}
-    extra = {"masked-failover", "del-anchor", "stop"}  # the teeth runs play these
+    extra = {"masked-failover", "del-key", "stop"}  # the teeth runs play these
     assert drawn | extra == set(KINDS), set(KINDS) - drawn - extra
 
 
@@ -30,20 +30,24 @@ def test_a_fixed_seed_reports_no_violation(seed: int) -> None:
     assert outcome.report.completions > 0 and sum(outcome.played.values()) >= 2
 
 
-#: for each guard, a schedule whose exactly-once outcome rests on it
+#: for each guard, schedules whose exactly-once outcome rests on it
 TEETH = {
     # the others raise the clock back past the mark of the one that saw the lost ticks
     "history": Fault("masked-failover", 6.0, 0, {"lag": 0.5, "hold": 1.5}),
-    # stopped past its lease ttl: its shard is re-granted and completed meanwhile
-    "fencing": Fault("stop", 6.0, 0, {"hold": 6.0}),
+    # stopped past its lease ttl mid-epoch 0 (the others need its shard to end the epoch):
+    # its shard is re-granted and completed meanwhile
+    "fencing": Fault("stop", 3.0, 0, {"hold": 6.0}),
     # the fencing counter deleted: token numbers start over
-    "anchors": Fault("del-anchor", 6.0, 0, {"key": "fence"}),
+    "anchors": Fault("del-key", 6.0, 0, {"key": "fence"}),
+    # every epoch's taken bitmap deleted: its done shards go back to the pool
+    "anchors-pool": Fault("del-key", 6.0, 0, {"key": "lease.taken"}),
 }
 
 
-@pytest.mark.parametrize("guard", sorted(TEETH))
-def test_with_a_guard_off_its_schedule_reports_a_violation(guard: str) -> None:
-    fault = TEETH[guard]
+@pytest.mark.parametrize("case", sorted(TEETH))
+def test_with_a_guard_off_its_schedule_reports_a_violation(case: str) -> None:
+    fault = TEETH[case]
+    guard = case.split("-")[0]
     off = run(RunConfig(seed=100, duration=12.0, schedule=[fault], disable=guard))
     assert not off.report.ok, "\n".join(off.lines())
 
@@ -52,3 +56,17 @@ def test_the_masked_failover_with_every_guard_on_ends_with_a_clear_error() -> No
     on = run(RunConfig(seed=100, duration=12.0, schedule=[TEETH["history"]]))
     assert on.report.ok, "\n".join(on.lines())
     assert on.report.lost  # the process that saw the lost ticks stopped the job
+
+
+#: keys deleted under running workers with every guard on: each run ends with
+#: StateLostError naming the key, or is still exactly once (the long form plays every key of
+#: ``schedule.DELETABLE``: ``python -m strata_redis.chaos --kinds del-key --seeds 40``)
+DELETED = ("lease.taken", "lease.meta", "lease.holders", "heartbeats", "datasets")
+
+
+@pytest.mark.parametrize("key", DELETED)
+def test_a_deleted_key_reports_no_violation(key: str) -> None:
+    fault = Fault("del-key", 6.0, 0, {"key": key})
+    on = run(RunConfig(seed=100, duration=12.0, schedule=[fault]))
+    assert on.report.ok, "\n".join(on.lines())
+    assert on.report.lost  # each of these stops the job, naming the key

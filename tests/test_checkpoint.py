@@ -30,6 +30,7 @@ from strata_redis import (
     LocalStorage,
     S3Storage,
     StorageError,
+    identity,
 )
 from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.server import RedisServer
@@ -89,7 +90,8 @@ def test_seed_example_local(
         assert latest is not None and latest.step == 5000
         assert ckpt.load() == model_state_bytes
         assert [i.step for i in ckpt.list()] == [5000]
-    step_dir = step_path(tmp_path, 5000, "default", epoch=2)
+        assert ckpt.job_id == identity.job_id()  # the process's default job, as connect()'s
+    step_dir = step_path(tmp_path, 5000, identity.job_id(), epoch=2)
     assert sorted(p.name for p in step_dir.iterdir()) == ["metadata.json", "model.bin"]
 
 
@@ -107,9 +109,10 @@ def test_seed_example_s3(redis_url: str, s3_endpoint: str, monkeypatch: pytest.M
         assert latest is not None and latest.location.startswith("s3://my-bucket/models/")
         assert ckpt.load() == model_state_bytes
     keys = [o["Key"] for o in admin.list_objects_v2(Bucket="my-bucket")["Contents"]]
+    job = identity.job_id()  # the process's default job
     assert sorted(keys) == [
-        "models/default/checkpoints/epoch_2_step_5000/metadata.json",
-        "models/default/checkpoints/epoch_2_step_5000/model.bin",
+        f"models/{job}/checkpoints/epoch_2_step_5000/metadata.json",
+        f"models/{job}/checkpoints/epoch_2_step_5000/model.bin",
     ]
     admin.close()
 

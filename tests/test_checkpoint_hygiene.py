@@ -4,6 +4,11 @@ aborts its own, retention sweeps the rest), and no object references saved as da
 from __future__ import annotations
 
 import contextlib
+import datetime
+import email.utils
+import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +18,11 @@ import pytest
 
 import strata_redis
 from strata_redis import S3Storage, StorageError
+from strata_redis.checkpoint.commit import StepProtocol
 from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.checkpoint.manifest import checkpoint_dir, checkpoints_prefix
 from strata_redis.checkpoint.retention import prune
+from strata_redis.storage.base import TMP_PREFIX
 from strata_redis.storage.transfer import MiB
 
 BUCKET = "hygiene"
@@ -177,3 +184,80 @@ def test_object_arrays_are_refused(data: object, tmp_path: Path, redis_url: str)
             ckpt.save({"weights": np.arange(4.0), "meta": data}, step=1)
     # plain structured data still goes
     storage.write("ok.bin", np.zeros(3, dtype=[("O", np.int32), ("P", np.float64)]))
+
+
+# -- retention spares what is in flight, and judges age by the store's clock ----------------
+def test_retention_never_aborts_the_upload_of_a_save_in_flight(
+    s3: S3Storage, s3_endpoint: str, redis_url: str
+) -> None:
+    # The issue's case: step 2's 12 MiB save is mid-upload while a retention pass runs (the
+    # one after step 1's commit). moto dates every upload 2010, past any tmp_age: only the
+    # step's state in Redis (open) tells the pass it is not abandoned.
+    started, go = threading.Event(), threading.Event()
+
+    def hold(model: Any, **_: Any) -> None:
+        if model.name == "UploadPart":
+            started.set()
+            go.wait(30)
+
+    with strata_redis.CheckpointManager(
+        s3, keep_count=1, redis=redis_url, job_id="run-9", worker_id="w"
+    ) as ckpt:
+        ckpt.save(b"one", step=1).result(timeout=30)
+        s3._client.meta.events.register("before-call.s3", hold)
+        try:
+            future = ckpt.save(np.ones(12 * MiB, dtype=np.uint8), step=2)
+            assert started.wait(30)
+            # an abandoned upload of a step with no state in Redis goes, as before
+            with admin(s3_endpoint) as client:
+                client.create_multipart_upload(Bucket=BUCKET, Key="run-9/checkpoints/step_0/x")
+            report = ckpt.prune()
+        finally:
+            go.set()
+            s3._client.meta.events.unregister("before-call.s3", hold)
+        assert report.tmp_files == 1
+        assert future.result(timeout=60).step == 2  # its upload was not aborted
+        assert ckpt.load() == np.ones(12 * MiB, dtype=np.uint8).tobytes()
+    assert open_uploads(s3_endpoint) == []
+
+
+def test_retention_spares_a_local_write_of_a_step_in_flight(tmp_path: Path, redis_url: str) -> None:
+    storage = strata_redis.LocalStorage(tmp_path / "store")
+    job = strata_redis.connect(redis_url, "run-9")
+    StepProtocol(job.context, storage, worker_id="w", rank=0, world_size=1).begin(CheckpointId(7))
+    old = time.time() - 3600
+    debris = {}
+    for step in (3, 7):  # 3 has no state in Redis: abandoned; 7 is open: a rank writes there
+        directory = tmp_path / "store" / checkpoint_dir("run-9", CheckpointId(step)) / "rank_0"
+        directory.mkdir(parents=True)
+        debris[step] = directory / f"{TMP_PREFIX}abc"
+        debris[step].write_bytes(b"half a part")
+        os.utime(debris[step], (old, old))
+    report = prune(storage, job.context, keep_count=2, tmp_age=600)
+    assert report.tmp_files == 1
+    assert debris[7].exists() and not debris[3].exists()
+
+
+def test_upload_age_is_judged_by_the_store_clock(
+    s3: S3Storage, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store that dates uploads right (moto does not: it says 2010): each upload listed was
+    # initiated ``age`` seconds before the reply's Date, the store's clock.
+    age = {"seconds": 0.0}
+
+    def dated(http_response: Any, parsed: dict[str, Any], model: Any, **_: Any) -> None:
+        now = email.utils.parsedate_to_datetime(http_response.headers["Date"])
+        for upload in parsed.get("Uploads", []):
+            upload["Initiated"] = now - datetime.timedelta(seconds=age["seconds"])
+
+    s3._client.meta.events.register("after-call.s3.ListMultipartUploads", dated)
+    with admin(s3_endpoint) as client:
+        client.create_multipart_upload(Bucket=BUCKET, Key="run-9/checkpoints/step_1/x")
+    real = time.time
+    # this machine's clock 10 minutes fast: the fresh upload would look 10 minutes old
+    monkeypatch.setattr(time, "time", lambda: real() + 600)
+    assert s3.remove_abandoned("run-9/", older_than=300) == 0
+    assert open_uploads(s3_endpoint) == ["run-9/checkpoints/step_1/x"]
+    age["seconds"] = 400  # older than older_than by the store's clock: it goes
+    assert s3.remove_abandoned("run-9/", older_than=300) == 1
+    assert open_uploads(s3_endpoint) == []

@@ -5,6 +5,7 @@ fencing token from before the loss acting on a grant made after it."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,8 @@ import pytest
 import redis
 
 import strata_redis
+import strata_redis.cli
+from strata_redis.keys import LAYOUT, Keys
 from strata_redis.server import RedisServer
 
 from .procs import CTX, join_all, spawn, wait_for
@@ -226,3 +229,50 @@ def test_racing_first_calls_agree_on_one_era(redis_url: str) -> None:
     assert len(eras) == 8 and len(set(eras)) == 1
     for ctx in contexts:
         ctx.close()
+
+
+# -- the layout a job's state was made in -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("era", "made"),
+    [
+        ("0123456789abcdef", "from before layouts were recorded"),  # older code's era
+        (f"0123456789abcdef.v{LAYOUT + 1}", f"a newer strata_redis (layout {LAYOUT + 1})"),
+    ],
+    ids=["older-code", "newer-layout"],
+)
+def test_a_job_made_in_another_layout_is_refused_with_what_to_do(
+    redis_url: str, raw: redis.Redis, era: str, made: str
+) -> None:
+    # the job's state made by another version: its era, and an epoch it opened
+    raw.set(Keys(JOB).era, era)
+    raw.set(Keys(JOB).epoch, 3)
+    job = strata_redis.connect(redis_url, JOB)
+    for call in (
+        lambda: job.register_worker("w", heartbeat_interval=None),
+        lambda: strata_redis.ShardManager(job).register_dataset_params("ds", 10, 10),
+    ):
+        with pytest.raises(strata_redis.JobLayoutError, match=re.escape(made)) as info:
+            call()
+        assert isinstance(info.value, strata_redis.StateLostError)
+        assert f"strata jobs rm {JOB} --yes" in str(info.value)
+        assert (info.value.found, info.value.expected) == (era, LAYOUT)
+    assert sorted(raw.keys("*")) == sorted([Keys(JOB).era, Keys(JOB).epoch])  # nothing written
+    job.close()
+    # the documented remedy: remove the job's state; the job then starts in this layout
+    assert strata_redis.cli.main(["jobs", "rm", JOB, "--yes", "--redis-url", redis_url]) == 0
+    with strata_redis.connect(redis_url, JOB) as again:
+        again.register_worker("w", heartbeat_interval=None).deregister()
+
+
+def test_a_job_made_by_this_code_records_its_layout_and_is_read_again(
+    redis_url: str, raw: redis.Redis
+) -> None:
+    first = _job(redis_url)
+    first.register_worker("a", heartbeat_interval=None)
+    era = first.context.era.value()
+    assert era.endswith(f".v{LAYOUT}") and raw.get(Keys(JOB).era) == era
+    second = _job(redis_url)  # another process's view: the era checked once, and fine
+    second.register_worker("b", heartbeat_interval=None)
+    assert second.context.era.value() == era
+    first.close()
+    second.close()

@@ -360,3 +360,52 @@ def test_torchrun_variables_give_ids_and_the_restart_takes_over(
         assert events[:2] == ["join", "replace"], events
     finally:
         job.close()
+
+
+#: the seeds' order in one script, with no job id anywhere: register the dataset with a
+#: ShardManager, then run the loop (the working directory changes in between: the default
+#: is the process's, derived once)
+SEEDS_ORDER = """
+import logging, os, sys
+import strata_redis
+
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+REDIS = os.environ["STRATA_REDIS_URL"]
+sm = strata_redis.ShardManager(REDIS)
+sm.register_dataset_params(name="ds", total_samples=40, samples_per_shard=10, shuffle=False,
+                           seed=0)
+os.chdir(sys.argv[1])
+with strata_redis.TrainingOrchestrator(REDIS, min_workers=1, max_workers=1,
+                                       checkpoint_path=sys.argv[1]) as orch:
+    assert orch.job_id == sm.job.job_id, (orch.job_id, sm.job.job_id)
+    trained = sorted(s for batch in orch.get_shards("ds", batch_size=10) for s in batch.tolist())
+    assert trained == list(range(40)), trained
+    print(orch.job_id, flush=True)
+sm.job.close()
+"""
+
+
+def test_shard_manager_then_orchestrator_share_the_default_job(
+    redis_url: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "seeds.py"
+    script.write_text(SEEDS_ORDER)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(script), str(elsewhere)], cwd=tmp_path,
+        env=_env(redis_url, tmp_path), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = identity.job_id({}, argv0=str(script), cwd=str(tmp_path), user=getpass.getuser())
+    assert proc.stdout.split() == [job]
+    # chosen once, said once, with why
+    told = [
+        line for line in proc.stderr.splitlines() if line.startswith("strata_redis.identity job id")
+    ]
+    assert len(told) == 1 and repr(job) in told[0] and "derived from" in told[0], proc.stderr
+    client = strata_redis.connect(redis_url, job_id=job)
+    try:
+        assert list_jobs(client.client) == [job]
+    finally:
+        client.close()

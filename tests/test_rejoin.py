@@ -219,3 +219,84 @@ def test_a_mid_epoch_joiner_takes_the_step_of_the_round_before(
     assert late.checkpoint(0, 2) == CheckpointId(0, 2)
     late.close()
     ctx.close()
+
+
+# -- a dead rank relaunched at once, outside torchrun, with no replace=True --------------------
+
+RELAUNCH_JOB = "relaunch"
+
+
+def _rank(url: str, worker_id: str, ckpt: str, logdir: str, run: str) -> None:
+    """One rank of a two-rank job (``min_workers`` = the world size), outside torchrun, its
+    worker id given: one epoch of the README loop, a line per batch."""
+    for var in ("RANK", "LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT"):
+        os.environ.pop(var, None)  # not torchrun: ``replace`` is off by default
+    log = open(os.path.join(logdir, f"{run}.log"), "a")  # noqa: SIM115
+    try:
+        # the heartbeat timeout (30 s) is far longer than a relaunch takes: the dead rank's
+        # registration still looks alive by its heartbeat when its relaunch registers
+        orchestrator = strata_redis.TrainingOrchestrator(
+            coordinator_url=url, worker_id=worker_id, job_id=RELAUNCH_JOB, checkpoint_path=ckpt,
+            min_workers=2, last_call=0.5, heartbeat_timeout=30.0, heartbeat_interval=0.5,
+            lease_ttl=2.0, batch_size=4, rendezvous_timeout=60.0, epoch_timeout=60.0,
+        )  # fmt: skip
+        Path(logdir, f"joined-{run}").write_text(json.dumps(
+            {"incarnation": orchestrator.worker.incarnation, "round": orchestrator.round.number}
+        ))  # fmt: skip
+        with orchestrator:
+            for batch in orchestrator.get_shards(DATASET):
+                time.sleep(0.01)
+                log.write(f"0 {' '.join(map(str, batch.tolist()))}\n")
+                log.flush()
+    except Exception as exc:
+        Path(logdir, f"error-{run}").write_text(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        log.close()
+
+
+def test_a_rank_killed_and_relaunched_at_once_under_its_id_takes_its_place(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL one rank of two (``min_workers=2``) and relaunch it at once under the same
+    worker id, outside torchrun and without ``replace=True``: its registration, whose
+    heartbeat is still fresh, is taken over (its process is gone on this host), the job
+    goes on with both ranks, and every sample of the epoch is trained once."""
+    manager = strata_redis.ShardManager(redis_url, job_id=RELAUNCH_JOB)
+    params = manager.register_dataset_params(DATASET, 4000, 100, True, 3)
+    logs, ckpt = tmp_path / "logs", str(tmp_path / "ckpt")
+    logs.mkdir()
+    procs = [spawn(_rank, redis_url, f"w{r}", ckpt, str(logs), f"0-{r}") for r in range(2)]
+    first_log = logs / "0-1.log"
+    wait_for(
+        lambda: first_log.exists() and first_log.read_text().count("\n") > 10, 90,
+        why=lambda: [p.read_text() for p in logs.glob("error-*")],
+    )  # fmt: skip
+    kill9(procs[1])
+    job = manager.job
+    # every grant to the killed process has a token up to this; its relaunch's, above it
+    granted_at_kill = int(job.client.get(job.keys.fence) or 0)
+    relaunched = spawn(_rank, redis_url, "w1", ckpt, str(logs), "1-1")
+    codes = join_all([relaunched, procs[0]], timeout=120)
+    assert codes == [0, 0], [p.read_text() for p in logs.glob("error-*")]
+
+    first = json.loads((logs / "joined-0-1").read_text())
+    again = json.loads((logs / "joined-1-1").read_text())
+    assert again["incarnation"] > first["incarnation"]
+    # taken over before anyone declared the dead rank failed (30 s): a replace, no failure
+    kinds = [(e["type"], e["worker"]) for e in job.events(1000)]
+    assert ("replace", "w1") in kinds and ("fail", "w1") not in kinds, kinds
+    assert (logs / "1-1.log").read_text(), "the relaunched rank trained nothing"
+
+    # each sample once: the killed process's work that survived it is the shards it
+    # completed (recorded under w1 with a token granted before the kill); its shards in
+    # flight died with it and were trained again from their start
+    done = manager.job.leases(DATASET, 0, "reader").completions()
+    assert sorted(done) == list(range(params.num_shards))
+    own = {s for s, (worker, token) in done.items() if worker == "w1" and token <= granted_at_kill}
+    kept = set().union(*(_shard_samples(params, 0, s) for s in own)) if own else set()
+    killed = _samples([logs / "0-1.log"]).get(0, Counter())
+    trained = _samples([logs / "0-0.log", logs / "1-1.log"])[0]
+    trained.update(Counter({s: n for s, n in killed.items() if s in kept}))
+    assert trained == Counter(range(params.total_samples))
+    job.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -14,6 +16,7 @@ import pytest
 import redis
 
 import strata_redis
+from strata_redis.coordination.registry import job_clock
 from strata_redis.server import RedisServer
 
 from .procs import CTX, join_all, kill9, spawn, wait_for
@@ -155,6 +158,148 @@ def test_a_holder_registered_before_pids_were_recorded_is_named_as_unknown(
         job.register_worker("w", heartbeat_interval=None)
     assert (info.value.holder_host, info.value.holder_pid) == ("gpu-a", None)
     assert job.workers()[0].pid is None
+
+
+# -- a stale holder is taken over; a live one is not --------------------------------------------
+
+
+def _redis_ms(job: strata_redis.Job) -> int:
+    sec, usec = job_clock(job.client, job.job_id)
+    return sec * 1000 + usec // 1000
+
+
+def _far_holder(job: strata_redis.Job, worker_id: str) -> strata_redis.Worker:
+    """Register ``worker_id`` here, then record it as made by a process on another host (its
+    pid space another machine's): this host cannot ask about its process."""
+    worker = job.register_worker(worker_id, host="gpu-far", heartbeat_interval=None)
+    far = {"host": "gpu-far", "address": None, "gpu_count": 0, "labels": {}, "pid": 4242,
+           "started": 17, "space": "another-boot/pid:[4026531836]"}  # fmt: skip
+    job.client.hset(job.keys.info, worker_id, orjson.dumps(far))
+    return worker
+
+
+def test_a_second_live_process_with_the_id_is_refused_and_the_holder_runs_on(
+    redis_url: str, job_id: str
+) -> None:
+    """Two live processes, one id: the second is refused with a message that says the holder
+    is alive, where, and how to take it over; the holder keeps beating. Once the holder is
+    SIGKILLed, the same registration takes its place at once, its heartbeat still fresh."""
+    timeout = 30.0  # far longer than this test: only the process check can free the id
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=timeout)
+    ready: Queue[Any] = CTX.Queue()
+    proc = spawn(heartbeating_worker, redis_url, job_id, "w", 0.1, timeout, 0.0, ready)
+    ready.get(timeout=60)
+    (before,) = job.workers()
+    with pytest.raises(strata_redis.WorkerExistsError) as info:
+        job.register_worker("w", heartbeat_interval=None)
+    message = str(info.value)
+    host = socket.gethostname()
+    assert f"is already registered and alive, held by process {proc.pid} on host {host!r}" in (
+        message
+    )
+    assert "its process is running on this host" in message, message
+    assert re.search(r"its last heartbeat [0-9.e-]+ s ago, within the heartbeat timeout of 30 s",
+                     message), message  # fmt: skip
+    assert "pass replace=True to take the id over now" in message
+    assert (info.value.holder_host, info.value.holder_pid) == (host, proc.pid)
+    assert info.value.last_seen_s is not None and 0 <= info.value.last_seen_s < timeout
+    # the holder runs on: same incarnation, still beating
+    seen = before.last_seen_s
+    wait_for(lambda: job.workers()[0].last_seen_s != seen, 10)
+    (after,) = job.workers()
+    assert (after.status, after.incarnation, after.pid) == (
+        "training",
+        before.incarnation,
+        proc.pid,
+    )
+    assert proc.is_alive()
+
+    kill9(proc)
+    back = job.register_worker("w", heartbeat_interval=None)  # no replace=True, at once
+    assert back.incarnation > before.incarnation
+    assert [(e["type"], e["worker"]) for e in job.events()][-1] == ("replace", "w")
+    (now,) = job.workers()
+    assert (now.pid, now.status) == (os.getpid(), "idle")
+    back.heartbeat()
+    job.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="a zombie is seen in /proc")
+def test_a_holder_killed_but_not_yet_collected_by_its_parent_is_taken_over(
+    redis_url: str, job_id: str
+) -> None:
+    """A dead process whose parent has not collected it yet (a zombie) still has its pid:
+    it is gone all the same."""
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=30.0)
+    ready: Queue[Any] = CTX.Queue()
+    proc = spawn(heartbeating_worker, redis_url, job_id, "w", 0.1, 30.0, 0.0, ready)
+    ready.get(timeout=60)
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)  # and not collected (no join) until the end
+
+    def zombie() -> bool:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+    wait_for(zombie, 10)
+    back = job.register_worker("w", heartbeat_interval=None)
+    assert [(e["type"], e["worker"]) for e in job.events()][-1] == ("replace", "w")
+    back.heartbeat()
+    proc.join(10)
+    job.close()
+
+
+def test_a_holder_whose_pid_was_given_to_another_process_is_taken_over(
+    job: strata_redis.Job,
+) -> None:
+    """The recorded start time tells the holder from a later process given its pid."""
+    old = job.register_worker("w", heartbeat_interval=None)
+    (mine,) = job.workers()
+    raw_info = orjson.loads(job.client.hget(job.keys.info, "w"))
+    assert raw_info["pid"] == os.getpid() and isinstance(raw_info["started"], int)
+    with pytest.raises(strata_redis.WorkerExistsError, match="running on this host"):
+        job.register_worker("w", heartbeat_interval=None)  # this very process: alive
+    job.client.hset(
+        job.keys.info, "w", orjson.dumps({**raw_info, "started": raw_info["started"] - 1})
+    )
+    new = job.register_worker("w", heartbeat_interval=None)
+    assert new.incarnation > old.incarnation == mine.incarnation
+    with pytest.raises(strata_redis.WorkerReplacedError):
+        old.heartbeat()
+
+
+def test_a_holder_on_another_host_is_taken_over_only_past_the_heartbeat_timeout(
+    redis_url: str, job_id: str
+) -> None:
+    """Another host's process cannot be asked about: its heartbeat alone decides, on Redis'
+    clock, with the reaper's cutoff (a grace after a Redis stall included)."""
+    job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=1.0)
+    old = _far_holder(job, "w")
+    with pytest.raises(strata_redis.WorkerExistsError) as info:
+        job.register_worker("w", heartbeat_interval=None)  # fresh: alive as far as we know
+    assert "held by process 4242 on host 'gpu-far'" in str(info.value)
+    assert "not checked: it ran on another host" in str(info.value)
+    assert (info.value.holder_host, info.value.holder_pid) == ("gpu-far", 4242)
+
+    # silent 1.5 s of a 1 s timeout, but a grace after a stall that began 1 s ago is running:
+    # the reaper would not declare it failed (cutoff: a timeout before the stall), nor is it
+    # taken over
+    now = _redis_ms(job)
+    job.client.zadd(job.keys.heartbeats, {"w": now - 1500})
+    job.client.hset(job.keys.reaper, mapping={"quiet": now - 1000, "grace": now + 60_000})
+    assert job.reap() == []
+    with pytest.raises(strata_redis.WorkerExistsError):
+        job.register_worker("w", heartbeat_interval=None)
+    job.client.delete(job.keys.reaper)  # no grace: silent past the timeout is stale
+    generation = job.membership_generation()
+    new = job.register_worker("w", heartbeat_interval=None)
+    assert new.incarnation == generation + 1  # one move: a replace, not a failure and a join
+    assert [(e["type"], e["worker"]) for e in job.events()][-1] == ("replace", "w")
+    (listed,) = job.workers()
+    assert (listed.host, listed.pid, listed.status) == (socket.gethostname(), os.getpid(), "idle")
+    with pytest.raises(strata_redis.WorkerReplacedError):
+        old.heartbeat()  # the holder's incarnation is refused, as replace=True does
+    job.close()
 
 
 def test_failed_worker_is_not_resurrected_by_old_heartbeats(job: strata_redis.Job) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import strata_redis
 from strata_redis.data.leases import keep_whole
-from strata_redis.status import ANCHORS, GUARDS_ENV
+from strata_redis.keys import Keys
+from strata_redis.status import GUARDS_ENV
 
 from .checker import Report, check
 from .history import History, read_history
@@ -128,7 +129,19 @@ class _Workers:
             proxy.close()
 
 
-def _play(fault: Fault, topo: Topology, workers: _Workers) -> None:
+def _keys_named(keys: Keys, name: str, epochs: int) -> list[str]:
+    """The keys a ``del-key`` fault deletes (``schedule.DELETABLE``)."""
+    if not name.startswith("lease."):
+        return [str(getattr(keys, name))]
+    what = name.removeprefix("lease.")
+    out = []
+    for epoch in range(epochs):
+        lease_keys = keys.lease_keys("ds", epoch)
+        out.append(lease_keys.record(0) if what == "record" else getattr(lease_keys, what))
+    return out
+
+
+def _play(fault: Fault, topo: Topology, workers: _Workers, epochs: int) -> None:
     """Play one fault (blocking for as long as it lasts)."""
     proc = workers.proc(fault.slot)
     hold = float(fault.params.get("hold", 0))
@@ -176,10 +189,9 @@ def _play(fault: Fault, topo: Topology, workers: _Workers) -> None:
         time.sleep(hold)
         if proc.poll() is None:
             proc.send_signal(signal.SIGCONT)
-    elif fault.kind == "del-anchor":
-        with strata_redis.connect(topo.url, JOB) as job:  # the key as the schema names it
-            key = dict(zip(ANCHORS, job.keys.anchors, strict=True))[fault.params["key"]]
-            job.client.delete(key)
+    elif fault.kind == "del-key":
+        with strata_redis.connect(topo.url, JOB) as job:  # the keys as the schema names them
+            job.client.delete(*_keys_named(job.keys, fault.params["key"], epochs))
 
 
 def _record(url: str, cfg: RunConfig, shards: int) -> dict[int, dict[int, tuple[str, int]]] | None:
@@ -218,7 +230,7 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
                 if progress:
                     print(f"  seed {cfg.seed}: {fault.describe()}", flush=True)
                 controller.add("fault", kind=fault.kind, slot=fault.slot, **fault.params)
-                _play(fault, topo, workers)
+                _play(fault, topo, workers, cfg.epochs)
                 played[fault.kind] += 1
             # every process ends: finished, or stopped by a named error, within the budget
             deadline = time.monotonic() + cfg.duration + 4 * cfg.redis_retry

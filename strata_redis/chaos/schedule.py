@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "Fault", "draw"]
+__all__ = ["DELETABLE", "KINDS", "Fault", "draw"]
 
 #: every kind of fault the run can play, and what it does
 KINDS: dict[str, str] = {
@@ -20,13 +20,23 @@ KINDS: dict[str, str] = {
     "failover": "fail over to a replica that lagged (the replication link stalled first)",
     "masked-failover": "stop a worker, fail over to a replica that lagged while it made "
     "calls, let the others run, then let it run again (the masked rollback)",
-    "del-anchor": "delete one of the job's anchor keys (an operator's DEL, an eviction)",
+    "del-key": "delete one key of the job's state (an operator's DEL, an eviction): an anchor, "
+    "a key of the worker registry, or one structure of every epoch's leases",
 }
+
+#: the keys a ``del-key`` fault may delete: the job's (``Keys``' names), and ``lease.<name>``
+#: for that structure of every epoch of the run (``LeaseKeys``' names; ``record``: segment 0)
+DELETABLE = (
+    "fence", "generation", "epoch", "era", "clock", "history", "datasets",
+    "heartbeats", "status", "incarnation", "info",
+    "lease.meta", "lease.taken", "lease.done", "lease.holders", "lease.expiry",
+    "lease.record", "lease.workers",
+)  # fmt: skip
 
 
 #: the kinds that may end a run with a StateLostError (the state went back or lost an
 #: anchor): a schedule plays them after the others, so those are played too
-TERMINAL = frozenset({"failover", "masked-failover", "del-anchor"})
+TERMINAL = frozenset({"failover", "masked-failover", "del-key"})
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,7 @@ def draw(
         elif kind == "masked-failover":
             params["lag"] = round(rng.uniform(0.3, 0.8), 3)
             params["hold"] = round(rng.uniform(1.0, 2.0), 2)
-        elif kind == "del-anchor":
-            params["key"] = rng.choice(["fence", "generation", "epoch"])
+        elif kind == "del-key":
+            params["key"] = rng.choice(DELETABLE)
         faults.append(Fault(kind, round(at, 2), rng.randrange(workers), params))
     return faults

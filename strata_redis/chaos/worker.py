@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
             args.url, args.job, heartbeat_timeout=args.heartbeat_timeout,
             redis_retry=args.redis_retry,
         )  # fmt: skip
-        job.register_worker(args.id, heartbeat_interval=args.heartbeat_timeout / 4, replace=True)
+        # a relaunch under the same id takes the dead process's place by default (its pid gone)
+        job.register_worker(args.id, heartbeat_interval=args.heartbeat_timeout / 4)
         for epoch in range(args.epochs):
             leases = job.leases("ds", epoch, args.id, ttl=args.lease_ttl)
             for lease in leases:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -343,6 +344,24 @@ def step_workers(ctx: JobContext, cid: CheckpointId) -> tuple[set[str], set[str]
         state, acks = pipe.execute()
     began = {str(w) for f, w in state.items() if str(f).startswith("r:")}
     return began, {str(orjson.loads(v)["worker"]) for v in acks.values()}
+
+
+#: the states of a checkpoint whose ranks (or leader) may still be writing to storage
+IN_FLIGHT: Final = frozenset({"open", "committing"})
+
+
+def step_states(ctx: JobContext, steps: Iterable[CheckpointId]) -> dict[CheckpointId, str | None]:
+    """Each checkpoint's state (``open``, ``committing``, ``committed``, ``aborted``; None:
+    no state: never opened here, or its keys expired), in one round trip (for retention)."""
+    ordered = list(dict.fromkeys(steps))
+    if not ordered:
+        return {}
+    k = ctx.keys
+    with ctx.client.pipeline(transaction=False) as pipe:
+        for step in ordered:
+            pipe.hget(k.checkpoint_step(step.label), "state")
+        states = pipe.execute()
+    return {s: None if v is None else str(v) for s, v in zip(ordered, states, strict=True)}
 
 
 def _numbers(cid: CheckpointId) -> list[Any]:

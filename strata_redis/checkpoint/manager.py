@@ -68,8 +68,9 @@ class CheckpointManager:
             a path; None reads the environment (``STORAGE_BACKEND``, ``CHECKPOINT_BUCKET``,
             ``AWS_REGION``, ``LOCAL_STORAGE_PATH``, ``AWS_ENDPOINT_URL``).
         keep_count: how many of the newest committed checkpoints to keep (at least 1).
-        job_id: the job; default the ``Job``'s given as ``redis``, else ``$STRATA_JOB_ID``,
-            else ``"default"``. It may not contain ``/`` (it names a storage directory).
+        job_id: the job; default the ``Job``'s given as ``redis``, else the process's
+            default job, as ``connect``'s (``identity.job_id``). It may not contain ``/``
+            (it names a storage directory).
         redis: a Redis URL, a ``redis.Redis`` or a ``Job``; default ``$STRATA_REDIS_URL``,
             else ``redis://localhost:6379/0``.
         worker_id: this worker's id; default ``<hostname>:<pid>``. A worker registered in

@@ -38,6 +38,7 @@ __all__ = [
     "encode_metadata",
     "id_of",
     "part_path",
+    "scan",
 ]
 
 FORMAT = "strata-checkpoint/1"
@@ -149,6 +150,17 @@ def id_of(relative: str) -> tuple[CheckpointId, str] | None:
     if cid is None or not sep:
         return None
     return cid, rest
+
+
+def scan(storage: Storage, job_id: str) -> dict[CheckpointId, list[str]]:
+    """Every checkpoint directory of ``job_id`` in storage: id -> its files (paths inside it)."""
+    prefix = checkpoints_prefix(job_id)
+    found: dict[CheckpointId, list[str]] = {}
+    for path in storage.list(prefix):
+        parsed = id_of(path[len(prefix) :])
+        if parsed is not None:
+            found.setdefault(parsed[0], []).append(parsed[1])
+    return found
 
 
 def check_part_name(name: object, *, arg: str = "name") -> str:

@@ -31,8 +31,8 @@ from .manifest import (
     decode_metadata,
     encode_metadata,
     located,
+    scan,
 )
-from .retention import scan
 
 __all__ = [
     "CheckpointReader",

@@ -13,8 +13,11 @@ prefix once and then
   (they can never commit: acks behind the newest committed checkpoint are refused), unless
   Redis says a leader is committing one right now;
 - asks the storage to remove what killed writers left (``Storage.remove_abandoned``: a local
-  writer's hidden temporary files) in the checkpoints it deleted, and anywhere under the
-  prefix once it is older than ``tmp_age``.
+  writer's hidden temporary files, an S3 multipart upload) in the checkpoints it deleted,
+  and anywhere under the prefix once it is older than ``tmp_age`` (S3 judges the age by its
+  own clock) — but never in a checkpoint still in flight (open or committing in Redis):
+  a save may upload for longer than ``tmp_age``, and S3-compatible stores may date an upload
+  wrongly (moto dates every one 2010).
 
 Only paths of the form ``{job_id}/checkpoints/{label}/...`` (a checkpoint label:
 ``step_{S}``, ``epoch_{E}_step_{S}``, ``run_{R}_...``) are ever touched: another job's files,
@@ -28,11 +31,13 @@ from dataclasses import dataclass, field
 
 from ..context import JobContext
 from ..storage import Storage
+from ..storage.base import InUse
+from .commit import IN_FLIGHT, step_states
 from .ids import CheckpointId
 from .index import CheckpointIndex
-from .manifest import METADATA, checkpoint_dir, checkpoints_prefix, id_of
+from .manifest import METADATA, checkpoint_dir, checkpoints_prefix, id_of, scan
 
-__all__ = ["PruneReport", "prune", "scan"]
+__all__ = ["PruneReport", "prune"]
 
 log = logging.getLogger("strata_redis.checkpoint")
 
@@ -52,17 +57,6 @@ class PruneReport:
     deleted: list[CheckpointId] = field(default_factory=list)
     leftovers: list[CheckpointId] = field(default_factory=list)
     tmp_files: int = 0
-
-
-def scan(storage: Storage, job_id: str) -> dict[CheckpointId, list[str]]:
-    """Every checkpoint directory of ``job_id`` in storage: id -> its files (paths inside it)."""
-    prefix = checkpoints_prefix(job_id)
-    found: dict[CheckpointId, list[str]] = {}
-    for path in storage.list(prefix):
-        parsed = id_of(path[len(prefix) :])
-        if parsed is not None:
-            found.setdefault(parsed[0], []).append(parsed[1])
-    return found
 
 
 def prune(
@@ -105,7 +99,9 @@ def prune(
     # Nothing writes to a deleted step any more: its debris goes at once; elsewhere, once old.
     for step in report.deleted + report.leftovers:
         report.tmp_files += storage.remove_abandoned(checkpoint_dir(job_id, step) + "/")
-    report.tmp_files += storage.remove_abandoned(checkpoints_prefix(job_id), older_than=tmp_age)
+    report.tmp_files += storage.remove_abandoned(
+        checkpoints_prefix(job_id), older_than=tmp_age, in_use=_in_flight(ctx)
+    )
     if report.deleted or report.leftovers or report.tmp_files:
         log.info(
             "checkpoint retention of job %r: kept %s, deleted %s, leftovers %s, "
@@ -121,13 +117,23 @@ def _labels(ids: list[CheckpointId]) -> list[str]:
 
 def _committing(ctx: JobContext, steps: list[CheckpointId]) -> set[CheckpointId]:
     """The checkpoints among ``steps`` whose leader may be writing metadata.json right now."""
-    if not steps:
-        return set()
-    with ctx.client.pipeline(transaction=False) as pipe:
-        for step in steps:
-            pipe.hget(ctx.keys.checkpoint_step(step.label), "state")
-        states = pipe.execute()
-    return {s for s, state in zip(steps, states, strict=True) if state == "committing"}
+    return {s for s, state in step_states(ctx, steps).items() if state == "committing"}
+
+
+def _in_flight(ctx: JobContext) -> InUse:
+    """``remove_abandoned``'s ``in_use``: the debris in checkpoints still in flight in Redis
+    (their ranks may still be uploading)."""
+    prefix = checkpoints_prefix(ctx.job_id)
+
+    def in_use(paths: list[str]) -> set[str]:
+        ids = {p: id_of(p[len(prefix) :]) for p in paths if p.startswith(prefix)}
+        states = step_states(ctx, (parsed[0] for parsed in ids.values() if parsed is not None))
+        return {
+            p for p, parsed in ids.items()
+            if parsed is not None and states[parsed[0]] in IN_FLIGHT
+        }  # fmt: skip
+
+    return in_use
 
 
 def _delete_step(storage: Storage, job_id: str, step: CheckpointId, files: list[str]) -> None:

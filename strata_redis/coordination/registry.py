@@ -42,6 +42,7 @@ __all__ = [
     "REAP_BATCH",
     "STALL_FRACTION",
     "STATUSES",
+    "Holder",
     "MembershipEvent",
     "RedisClock",
     "WorkerInfo",
@@ -148,29 +149,55 @@ class _Registration:
     gpu_count: int
     labels: Mapping[str, str]
     pid: int | None  # None: registered before pids were recorded
+    started: int | None = None  # the process's start time (None: not recorded)
+    space: str | None = None  # the pid space it ran in (None: not recorded)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @lru_cache(maxsize=20_000)
 def _registration(raw: str) -> _Registration:
-    """Decode a registration (JSON {host, address, gpu_count, labels, pid}); kept decoded,
-    as it changes only when the worker registers again."""
+    """Decode a registration (JSON {host, address, gpu_count, labels, pid, started,
+    space}); kept decoded, as it changes only when the worker registers again."""
     meta = orjson.loads(raw)
-    pid = meta.get("pid")
+    space = meta.get("space")
     return _Registration(
         meta.get("host"), meta.get("address"), int(meta.get("gpu_count", 0)),
-        dict(meta.get("labels") or {}),
-        pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        dict(meta.get("labels") or {}), _int(meta.get("pid")), _int(meta.get("started")),
+        space if isinstance(space, str) and space else None,
     )  # fmt: skip
 
 
 _UNREGISTERED = _Registration(None, None, 0, {}, None)
 
 
-def holder(raw_info: str) -> tuple[str | None, int | None]:
-    """(host, pid) of a registration, from its info value ('' or a value written before
-    pids were recorded: what is unknown is None)."""
+@dataclass(frozen=True)
+class Holder:
+    """The process that made a registration, as its info value records it (None: unknown,
+    e.g. registered by code that did not record it).
+
+    Attributes:
+        host: the host it registered with (this machine's name unless the caller gave one).
+        pid: its process id.
+        started: its start time, in the kernel's clock ticks since boot (Linux
+            ``/proc/<pid>/stat``): tells the process apart from a later one given its pid.
+        space: the pid space its pid is valid in (the kernel boot and pid namespace): a
+            process in the same space can ask the kernel whether that pid is still running.
+    """
+
+    host: str | None
+    pid: int | None
+    started: int | None = None
+    space: str | None = None
+
+
+def holder(raw_info: str) -> Holder:
+    """The process that made a registration, from its info value ('' or a value written
+    before pids were recorded: what is unknown is None)."""
     reg = _registration(raw_info) if raw_info else _UNREGISTERED
-    return reg.host, reg.pid
+    return Holder(reg.host, reg.pid, reg.started, reg.space)
 
 
 def _worker_info(

@@ -29,7 +29,7 @@ from ..scripts import Call, check
 from ..status import Status
 from ..validate import check_id, check_int, check_seconds
 from .lifecycle import open_job
-from .registry import SETTABLE_STATUSES, RedisClock, holder, reap_call, reaped
+from .registry import SETTABLE_STATUSES, Holder, RedisClock, holder, reap_call, reaped
 
 __all__ = [
     "HEARTBEAT_BATCH",
@@ -63,15 +63,26 @@ def register_worker(
 ) -> Worker:
     """Register a worker (or re-register one that failed or left) and start heartbeats.
 
+    A live registration of the id (its holder) is taken over when it is stale: its last
+    heartbeat older than the job's heartbeat timeout (judged on Redis' clock, in the same
+    script as the takeover), or its process gone on this host (same pid space: the process
+    recorded at its registration, pid and start time, no longer runs). So a dead rank
+    relaunched at once under its id takes its place; a holder that looks alive is refused,
+    unless ``replace`` is set. A takeover supersedes the holder's incarnation, as
+    ``replace=True`` does: its heartbeats, rendezvous calls and leave are refused
+    (``WorkerReplacedError``).
+
     Args:
         ctx: the job.
         worker_id: the worker's id (see ``strata_redis.validate`` for what is allowed).
         host, address: where it runs, for people reading the state (``host`` default:
-            this machine's host name). The registering process's pid is recorded too, so
-            a refused duplicate can name the live holder.
+            this machine's host name). The registering process is recorded too (pid, start
+            time, pid space), so a refused duplicate can name the live holder and a later
+            registration on this host can tell that this process is gone.
         gpu_count: GPUs it has (0..1024).
         labels: free-form str -> str labels.
-        replace: take over the id if it is registered and alive (a restarted process).
+        replace: take over the id even if its holder looks alive (a restarted process
+            whose old self may still be running).
         heartbeat_interval: seconds between background heartbeats; ``None`` for none
             (then call ``heartbeat()`` yourself more often than the timeout).
         on_lost: called from the heartbeat thread if the worker is declared failed.
@@ -80,20 +91,25 @@ def register_worker(
         The worker handle; its ``incarnation`` is the new membership generation.
 
     Raises:
-        WorkerExistsError: the id is registered and alive, and ``replace`` is false (the
-            message names the holder's host and pid; the holder is untouched).
+        WorkerExistsError: the id is registered, its holder looks alive (a fresh heartbeat,
+            and its process running here or on another host), and ``replace`` is false (the
+            message names the holder's host and pid and says how to take it over; the
+            holder is untouched).
         RedisMemoryFullError: Redis refused writes at its memory limit for longer than the
             job's ``redis_retry`` (a shorter refusal is waited out).
         ValueError, TypeError: a bad argument, named in the message.
     """
     check_id("worker_id", worker_id)
     gpu_count = check_int("gpu_count", gpu_count, low=0, high=1024)
+    pid = os.getpid()
     info = {
         "host": socket.gethostname() if host is None else _optional_text("host", host),
         "address": _optional_text("address", address),
         "gpu_count": gpu_count,
         "labels": _labels(labels),
-        "pid": os.getpid(),
+        "pid": pid,
+        "started": _started(pid),
+        "space": _pid_space(),
     }
     if heartbeat_interval is not None:
         check_seconds("heartbeat_interval", heartbeat_interval, high=ctx.heartbeat_timeout)
@@ -101,22 +117,128 @@ def register_worker(
     what = f"registration of worker {worker_id!r}"
     ride_out(ctx, what, open_job, ctx)  # (opening an open job again changes nothing)
     k = ctx.keys
-    # at Redis' memory limit the registration waits for memory (a refused script applied
-    # nothing); it is not sent again after a lost connection, which may have applied it
-    reply = ride_out(
-        ctx, what, ctx.scripts.call, "register_worker",
-        [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events],
-        [worker_id, orjson.dumps(info), "1" if replace else "0", ctx.events_cap],
-        refused_only=True,
-    )  # fmt: skip
+    timeout_ms = int(ctx.heartbeat_timeout * 1000)
+
+    def call(gone: str) -> Any:
+        # at Redis' memory limit the registration waits for memory (a refused script applied
+        # nothing); it is not sent again after a lost connection, which may have applied it
+        return ride_out(
+            ctx, what, ctx.scripts.call, "register_worker",
+            [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events, k.reaper],
+            [worker_id, orjson.dumps(info), "1" if replace else "0", ctx.events_cap,
+             timeout_ms, gone],
+            refused_only=True,
+        )  # fmt: skip
+
+    reply = call("")
     ids: dict[str, Any] = {"job_id": ctx.job_id, "worker_id": worker_id}
-    if int(reply[0]) == Status.WORKER_EXISTS:
-        ids["holder"] = holder(reply[1])
-    generation, _now = check(reply, ids)
+    for retry in (True, False):
+        if int(reply[0]) != Status.WORKER_EXISTS:
+            break
+        held = holder(reply[1])
+        process = _process_state(held)
+        if retry and process == _GONE:  # take the id, unless it was registered anew since
+            reply = call(str(reply[2]))
+            continue
+        ids.update(
+            holder=(held.host, held.pid), last_seen_s=int(reply[3]) / 1000,
+            timeout_s=ctx.heartbeat_timeout, process=process,
+        )  # fmt: skip
+        break
+    generation, _now, how = check(reply, ids)
+    if how in ("gone", "stale"):
+        log.warning(
+            "worker %r of job %r: took the id over from its previous holder, %s (incarnation "
+            "%s); that holder is refused from now on",
+            worker_id, ctx.job_id,
+            "whose process is gone on this host" if how == "gone"
+            else "silent past the heartbeat timeout", generation,
+        )  # fmt: skip
     worker = Worker(ctx, worker_id, int(generation), on_lost=on_lost)
     if heartbeat_interval is not None:
         worker.start_heartbeat(heartbeat_interval)
     return worker
+
+
+# -- the registering process: is a holder's process still running? ----------------------------
+#: ``_process_state`` of a holder whose process no longer runs (on this host)
+_GONE = "its process is gone on this host"
+
+
+def _proc(pid: int) -> tuple[str, int] | None:
+    """The state letter and start time of process ``pid`` (``/proc/<pid>/stat`` fields 3 and
+    22: the start in clock ticks since boot), or None where it cannot be read (no such
+    process, no ``/proc``). With the pid, the start time names one process: a pid is given
+    again to a later process, the pair is not."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold ")"
+    try:
+        return fields[0], int(fields[19])  # the list starts at field 3
+    except (IndexError, ValueError):
+        return None
+
+
+def _started(pid: int) -> int | None:
+    """The start time of process ``pid`` (``_proc``), or None where unknown."""
+    proc = _proc(pid)
+    return None if proc is None else proc[1]
+
+
+@functools.cache
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_space() -> str | None:
+    """The pid space this process's pid is valid in: the kernel's boot id and this process's
+    pid namespace (Linux), or None where unknown. Two processes with the same space can ask
+    the kernel about each other's pids; two containers sharing a host name may not."""
+    boot = _boot_id()
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return f"{boot}/{namespace}" if boot else None
+
+
+def _process_state(held: Holder) -> str:
+    """What this process can tell of a holder's process: ``_GONE``, or a phrase for the
+    refusal's message ("its process is running on this host", "not checked: ...").
+
+    The same pid space (or, where neither side recorded one, the same host name) is needed
+    to ask about the pid at all; the pid's start time, when recorded, tells the holder from
+    a later process given the same pid."""
+    if held.pid is None:
+        return ""
+    mine = _pid_space()
+    if held.space is not None or mine is not None:
+        here = held.space == mine
+    else:  # neither side knows its pid space (not Linux): the host name
+        here = held.host == socket.gethostname()
+    if not here:
+        return "its process was not checked: it ran on another host"
+    if os.name != "posix":  # on Windows, os.kill would end the process
+        return "its process was not checked"
+    try:
+        os.kill(held.pid, 0)
+    except ProcessLookupError:
+        return _GONE
+    except PermissionError:
+        pass  # it runs, as another user
+    proc = _proc(held.pid)
+    if proc is not None and proc[0] in ("Z", "X"):
+        return _GONE  # dead, its exit status not yet collected by its parent
+    if proc is not None and held.started is not None and proc[1] != held.started:
+        return _GONE  # the pid was given to a later process
+    return "its process is running on this host"
 
 
 def _optional_text(arg: str, value: object) -> str | None:

@@ -60,7 +60,9 @@ def get_dataset(ctx: JobContext, name: str) -> DatasetParams:
     check_id("name", name)
     raw = ctx.client.hget(ctx.keys.datasets, name)
     if raw is None:
-        ctx.era.check()  # gone with the job's state, or never registered?
+        # gone with the job's state (its era, or the datasets anchor: the era and anchor
+        # check alone says which), or never registered?
+        ctx.scripts.check()
         raise DatasetNotFoundError.missing(ctx.job_id, name)
     return _decode(name, raw)
 
@@ -81,7 +83,8 @@ def queue_datasets(pipe: Any, job_id: str) -> None:
 
 def take_datasets(replies: Replies) -> list[DatasetParams]:
     """The datasets ``queue_datasets`` read, sorted by name."""
-    return [_decode(n, v) for n, v in sorted(take_reply(replies).items())]
+    # the field "" is no dataset: it keeps the HASH standing (an anchor: register_dataset.lua)
+    return [_decode(n, v) for n, v in sorted(take_reply(replies).items()) if n]
 
 
 def delete_dataset(ctx: JobContext, name: str) -> bool:

@@ -424,7 +424,8 @@ class ShardLeases:
         with self._lock:
             try:
                 self._run(
-                    "release_shard", [k.holders, k.expiry, k.taken, k.offsets, self._totals],
+                    "release_shard",
+                    [k.holders, k.expiry, k.taken, k.offsets, self._totals, k.meta],
                     [lease.shard_id, lease.token, "" if offset is None else offset,
                      "" if offset is None else offset - lease.start, lease.grant],
                     lambda: self._context(lease.shard_id, lease.token),

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import TracebackType
 from typing import TypeVar
 
-__all__ = ["MAX_PATH_BYTES", "TMP_PREFIX", "Storage", "as_byte_view", "check_path", "check_prefix"]
+__all__ = [
+    "MAX_PATH_BYTES",
+    "TMP_PREFIX",
+    "InUse",
+    "Storage",
+    "as_byte_view",
+    "check_path",
+    "check_prefix",
+]
 
 # S3 keys are at most 1024 bytes of UTF-8 and most filesystems cap a name at 255 bytes; both
 # limits apply on every backend, so a path valid on one is valid on the other.
@@ -19,6 +27,10 @@ MAX_NAME_BYTES = 255
 TMP_PREFIX = ".strata-tmp-"
 
 _S = TypeVar("_S", bound="Storage")
+
+#: ``remove_abandoned``'s ``in_use``: given the paths of the debris found, the paths among
+#: them a writer may still be writing (left alone)
+InUse = Callable[[list[str]], Collection[str]]
 
 
 def check_path(path: object, *, arg: str = "path") -> str:
@@ -228,16 +240,24 @@ class Storage(abc.ABC):
     def describe(self) -> str:
         """Return a short URL-like description such as ``s3://bucket/prefix`` (no secrets)."""
 
-    def remove_abandoned(self, prefix: str, older_than: float | None = None) -> int:
+    def remove_abandoned(
+        self, prefix: str, older_than: float | None = None, *, in_use: InUse | None = None
+    ) -> int:
         """Delete what killed writers left under ``prefix``; return how many things it deleted.
 
-        Only a backend's own debris (a local writer's hidden temporary files) is touched,
-        never an object; a backend that leaves none deletes nothing.
+        Only a backend's own debris (a local writer's hidden temporary files, an S3
+        multipart upload) is touched, never an object; a backend that leaves none deletes
+        nothing.
 
         Args:
             prefix: a directory-like prefix ending in ``/``.
-            older_than: only debris older than this many seconds; None for all of it
-                (the caller knows nothing can still be writing there).
+            older_than: only debris older than this many seconds, by the store's own clock
+                where it has one (S3: its response's ``Date``); None for all of it (the
+                caller knows nothing can still be writing there).
+            in_use: called once with the paths of the debris found (an upload's object
+                path; a temporary file's path, in the directory its object goes to); the
+                paths it returns are left alone, however old: the caller knows a writer may
+                still be writing there (a checkpoint in flight).
 
         Raises:
             StorageError: the backend failed.

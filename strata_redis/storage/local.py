@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from ..errors import StorageError, StorageExistsError, StorageNotFoundError
-from .base import TMP_PREFIX, Storage, as_byte_view, check_path, check_prefix
+from .base import TMP_PREFIX, InUse, Storage, as_byte_view, check_path, check_prefix
 
 __all__ = ["LocalStorage"]
 
@@ -180,15 +180,20 @@ class LocalStorage(Storage):
         found.sort()
         return found
 
-    def remove_abandoned(self, prefix: str, older_than: float | None = None) -> int:
+    def remove_abandoned(
+        self, prefix: str, older_than: float | None = None, *, in_use: InUse | None = None
+    ) -> int:
         """Delete killed writers' hidden temporary files under ``prefix`` (and emptied dirs).
 
-        See ``Storage.remove_abandoned``.
+        Age is a file's modification time on this machine's clock (the file system's: a
+        writer touches it with every write). See ``Storage.remove_abandoned``; ``in_use``
+        gets each temporary file's path (in the directory its object goes to).
         """
         prefix = check_prefix(prefix)
         top = self._full(prefix.rstrip("/")) if prefix else self._root
         cutoff = None if older_than is None else time.time() - older_than
-        count = 0
+        found: list[str] = []
+        dirs: list[str] = []  # bottom-up, as the walk met them
         for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
             for name in filenames:
                 if not name.startswith(TMP_PREFIX):
@@ -196,13 +201,24 @@ class LocalStorage(Storage):
                 full = os.path.join(dirpath, name)
                 with contextlib.suppress(OSError):
                     if cutoff is None or os.stat(full).st_mtime < cutoff:
-                        os.unlink(full)
-                        count += 1
-            # Emptied directories go only when nothing can write there: a writer may have
-            # just made one it has not written into yet.
-            if cutoff is None and dirpath != self._root:
-                with contextlib.suppress(OSError):
-                    os.rmdir(dirpath)  # only succeeds when empty
+                        found.append(full)
+            dirs.append(dirpath)
+        if found and in_use is not None:
+            relative = {os.path.relpath(f, self._root).replace(os.sep, "/"): f for f in found}
+            spared = set(in_use(list(relative)))
+            found = [f for path, f in relative.items() if path not in spared]
+        count = 0
+        for full in found:
+            with contextlib.suppress(OSError):
+                os.unlink(full)
+                count += 1
+        # Emptied directories go only when nothing can write there: a writer may have just
+        # made one it has not written into yet.
+        if cutoff is None:
+            for dirpath in dirs:
+                if dirpath != self._root:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(dirpath)  # only succeeds when empty
         return count
 
     # -- helpers -----------------------------------------------------------------------

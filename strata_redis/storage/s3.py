@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import email.utils
 import importlib
 import io
 import logging
@@ -16,7 +17,7 @@ from typing import Any
 
 from ..errors import StorageError, StorageExistsError, StorageNotFoundError
 from ..validate import check_int, check_seconds
-from .base import MAX_PATH_BYTES, Storage, as_byte_view, check_path, check_prefix
+from .base import MAX_PATH_BYTES, InUse, Storage, as_byte_view, check_path, check_prefix
 from .s3errors import NOT_FOUND, error_code, storage_error
 from .transfer import (
     MAX_PART_SIZE,
@@ -379,41 +380,50 @@ class S3Storage(Storage):
         found.sort()
         return found
 
-    def remove_abandoned(self, prefix: str, older_than: float | None = None) -> int:
+    def remove_abandoned(
+        self, prefix: str, older_than: float | None = None, *, in_use: InUse | None = None
+    ) -> int:
         """Abort the incomplete multipart uploads under ``prefix``; return how many.
 
         A killed writer (or one whose own abort failed in an S3 outage) leaves its parts
         stored, and billed, until this runs or a bucket lifecycle rule
         (``AbortIncompleteMultipartUpload``) removes them. See ``Storage.remove_abandoned``.
+        An upload's age is its ``Initiated`` time against the ``Date`` of S3's own reply,
+        never this machine's clock: a client clock running fast would abort other writers'
+        running uploads (this machine's clock only when the reply has no ``Date``).
 
         Raises:
             StorageError: S3 refused or could not be reached.
         """
         prefix = check_prefix(prefix)
-        cutoff = None if older_than is None else time.time() - older_than
-        count = 0
+        found: list[tuple[str, str]] = []  # (key, upload id) of the uploads old enough
         try:
             pages = self._client.get_paginator("list_multipart_uploads").paginate(
                 Bucket=self._bucket, Prefix=self._base + prefix
             )
             for page in pages:
+                cutoff = None if older_than is None else _server_time(page) - older_than
                 for upload in page.get("Uploads", ()):
                     if cutoff is not None and _timestamp(upload.get("Initiated")) >= cutoff:
                         continue  # may still be running
-                    try:
-                        self._client.abort_multipart_upload(
-                            Bucket=self._bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                        )
-                    except self._boto_errors as exc:
-                        if error_code(exc) != "NoSuchUpload":  # finished or aborted meanwhile
-                            raise
-                    count += 1
+                    found.append((upload["Key"], upload["UploadId"]))
+            if found and in_use is not None:
+                spared = set(in_use([key[len(self._base) :] for key, _ in found]))
+                found = [(key, up) for key, up in found if key[len(self._base) :] not in spared]
+            for key, upload_id in found:
+                try:
+                    self._client.abort_multipart_upload(
+                        Bucket=self._bucket, Key=key, UploadId=upload_id
+                    )
+                except self._boto_errors as exc:
+                    if error_code(exc) != "NoSuchUpload":  # finished or aborted meanwhile
+                        raise
         except self._boto_errors as exc:
             raise self._error("remove abandoned uploads under", prefix, exc) from exc
-        if count:
+        if found:
             log.info("%s: aborted %d abandoned multipart uploads under %r", self.describe(),
-                     count, prefix)  # fmt: skip
-        return count
+                     len(found), prefix)  # fmt: skip
+        return len(found)
 
     # -- helpers -----------------------------------------------------------------------
     def _open_uploads(self, key: str) -> set[str]:
@@ -488,6 +498,21 @@ class S3Storage(Storage):
             exc, op=op, path=path, backend=self.describe(), bucket=self._bucket,
             bucket_missing=bucket_missing,
         )  # fmt: skip
+
+
+def _server_time(reply: dict[str, Any]) -> float:
+    """S3's clock at ``reply``, seconds since the epoch: its HTTP ``Date`` header (this
+    machine's clock when it has none, or one that does not parse)."""
+    date = reply.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if isinstance(date, str):
+        try:
+            when = email.utils.parsedate_to_datetime(date)
+        except (TypeError, ValueError):
+            return time.time()
+        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates always are
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return when.timestamp()
+    return time.time()
 
 
 def _timestamp(value: object) -> float:
