@@ -29,7 +29,8 @@ def _running_epoch(job: strata_redis.Job) -> tuple[ShardLeases, Lease, Lease]:
     """A dataset of 8 shards, its epoch 0 running: one shard completed, one held, and one
     handed back part-way (so every structure, the offsets too, exists)."""
     strata_redis.ShardManager(job).register_dataset_params("ds", 16, 2, False, 0)
-    job.register_worker("w0", heartbeat_interval=0.5)
+    # no heartbeat thread: it would outlive the test (and its deleted keys) into the next
+    job.register_worker("w0", heartbeat_interval=None)
     leases = job.leases("ds", 0, "w0", ttl=30)
     first = leases.acquire()
     assert first is not None and first.complete()
@@ -104,7 +105,7 @@ def test_a_policy_that_evicts_set_while_the_job_runs_stops_it(
     monkeypatch.setattr(era_module, "POLICY_EVERY", 0.0)
     with strata_redis.connect(server.url, "policy-job") as job:
         strata_redis.ShardManager(job).register_dataset_params("ds", 16, 2, False, 0)
-        job.register_worker("w0", heartbeat_interval=0.5)
+        job.register_worker("w0", heartbeat_interval=None)
         leases = job.leases("ds", 0, "w0", ttl=30)
         assert leases.acquire() is not None
         admin = redis.Redis.from_url(server.url)
