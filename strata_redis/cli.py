@@ -503,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--job", default=None, help="the job whose keys the rights probes use (default "
         "$STRATA_JOB_ID, else 'default'; pass your job's id when its ACL user is limited to "
-        "its keys: `strata jobs` lists them)",
+        "its keys: 'strata jobs' lists them)",
     )  # fmt: skip
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.set_defaults(func=_doctor)
