@@ -97,13 +97,15 @@ if ARGV[4] ~= '' then
   local held = redis.call('HGET', KEYS[3], shard)
   local held_token, held_grant
   if held then held_token, held_grant = string.match(held, '^(%d+) %d+ (%S+) ') end
+  -- the shard's record segment, once made (meta seg:<k>), stands: recording and a retry's
+  -- check both read it
+  local segment = 'seg:' .. math.floor(n / SEG)
+  local made = redis.call('EXISTS', KEYS[11]) == 1
+  if not made and G.ANCHORS and redis.call('HEXISTS', KEYS[1], segment) == 1 then
+    return LOST(KEYS[11])
+  end
   -- G.FENCING off (the fault checker's proof that it matters only): every completion records
   if (held and held_token == token and held_grant == grant) or not G.FENCING then
-    local segment = 'seg:' .. math.floor(n / SEG)
-    local made = redis.call('EXISTS', KEYS[11]) == 1
-    if not made and G.ANCHORS and redis.call('HEXISTS', KEYS[1], segment) == 1 then
-      return LOST(KEYS[11])
-    end
     local index = redis.call('HGET', KEYS[12], 'w:' .. id)
     if not index then
       if G.ANCHORS and pool[6] and redis.call('EXISTS', KEYS[12]) == 0 then
@@ -137,10 +139,6 @@ if ARGV[4] ~= '' then
     completion = -1
     if redis.call('GETBIT', KEYS[5], n) == 1 then
       -- a retry of a recorded completion: the same token, completed by this worker
-      if G.ANCHORS and redis.call('EXISTS', KEYS[11]) == 0
-          and redis.call('HEXISTS', KEYS[1], 'seg:' .. math.floor(n / SEG)) == 1 then
-        return LOST(KEYS[11])
-      end
       local got = redis.call('BITFIELD', KEYS[11], 'GET', 'i64', at, 'GET', 'u32', at + 64)
       if got[1] == tonumber(token) and tostring(got[2]) == redis.call('HGET', KEYS[12], 'w:' .. id) then
         completion = 0

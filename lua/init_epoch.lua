@@ -42,8 +42,8 @@ if NKEYS >= 11 then
       local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       redis.call('HDEL', KEYS[5], 'swept', 'cursor', 'sweep_gen', 'sweep_cursor', 'offsets',
         'indexed')
-      for k = 0, math.floor((tonumber(old[1]) - 1) / 65535) do
-        redis.call('HDEL', KEYS[5], 'seg:' .. k)  -- the record segments made (acquire_shard)
+      for k = 0, NKEYS - 12 do  -- KEYS[12..]: every record segment of the epoch
+        redis.call('HDEL', KEYS[5], 'seg:' .. k)  -- which were made (acquire_shard)
       end
       redis.call('HSET', KEYS[5], 'done', done, 'closed_ms', now)
       redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))

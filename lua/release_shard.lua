@@ -12,11 +12,14 @@
 -- ARGV[5] = the grant id (acquire_shard's ARGV[8] for this lease): the release names the
 --           grant it ends, so a token number issued again after a rollback is not the caller's
 -- returns {0} | {20} LEASE_LOST: the caller no longer holds it
+--       | {S.STATE_LOST, era marked lost}: handing back part-way, the epoch's meta is gone
 local held = redis.call('HGET', KEYS[1], ARGV[1])
 if not held then return {S.LEASE_LOST} end
 local token, grant, holder = string.match(held, '^(%d+) %d+ (%S+) (.*)$')
 if token ~= ARGV[2] or (G.FENCING and grant ~= ARGV[5]) then return {S.LEASE_LOST} end
 if ARGV[3] ~= '' then
+  -- the meta gone: flagging it would make a meta of one field (acquire_shard: lost)
+  if G.ANCHORS and redis.call('EXISTS', KEYS[6]) == 0 then return LOST(KEYS[6]) end
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
   redis.call('HSET', KEYS[6], 'offsets', 1)
   local samples = tonumber(ARGV[4]) or 0

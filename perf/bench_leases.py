@@ -72,7 +72,7 @@ def fresh_epoch(loops: int, url: str, tag: str) -> strata_redis.ShardLeases:
     job.register_worker(worker, replace=True, heartbeat_interval=None)
     params = ShardManager(job).register_dataset_params(f"bench-{tag}-{loops}", loops, 1)
     epoch = int(job.client.incr("bench:{leases}:epoch"))  # fresh in every process
-    leases = strata_redis.ShardLeases(job, params, epoch, worker)
+    leases = strata_redis.ShardLeases(job.context, params, epoch, worker)
     leases.prepare()
     return leases
 

@@ -75,8 +75,15 @@ def main() -> None:
         job.scripts.call(name, keys, args_)  # the anchors are noted
         body = status.inline(scripts.sources()[name])
         full_keys, full_args = job.scripts.stamp(keys, args_)
+        # the old prelude on a job of its own: its clock steps by 8 over 3 anchors (today's by
+        # 16 over 4), so on one job either would read the other's ticks as anchors made
+        old_job = strata_redis.connect(server.url, "prelude-cost-ea57689")
+        old_worker = old_job.register_worker("w", heartbeat_interval=None)
+        _, old_keys, old_args = old_worker.heartbeat_call()
+        old_job.client.set(old_job.keys.epoch, 0)
+        old_job.client.set(old_job.keys.fence, 0)
+        ok = old_job.keys
         old_head, old_tail = before_history()
-        old_src = status.inline(scripts.sources()[name])
         variants = {
             "no check": ("local NKEYS, NARGV = #KEYS, #ARGV " + body, keys, args_),
             "era only (392eb16)": (
@@ -84,7 +91,9 @@ def main() -> None:
                 [*args_, job.context.era.value()],
             ),
             "era, clock, anchors (ea57689)": (
-                old_head + old_src + "\n" + old_tail, full_keys[:-1], full_args[:-2],
+                old_head + body + "\n" + old_tail,
+                [*old_keys, ok.fence, ok.generation, ok.epoch, ok.era, ok.clock],
+                [*old_args, old_job.context.era.value(), 0],
             ),
             "era, clock, history, anchors": (scripts.compiled()[name], full_keys, full_args),
             "the same, codes as tables": (
@@ -99,10 +108,16 @@ def main() -> None:
         per_call: dict[str, list[float]] = {label: [] for label in variants}
         for _ in range(args.rounds):
             for label, (_, k, a) in variants.items():
+                if a is full_args:  # a mark within the history's reach: its check runs
+                    job.scripts.call(name, keys, args_)
+                    a[-4:] = job.scripts.stamp(keys, args_)[1][-4:]
                 raw.config_resetstat()
                 for _ in range(args.calls):
                     raw.evalsha(shas[label], len(k), *k, *a)
                 per_call[label].append(raw.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+        for measured in (job, old_job):  # a refused call (a lost era) would time its refusal
+            era = raw.get(measured.keys.era) or b""
+            assert b"!" not in era, f"{measured.job_id}: {era!r}: the figures timed refusals"
         print(f"heartbeat script, Redis CPU per call ({args.rounds} rounds x {args.calls} calls):")
         for label, values in per_call.items():
             print(
@@ -111,6 +126,7 @@ def main() -> None:
             )
         raw.close()
         job.close()
+        old_job.close()
 
 
 if __name__ == "__main__":

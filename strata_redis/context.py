@@ -25,14 +25,12 @@ from .connection import (
     max_block,
 )
 from .era import Era, EraScripts
-from .identity import JOB_ENV
 from .keys import Keys
 from .scripts import Scripts
 from .validate import check_id, check_int, check_seconds
 
 __all__ = [
     "DEFAULT_RETENTION_S",
-    "JOB_ENV",
     "MAX_RETENTION_S",
     "RETENTION_ENV",
     "HasContext",

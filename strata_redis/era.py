@@ -207,6 +207,9 @@ class Era:
         #: the maxmemory-policy the last check saw, and when the next check is due
         self._policy: str | None = None
         self._policy_due = 0.0
+        #: the refusal of the last check: every call raises it until a check passes (one
+        #: call alone could be a heartbeat thread's, which logs it and goes on)
+        self._refused: RedisConfigError | None = None
 
     @property
     def known(self) -> str | None:
@@ -267,10 +270,17 @@ class Era:
         Raises:
             RedisConfigError: Redis may evict the job's keys now (``check_eviction``).
         """
-        if self._value is None or time.monotonic() < self._policy_due:
+        if self._value is None:
             return
-        self._policy_due = time.monotonic() + POLICY_EVERY  # one check per period, not per thread
-        self._policy = check_eviction(self._client, self.job_id, self._policy)
+        if time.monotonic() >= self._policy_due:
+            self._policy_due = time.monotonic() + POLICY_EVERY  # once per period, not per thread
+            try:
+                self._policy = check_eviction(self._client, self.job_id, self._policy)
+                self._refused = None
+            except RedisConfigError as exc:
+                self._refused = exc
+        if self._refused is not None:
+            raise self._refused
 
     def lost(self, found: object) -> StateLostError:
         """The error for a ``STATE_LOST`` reply (``found``: the stored era, "" if none)."""

@@ -651,7 +651,7 @@ class StateLostError(StrataError):
     @classmethod
     def partly(cls, job_id: str, era: str, found: str) -> StateLostError:
         """Part of the state of ``job_id`` is gone: ``found`` is the era marked
-        ``<era>!lost:<anchor>`` (``status.ANCHORS``)."""
+        ``<era>!lost:<key>`` (an anchor of ``status.ANCHORS``, or a key of a structure)."""
         what = found.split(PARTLY_LOST_MARK, 1)[1] if PARTLY_LOST_MARK in found else "?"
         return cls(
             f"part of the state of job {job_id!r} in Redis was lost: its {what} key "
@@ -679,11 +679,13 @@ class StateLostError(StrataError):
 
 
 #: how a rolled-back era is marked in Redis (``status.ERA_CHECK``):
-#: ``<era>!rolled-back:<clock it held><<clock a process had seen>``
+#: ``<era>!rolled-back:<clock it held><<clock a process had seen>``, or ``...~<seen>`` when
+#: the clock was not behind but Redis' history at the seen tick is another call's
 ROLLED_BACK_MARK = "!rolled-back:"
 
 #: how an era is marked in Redis when part of its state is gone (``status.ERA_CHECK``):
-#: ``<era>!lost:<anchor>``
+#: ``<era>!lost:<key>`` (an anchor's name, or any key's part after the job's tag:
+#: ``status.ERA_CHECK``'s ``LOST``)
 PARTLY_LOST_MARK = "!lost:"
 
 #: what to do after a rollback, for the messages

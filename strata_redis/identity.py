@@ -5,8 +5,9 @@ What a training script gets when it names none of them (``TrainingOrchestrator()
 - **worker id**: the host name and torchrun's rank (``gpu-a-rank-3``; ``RANK``, else
   ``GROUP_RANK`` and ``LOCAL_RANK``), so a restarted rank comes back as itself; with no
   torchrun, the host name and the process id (``gpu-a-pid-4242``): unique per process.
-- **replace**: a live registration of the id is taken over only when torchrun says the
-  process is a restart (``TORCHELASTIC_RESTART_COUNT`` > 0).
+- **replace**: a registration of the id whose holder looks alive is taken over only when
+  torchrun says the process is a restart (``TORCHELASTIC_RESTART_COUNT`` > 0); a stale one
+  (its heartbeat past the timeout, or its process gone on this host) always is.
 - **job id**: ``$STRATA_JOB_ID``, else torchrun's run id (``TORCHELASTIC_RUN_ID``, unless it
   is torchrun's shared default ``none``), else ``<script>-<8 hex>``: a digest of the user,
   the main script's absolute path and the working directory, which a relaunch of the same

@@ -89,7 +89,7 @@ class ShardManager:
     @riding_out
     def assignment(self, dataset: str, epoch: int) -> dict[str, list[Shard]]:
         """Every live worker's shards for ``epoch``, in the order it should read them."""
-        params = self.get_dataset(dataset)
+        params = datasets.get_dataset(self.context, dataset)  # (ridden out here, not twice)
         workers = live_workers(self.context)
         return assign(params, workers, epoch)
 
@@ -101,7 +101,7 @@ class ShardManager:
             DatasetNotFoundError: unknown dataset.
             WorkerNotRegisteredError: ``worker_id`` is not a live worker of the job.
         """
-        params = self.get_dataset(dataset)
+        params = datasets.get_dataset(self.context, dataset)  # (ridden out here, not twice)
         check_id("worker_id", worker_id)
         workers = live_workers(self.context)
         if worker_id not in workers:

@@ -101,3 +101,35 @@ def outcomes(logdir: Path) -> dict[str, list[str]]:
 def errors(logdir: Path) -> dict[str, str]:
     """worker -> the error its loop ended on."""
     return {p.name[6:]: p.read_text() for p in logdir.glob("error-*")}
+
+
+#: the samples of the dataset ``start`` registers (in shards of 50)
+TOTAL = 1200
+
+
+def start(url: str, logs: Path, ckpt: Path, cfg: dict[str, Any]) -> list[Any]:
+    """Register the dataset, start ``cfg["workers"]`` README loops (worker processes), and
+    return them once they trained 60 batches between them."""
+    from .procs import spawn, wait_for
+
+    logs.mkdir()
+    register(url, total=TOTAL, per_shard=50)
+    procs = [spawn(readme_worker, url, f"w{i}", str(ckpt), str(logs), cfg)
+             for i in range(cfg["workers"])]  # fmt: skip
+    wait_for(lambda: batches(logs) >= 60, 60, why=lambda: errors(logs))
+    return procs
+
+
+def assert_finished_once(procs: list[Any], logs: Path) -> None:
+    """Every loop exited 0, trained each sample of both epochs once, and every save it made
+    committed."""
+    from .procs import join_all
+
+    assert join_all(procs, timeout=120) == [0] * len(procs), errors(logs)
+    trained = samples(logs)
+    assert sorted(trained) == [0, 1]
+    for epoch in (0, 1):
+        assert trained[epoch] == Counter(range(TOTAL)), epoch  # each sample once
+    saved = outcomes(logs)
+    assert len(saved) == len(procs) and all(saved.values()), saved
+    assert all(line.endswith(" committed") for lines in saved.values() for line in lines)

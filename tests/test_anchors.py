@@ -113,6 +113,10 @@ def test_a_policy_that_evicts_set_while_the_job_runs_stops_it(
         admin.config_set("maxmemory-policy", "allkeys-lru")
         with pytest.raises(strata_redis.RedisConfigError, match="allkeys-lru"):
             leases.acquire()
+        # every later call is refused too, not only the one that made the check
+        monkeypatch.setattr(era_module, "POLICY_EVERY", 3600.0)
+        with pytest.raises(strata_redis.RedisConfigError, match="allkeys-lru"):
+            leases.acquire()
 
 
 def test_the_datasets_hash_is_an_anchor(job: strata_redis.Job, raw: Any, redis_url: str) -> None:
@@ -145,4 +149,5 @@ def test_a_deleted_heartbeats_key_stops_the_job_not_a_worker(
     raw.delete(job.keys.heartbeats)
     with pytest.raises(strata_redis.StateLostError, match="heartbeats"):
         held.complete()
-        leases.acquire()
+    with pytest.raises(strata_redis.StateLostError, match="heartbeats"):
+        leases.acquire()  # the era is marked: every later call stops too

@@ -340,7 +340,7 @@ def test_register_dataset_like_the_seeds(job: strata_redis.Job, raw: redis.Redis
     assert sm.get_dataset("imagenet-1k").num_shards == 257
     assert [d.name for d in sm.list_datasets()] == ["imagenet-1k"]
     # and the field "" that keeps the HASH standing (an anchor: register_dataset.lua)
-    assert sorted(raw.hkeys(f"strata:{{{job.job_id}}}:datasets")) == ["", "imagenet-1k"]
+    assert sorted(raw.hkeys(job.keys.datasets)) == ["", "imagenet-1k"]
     assert sm.delete_dataset("imagenet-1k") and not sm.delete_dataset("imagenet-1k")
     with pytest.raises(strata_redis.DatasetNotFoundError, match="imagenet-1k"):
         sm.get_dataset("imagenet-1k")

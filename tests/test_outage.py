@@ -7,7 +7,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from strata_redis.coordination.rendezvous import Rendezvous
 from strata_redis.server import RedisServer
 
 from . import loops
-from .procs import join_all, spawn, wait_for
+from .procs import wait_for
 
 
 def _restart(server: RedisServer, down: float = 0.2) -> float:
@@ -254,23 +253,12 @@ def test_the_readme_loop_reading_the_epoch_rides_out_a_restart(
     # three README loops that read orchestrator.epoch every batch; Redis restarts (0.3 s
     # down, AOF with appendfsync always: nothing is lost) mid-epoch, and the job finishes
     server = redis_factory(aof=True)
-    logs, ckpt = tmp_path / "logs", tmp_path / "ckpt"
-    logs.mkdir()
-    loops.register(server.url, total=1200, per_shard=50)
+    logs = tmp_path / "logs"
     cfg = {"workers": 3, "sleep": 0.01, "save_every": 10, "read_epoch": True,
            "heartbeat_timeout": 5.0}  # fmt: skip
-    procs = [spawn(loops.readme_worker, server.url, f"w{i}", str(ckpt), str(logs), cfg)
-             for i in range(3)]  # fmt: skip
-    wait_for(lambda: loops.batches(logs) >= 60, 60, why=lambda: loops.errors(logs))
+    procs = loops.start(server.url, logs, tmp_path / "ckpt", cfg)
     _restart(server, down=0.3)
-    assert join_all(procs, timeout=120) == [0, 0, 0], loops.errors(logs)
-    trained = loops.samples(logs)
-    assert sorted(trained) == [0, 1]
-    for epoch in (0, 1):
-        assert trained[epoch] == Counter(range(1200)), epoch  # each sample once
-    outcomes = loops.outcomes(logs)
-    assert len(outcomes) == 3 and all(outcomes.values()), outcomes
-    assert all(line.endswith(" committed") for lines in outcomes.values() for line in lines)
+    loops.assert_finished_once(procs, logs)
 
 
 def test_public_reads_ride_out_a_restart(

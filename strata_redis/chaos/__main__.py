@@ -7,8 +7,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .run import RunConfig, run
-from .schedule import KINDS
+from .run import RunConfig, check_guards, run
+from .schedule import KINDS, draw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep each run's history under this folder")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or None
+    try:  # a misspelt kind or guard is a usage error (exit 2), not a run's violation (1)
+        draw(0, args.duration, args.workers, kinds, args.faults)
+        check_guards(args.disable_guard)
+    except ValueError as exc:
+        parser.error(str(exc))
     total: Counter[str] = Counter()
     violations = operations = 0
     for seed in range(args.seed, args.seed + args.seeds):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from .worker import FINISHED, STOPPED
 
 __all__ = ["Report", "check"]
 
@@ -83,7 +86,7 @@ def check(
     for who, code in sorted(exits.items()):
         if code is None:
             report.violations.append(f"liveness: {who} still running at the deadline (a hang)")
-        elif code not in (0, 3, -9):  # -9: killed by the schedule
+        elif code not in (FINISHED, STOPPED, -signal.SIGKILL):  # (SIGKILL: the schedule's)
             report.violations.append(f"liveness: {who} exited {code} (a bare traceback)")
     if report.lost:
         return report  # the run ended with a clear error: nothing more is promised

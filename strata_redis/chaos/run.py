@@ -19,7 +19,7 @@ from pathlib import Path
 import strata_redis
 from strata_redis.data.leases import keep_whole
 from strata_redis.keys import Keys
-from strata_redis.status import GUARDS_ENV
+from strata_redis.status import GUARDS, GUARDS_ENV
 
 from .checker import Report, check
 from .history import History, read_history
@@ -27,7 +27,7 @@ from .proxy import Proxy
 from .schedule import Fault, draw
 from .topology import Topology
 
-__all__ = ["Outcome", "RunConfig", "run"]
+__all__ = ["Outcome", "RunConfig", "check_guards", "run"]
 
 JOB = "chaos"
 
@@ -194,7 +194,7 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, epochs: int) -> None:
             job.client.delete(*_keys_named(job.keys, fault.params["key"], epochs))
 
 
-def _record(url: str, cfg: RunConfig, shards: int) -> dict[int, dict[int, tuple[str, int]]] | None:
+def _record(url: str, cfg: RunConfig) -> dict[int, dict[int, tuple[str, int]]] | None:
     """The completion record of every epoch, as Redis holds it (None: the state is lost)."""
     try:
         with strata_redis.connect(url, JOB) as job:
@@ -203,17 +203,27 @@ def _record(url: str, cfg: RunConfig, shards: int) -> dict[int, dict[int, tuple[
         return None
 
 
+def check_guards(disable: str) -> None:
+    """Raise ``ValueError`` for a name in ``disable`` that is no guard (the workers would
+    each crash on it, which the checker reports as violations)."""
+    for name in (part.strip() for part in disable.split(",")):
+        if name and name not in GUARDS:
+            raise ValueError(f"no such guard {name!r} (guards: {', '.join(GUARDS)})")
+
+
 def run(cfg: RunConfig, progress: bool = False) -> Outcome:
     """Play one seed's schedule against real processes and check the history."""
+    check_guards(cfg.disable)
     faults = cfg.schedule or draw(cfg.seed, cfg.duration, cfg.workers, cfg.kinds, cfg.faults)
     # the dataset: enough work for the run's duration with every worker busy
     per_shard = cfg.samples_per_shard * cfg.sample_s
     shards = max(cfg.workers * 2, int(cfg.duration * cfg.workers / per_shard / cfg.epochs))
-    tmp = tempfile.TemporaryDirectory(prefix="strata-chaos-")
-    folder = cfg.keep or Path(tmp.name)
-    folder.mkdir(parents=True, exist_ok=True)
     played: Counter[str] = Counter()
-    with Topology(aof="always") as topo:
+    with contextlib.ExitStack() as stack:
+        folder = cfg.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="strata-chaos-")))  # fmt: skip
+        folder.mkdir(parents=True, exist_ok=True)
+        topo = stack.enter_context(Topology(aof="always"))
         with strata_redis.connect(topo.url, JOB) as job:
             strata_redis.ShardManager(job).register_dataset_params(
                 "ds", shards * cfg.samples_per_shard, cfg.samples_per_shard, True, cfg.seed
@@ -237,10 +247,9 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
             while workers.running() and time.monotonic() < deadline:
                 time.sleep(0.2)
             exits = {k: p.poll() for k, p in workers.procs.items()}
-            record = _record(topo.url, cfg, shards)
+            record = _record(topo.url, cfg)
         finally:
             workers.close()
             controller.close()
         report = check(read_history(folder), record, shards, cfg.epochs, exits)
-    tmp.cleanup()
     return Outcome(cfg, faults, report, played)

@@ -86,6 +86,15 @@ class StepProtocol:
 
     # -- the scripts -------------------------------------------------------------------------
     def _run(self, name: str, cid: CheckpointId, keys: list[str], args: list[Any]) -> list[Any]:
+        # every script of the protocol may be sent again: a begin, an ack (ack_checkpoint.lua
+        # records a repeated ack once), a commit and an abort each repeat as themselves, and
+        # a script Redis refused at its memory limit applied nothing
+        what = f"checkpoint {cid} {name} of {self.worker_id!r}"
+        return ride_out(self.context, what, self._send, name, cid, keys, args)
+
+    def _send(self, name: str, cid: CheckpointId, keys: list[str], args: list[Any]) -> list[Any]:
+        """Run one script of the protocol once (``_run`` rides out an outage around it)."""
+
         def context() -> dict[str, Any]:
             return {
                 "job_id": self.context.job_id, "step": cid.step, "epoch": cid.epoch,
@@ -93,12 +102,7 @@ class StepProtocol:
                 "world_size": self.world_size, "parse": CheckpointId.from_member,
             }  # fmt: skip
 
-        # every script of the protocol may be sent again: a begin, an ack (ack_checkpoint.lua
-        # records a repeated ack once), a commit and an abort each repeat as themselves, and
-        # a script Redis refused at its memory limit applied nothing
-        what = f"checkpoint {cid} {name} of {self.worker_id!r}"
-        ctx = self.context
-        return ride_out(ctx, what, ctx.scripts.run, name, keys, args, context)
+        return self.context.scripts.run(name, keys, args, context)
 
     def begin(self, cid: CheckpointId) -> None:
         """Open (or join) checkpoint ``cid`` as this rank's worker.
@@ -263,7 +267,8 @@ class StepProtocol:
     def _check(self, cid: CheckpointId, timed_out: bool) -> tuple[str, str, str]:
         k = self.context.keys
         label = cid.label
-        state, who, reason = self._run(
+        # sent once: ``wait`` rides out an outage itself, moving its deadline by the pause
+        state, who, reason = self._send(
             "check_checkpoint", cid,
             [k.checkpoint_step(label), k.checkpoint_acks(label), k.checkpoint_wake(label),
              k.heartbeats, k.status],

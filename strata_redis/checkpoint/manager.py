@@ -250,7 +250,6 @@ class CheckpointManager:
         """
         return self.reader.latest()
 
-    @riding_out
     def load(
         self,
         step: int | None = None,

@@ -224,7 +224,10 @@ def _process_state(held: Holder) -> str:
     else:  # neither side knows its pid space (not Linux): the host name
         here = held.host == socket.gethostname()
     if not here:
-        return "its process was not checked: it ran on another host"
+        return (
+            "its process was not checked: it ran in another pid space (another host or "
+            "container), or did not record one"
+        )
     if os.name != "posix":  # on Windows, os.kill would end the process
         return "its process was not checked"
     try:

@@ -27,7 +27,7 @@ import numpy as np
 import redis
 
 from ..connection import Replies, hash_items, run_read, take_reply
-from ..context import JobContext, as_context
+from ..context import JobContext
 from ..coordination.registry import live_workers, reap
 from ..errors import LeaseLostError
 from ..keys import Keys
@@ -380,8 +380,8 @@ class ShardLeases:
         with self._lock:
             prefetch = prefetch and self._iterating and self._next is None and self._prepared
             trained = len(lease.shard) - lease.start  # counted once, if this call records it
-            grant = new_grant()  # the next lease's, when this call leases one
             if prefetch:
+                grant = new_grant()  # the next lease's
                 args = [*self._acquire_args, lease.shard_id, lease.token, trained, lease.grant,
                         grant, *self._own[:CANDIDATES]]  # fmt: skip
             else:
@@ -441,7 +441,7 @@ class ShardLeases:
         sent again is a retry of itself (recorded once), a renewal extends the same lease, and
         a grant whose reply was lost is never used: it expires after ``ttl``."""
         what = f"lease call {name} of worker {self.worker_id!r}"
-        ctx = as_context(self.context)  # (a Job passed as the context: perf/bench_leases.py)
+        ctx = self.context
         return ride_out(ctx, what, ctx.scripts.run, name, keys, args, context)
 
     def _forget(self, lease: Lease, lost: LeaseLostError | None = None) -> None:
@@ -559,9 +559,7 @@ class ShardLeases:
         """Wait a little when others hold the remaining leases: for a membership event (a
         failure frees leases), or a short while for expiries and completions. It reaps, as
         a waiting caller may. Returns the events stream id to pass next time."""
-        wait_ms = max(
-            10, min(1000, int(self.ttl * 250), int(as_context(self.context).max_block * 1000))
-        )
+        wait_ms = max(10, min(1000, int(self.ttl * 250), int(self.context.max_block * 1000)))
         reap(self.context)
         reply = self.context.client.xread({self.context.keys.events: last_id}, block=wait_ms)
         return str(reply[0][1][-1][0]) if reply else last_id

@@ -505,13 +505,10 @@ def _server_time(reply: dict[str, Any]) -> float:
     machine's clock when it has none, or one that does not parse)."""
     date = reply.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
     if isinstance(date, str):
-        try:
-            when = email.utils.parsedate_to_datetime(date)
+        try:  # "-0000" parses naive: UTC, as HTTP dates always are (_timestamp)
+            return _timestamp(email.utils.parsedate_to_datetime(date))
         except (TypeError, ValueError):
-            return time.time()
-        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates always are
-            when = when.replace(tzinfo=datetime.timezone.utc)
-        return when.timestamp()
+            pass
     return time.time()
 
 
