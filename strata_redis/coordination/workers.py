@@ -225,8 +225,8 @@ def _process_state(held: Holder) -> str:
         here = held.host == socket.gethostname()
     if not here:
         return (
-            "its process was not checked: it ran in another pid space (another host or "
-            "container), or did not record one"
+            "its process was not checked: it ran on another host, or in another pid space "
+            "on this one (a container), or did not record its pid space"
         )
     if os.name != "posix":  # on Windows, os.kill would end the process
         return "its process was not checked"
