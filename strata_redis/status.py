@@ -169,9 +169,10 @@ EPILOGUE = (
 
 #: the guards the exactly-once promise rests on, each a switch a script names as ``G.<NAME>``
 #: (and Python reads with ``guard``): ``history`` the rollback check by history (not height),
-#: ``fencing`` a completion naming the grant it ends (off: any completion records), and
-#: ``anchors`` the loss of an anchor, or of a key of a structure that stands, being an error
-GUARDS = ("history", "fencing", "anchors")
+#: ``fencing`` a completion naming the grant it ends (off: any completion records),
+#: ``anchors`` the loss of an anchor, or of a key of a structure that stands, being an error,
+#: and ``commit`` a checkpoint committing only once every rank acked (off: the first ack)
+GUARDS = ("history", "fencing", "anchors", "commit")
 #: test-only: a comma-separated list of ``GUARDS`` to switch off, read when a process first
 #: loads the scripts. It exists so the fault checker can prove that each guard matters (with
 #: one off, its fixed seeds must report a violation: ``strata_redis.chaos``); never set it

@@ -1,8 +1,8 @@
 """The fault checker in CI (its short fixed form; the long form is ``python -m
-strata_redis.chaos --seeds 200``): fixed seeds of generated fault schedules against real
-worker processes and a real Redis primary and replica report no violation, and with each
-guard switched off a schedule that needs it reports one (a checker that cannot fail proves
-nothing)."""
+strata_redis.chaos --workload both --seeds 200``): fixed seeds of generated fault schedules
+against real worker processes (the raw lease API, and the README loop with checkpoints) and
+a real Redis primary and replica report no violation, and with each guard switched off a
+schedule that needs it reports one (a checker that cannot fail proves nothing)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from strata_redis.chaos.run import RunConfig, run
 from strata_redis.chaos.schedule import KINDS, Fault, draw
+from strata_redis.status import GUARDS
 
 #: the seeds CI plays, four faults each: between them, every kind of fault (checked below)
 SEEDS = (0, 1, 50)
@@ -17,8 +18,26 @@ DURATION = 15.0
 FAULTS = 4
 
 
+#: the loop's fixed schedules: a worker lost, checkpoint writes failing, then Redis back from
+#: an older snapshot (the job stops; the recovery resumes from the newest checkpoint); links
+#: cut and stalled, then Redis back empty
+LOOP = {
+    "rdb": [
+        Fault("kill", 3.0, 1),
+        Fault("storage-fail", 6.0, 0, {"hold": 2.5}),
+        Fault("restart-rdb", 10.0, 0, {"age": 1.5}),
+    ],
+    "empty": [
+        Fault("cut", 3.0, 2, {"hold": 1.0}),
+        Fault("stall", 6.0, 0, {"hold": 1.0}),
+        Fault("restart-empty", 10.0, 0),
+    ],
+}
+
+
 def test_the_fixed_seeds_cover_every_fault_kind() -> None:
     drawn = {f.kind for seed in SEEDS for f in draw(seed, DURATION, 3, None, FAULTS)}
+    drawn |= {f.kind for faults in LOOP.values() for f in faults}
     extra = {"masked-failover", "del-key", "stop"}  # the teeth runs play these
     assert drawn | extra == set(KINDS), set(KINDS) - drawn - extra
 
@@ -28,6 +47,16 @@ def test_a_fixed_seed_reports_no_violation(seed: int) -> None:
     outcome = run(RunConfig(seed=seed, duration=DURATION, faults=FAULTS))
     assert outcome.report.ok, "\n".join(outcome.lines())
     assert outcome.report.completions > 0 and sum(outcome.played.values()) >= 2
+
+
+@pytest.mark.parametrize("case", sorted(LOOP))
+def test_the_loops_fixed_schedules_report_no_violation(case: str) -> None:
+    outcome = run(RunConfig(seed=7, duration=14.0, workload="loop", schedule=LOOP[case]))
+    assert outcome.report.ok, "\n".join(outcome.lines())
+    # each ended the job with a clear error, and the recovery was checked against the
+    # newest checkpoint (whose data position was part-way through an epoch)
+    assert outcome.report.lost and outcome.report.recovered, outcome.lines()
+    assert outcome.report.checkpoints > 0 and outcome.report.batches > 0
 
 
 #: for each guard, schedules whose exactly-once outcome rests on it
@@ -41,14 +70,22 @@ TEETH = {
     "anchors": Fault("del-key", 6.0, 0, {"key": "fence"}),
     # every epoch's taken bitmap deleted: its done shards go back to the pool
     "anchors-pool": Fault("del-key", 6.0, 0, {"key": "lease.taken"}),
+    # (the loop) any schedule: a checkpoint commits on its first rank's ack
+    "commit": Fault("pause", 5.0, 0, {"hold": 0.5}),
 }
+
+
+def test_every_guard_has_teeth() -> None:
+    assert {case.split("-")[0] for case in TEETH} == set(GUARDS)
 
 
 @pytest.mark.parametrize("case", sorted(TEETH))
 def test_with_a_guard_off_its_schedule_reports_a_violation(case: str) -> None:
     fault = TEETH[case]
     guard = case.split("-")[0]
-    off = run(RunConfig(seed=100, duration=12.0, schedule=[fault], disable=guard))
+    workload = "loop" if guard == "commit" else "leases"
+    off = run(RunConfig(seed=100, duration=12.0, schedule=[fault], disable=guard,
+                        workload=workload))  # fmt: skip
     # a broken promise, not only a crash (a crash is reported as a liveness violation)
     broken = [v for v in off.report.violations if not v.startswith("liveness")]
     assert broken, "\n".join(off.lines())

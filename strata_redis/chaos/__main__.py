@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from .run import RunConfig, check_guards, run
-from .schedule import KINDS, draw
+from .schedule import KINDS, WORKLOADS, draw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,40 +21,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds from --seed on")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of faults a run")
     parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument(
+        "--workload", choices=[*WORKLOADS, "both"], default="leases",
+        help="leases: the raw lease API; loop: the README loop with checkpoints (and the "
+        "recovery after a lost state); both: each seed with each (default leases)",
+    )  # fmt: skip
     parser.add_argument("--faults", type=int, default=0, help="faults a run (0: one per 6 s)")
     parser.add_argument(
         "--kinds", default="", help=f"comma-separated fault kinds (default all: {', '.join(KINDS)})"
     )
     parser.add_argument(
         "--disable-guard", default="",
-        help="test-only: switch guards off (history, fencing, anchors) to see the checker fail",
+        help="test-only: switch guards off (history, fencing, anchors, commit) to see the checker "
+        "fail",
     )  # fmt: skip
     parser.add_argument("--keep", type=Path, help="keep each run's history under this folder")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or None
+    workloads = list(WORKLOADS) if args.workload == "both" else [args.workload]
     try:  # a misspelt kind or guard is a usage error (exit 2), not a run's violation (1)
-        draw(0, args.duration, args.workers, kinds, args.faults)
+        for workload in workloads:
+            draw(0, args.duration, args.workers, kinds, args.faults, workload)
         check_guards(args.disable_guard)
     except ValueError as exc:
         parser.error(str(exc))
     total: Counter[str] = Counter()
     violations = operations = 0
+    runs = 0
     for seed in range(args.seed, args.seed + args.seeds):
-        cfg = RunConfig(
-            seed=seed, duration=args.duration, workers=args.workers, kinds=kinds,
-            faults=args.faults, disable=args.disable_guard,
-            keep=args.keep / f"seed-{seed}" if args.keep else None,
-        )  # fmt: skip
-        outcome = run(cfg, progress=True)
-        for line in outcome.lines():
-            print(line, flush=True)
-        total.update(outcome.played)
-        violations += len(outcome.report.violations)
-        operations += outcome.report.operations
+        for workload in workloads:
+            cfg = RunConfig(
+                seed=seed, duration=args.duration, workers=args.workers, kinds=kinds,
+                faults=args.faults, disable=args.disable_guard, workload=workload,
+                keep=args.keep / f"seed-{seed}-{workload}" if args.keep else None,
+            )  # fmt: skip
+            outcome = run(cfg, progress=True)
+            for line in outcome.lines():
+                print(line, flush=True)
+            total.update(outcome.played)
+            violations += len(outcome.report.violations)
+            operations += outcome.report.operations
+            runs += 1
     kinds_line = ", ".join(f"{k} {n}" for k, n in sorted(total.items())) or "none"
     print(
-        f"summary: {args.seeds} seeds; faults injected: {kinds_line}; operations checked "
-        f"{operations}; violations {violations}"
+        f"summary: {args.seeds} seeds, {runs} runs; faults injected: {kinds_line}; "
+        f"operations checked {operations}; violations {violations}"
     )
     return 1 if violations else 0
 

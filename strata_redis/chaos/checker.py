@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import signal
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .worker import FINISHED, STOPPED
+from strata_redis.data.sharding import DatasetParams
 
-__all__ = ["Report", "check"]
+from .worker import DATASET, FINISHED, STOPPED
+
+__all__ = ["Report", "check", "check_loop"]
 
 
 @dataclass
@@ -20,11 +23,40 @@ class Report:
     operations: int = 0
     grants: int = 0
     completions: int = 0
+    batches: int = 0
+    checkpoints: int = 0  # committed checkpoints verified (the loop workload)
     lost: bool = False  # some process stopped with a StateLostError-family error
+    recovered: bool = False  # the documented recovery was played and checked
+    stopped: Counter[str] = field(default_factory=Counter)  # named errors processes ended on
 
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    def summary(self) -> str:
+        """What was checked, in a few words."""
+        if self.batches:
+            return f"batches {self.batches}, checkpoints verified {self.checkpoints}"
+        return f"grants {self.grants}, completions {self.completions}"
+
+
+def _ends(report: Report, events: Iterable[dict[str, Any]], exits: dict[str, int | None]) -> None:
+    """The liveness rules, shared by both workloads: every process finished or stopped with
+    a named error (counted in ``report.stopped``), none hung or crashed."""
+    for ev in events:
+        if ev["ev"] == "stopped":
+            report.stopped[ev["error"]] += 1
+            if ev.get("family") == "state-lost":
+                report.lost = True
+        elif ev["ev"] == "crashed":
+            report.violations.append(
+                f"liveness: {ev['who']} crashed with a bare {ev['error']}: {ev['message']}"
+            )
+    for who, code in sorted(exits.items()):
+        if code is None:
+            report.violations.append(f"liveness: {who} still running at the deadline (a hang)")
+        elif code not in (FINISHED, STOPPED, -signal.SIGKILL):  # (SIGKILL: the schedule's)
+            report.violations.append(f"liveness: {who} exited {code} (a bare traceback)")
 
 
 def check(
@@ -51,9 +83,12 @@ def check(
           (same epoch, shard, token and grant id); within an era no token number is granted
           twice unless the state was lost (a rollback is then reported);
         - liveness: every process finished or stopped with a named error (no hang, no
-          bare connection error through a fault shorter than ``redis_retry``).
+          bare connection error through a fault shorter than ``redis_retry``); a shard
+          nobody recorded is a violation only when no process stopped with a named error
+          (an evicting policy stops the job with ``RedisConfigError``, say).
     """
     report = Report(operations=len(events))
+    _ends(report, events, exits)
     granted: set[tuple[str, int, int, int, str]] = set()
     tokens: Counter[int] = Counter()
     recorded: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
@@ -77,17 +112,6 @@ def check(
                         f"fencing: {ev['who']} recorded epoch {ev['epoch']} shard {ev['shard']} "
                         f"under token {ev['token']}, a grant it was not given"
                     )
-        elif kind == "stopped" and ev.get("family") == "state-lost":
-            report.lost = True
-        elif kind == "crashed":
-            report.violations.append(
-                f"liveness: {ev['who']} crashed with a bare {ev['error']}: {ev['message']}"
-            )
-    for who, code in sorted(exits.items()):
-        if code is None:
-            report.violations.append(f"liveness: {who} still running at the deadline (a hang)")
-        elif code not in (FINISHED, STOPPED, -signal.SIGKILL):  # (SIGKILL: the schedule's)
-            report.violations.append(f"liveness: {who} exited {code} (a bare traceback)")
     if report.lost:
         return report  # the run ended with a clear error: nothing more is promised
     for token, n in sorted(tokens.items()):
@@ -98,6 +122,8 @@ def check(
     for epoch in range(epochs):
         for shard in range(shards):
             done = recorded.get((epoch, shard), [])
+            if not done and report.stopped:
+                continue  # the job stopped with a named error before the shard was done
             if len(done) != 1:
                 who = ", ".join(f"{e['who']} (token {e['token']})" for e in done) or "nobody"
                 report.violations.append(
@@ -115,3 +141,157 @@ def check(
                     f"{ev['who']} (token {ev['token']}) recorded it"
                 )
     return report
+
+
+def _samples(
+    params: DatasetParams, epoch: int, done: Iterable[int], offsets: dict[int, int]
+) -> Counter[int]:
+    """The samples a data position says were trained: its done shards whole, and the first
+    ``offset`` samples (in the epoch's order) of each shard part-way."""
+    out: Counter[int] = Counter()
+    for shard in done:
+        out.update(params.shard(shard, epoch).indices().tolist())
+    for shard, n in offsets.items():
+        out.update(params.shard(shard, epoch).indices()[:n].tolist())
+    return out
+
+
+def check_loop(
+    events: list[dict[str, Any]],
+    params: DatasetParams,
+    epochs: int,
+    exits: dict[str, int | None],
+    checkpoints: tuple[set[str], list[str]],
+    recovered: bool,
+) -> Report:
+    """Check a loop run's history (the README loop with checkpoints).
+
+    Args:
+        events: every process's events, in time order; the controller's ``recovery`` event
+            splits the run from the relaunch after the documented recovery.
+        params: the dataset.
+        exits: each process's exit code (None: a hang).
+        checkpoints: the labels of the committed checkpoints after the run, and each one
+            that did not verify or whose data position did not decode.
+        recovered: the recovery was played.
+
+    The rules:
+        - in the run, unless its state was lost: each sample of each epoch trained at least
+          once (when some process finished), and never twice by processes that finished:
+          a second copy only where a process died or stopped part-way through a shard
+          (its lease ended, and the shard was trained again from its start);
+        - after a recovery, exactly once relative to the checkpoint kept: the samples its
+          data position says were trained (each of them trained in the run), plus those
+          the relaunch trained in that epoch, are each sample once; each later epoch is
+          trained exactly once by the relaunch, and every relaunched process finishes;
+        - every committed checkpoint verifies and decodes its data position, and every save
+          a process saw committed is listed;
+        - liveness, as ``check``.
+    """
+    report = Report(operations=len(events), recovered=recovered)
+    _ends(report, events, exits)
+    split = next((float(e["t"]) for e in events if e["ev"] == "recovery"), float("inf"))
+    before = [e for e in events if float(e["t"]) < split]
+    after = [e for e in events if float(e["t"]) >= split]
+    everything = Counter(range(params.total_samples))
+    labels, failures = checkpoints
+    report.checkpoints = len(labels)
+    report.violations += [f"checkpoint: {f}" for f in failures]
+    for ev in events:
+        if ev["ev"] == "saved" and ev["error"] is None and ev["label"] not in labels:
+            report.violations.append(
+                f"checkpoint: {ev['who']} saw {ev['label']} committed; it is not listed"
+            )
+        report.batches += ev["ev"] == "batch"
+    trained_before = _trained(before)
+    if not report.lost:
+        _run_rules(report, before, trained_before, everything, epochs)
+        return report
+    if not recovered:
+        return report  # the job stopped with a clear error; the recovery was not played
+    resumes = {_resumed(e) for e in after if e["ev"] == "resumed"}
+    trained_after = _trained(after)
+    first = 0
+    kept: Counter[int] = Counter()
+    if len(resumes) > 1:
+        report.violations.append(f"recovery: the relaunch resumed from {len(resumes)} checkpoints")
+    elif resumes:
+        ((label, first, done, offsets),) = resumes
+        kept = _samples(params, first, done, dict(offsets))
+        untrained = set(kept) - set(trained_before.get(first, ()))
+        if untrained:
+            report.violations.append(
+                f"recovery: {label}'s data position says {len(untrained)} samples of epoch "
+                f"{first} were trained that nobody trained before it"
+            )
+    for epoch in range(first):
+        missing = set(everything) - set(trained_before.get(epoch, ()))
+        if missing:
+            report.violations.append(
+                f"exactly once: epoch {epoch} (before the kept checkpoint) never trained "
+                f"{len(missing)} samples"
+            )
+    for epoch in range(first, epochs):
+        got = trained_after.get(epoch, Counter()) + (kept if epoch == first else Counter())
+        if got != everything:
+            report.violations.append(
+                f"exactly once: after the recovery, epoch {epoch}: {_diff(got, everything)} "
+                "(relative to the checkpoint kept)"
+            )
+    for ev in after:
+        if ev["ev"] == "stopped":
+            report.violations.append(
+                f"recovery: {ev['who']} stopped with {ev['error']} after the recovery"
+            )
+    return report
+
+
+def _resumed(ev: dict[str, Any]) -> tuple[Any, ...]:
+    """A resumed event as a hashable (label, epoch, done shards, offsets)."""
+    epoch, done, offsets = ev["positions"][DATASET]
+    return (ev["label"], int(epoch), tuple(done),
+            tuple(sorted((int(s), int(n)) for s, n in offsets.items())))  # fmt: skip
+
+
+def _trained(events: Iterable[dict[str, Any]]) -> dict[int, Counter[int]]:
+    """epoch -> how many times each sample was trained, from the batch events."""
+    out: dict[int, Counter[int]] = defaultdict(Counter)
+    for ev in events:
+        if ev["ev"] == "batch":
+            out[int(ev["epoch"])].update(ev["samples"])
+    return out
+
+
+def _run_rules(
+    report: Report,
+    events: list[dict[str, Any]],
+    trained: dict[int, Counter[int]],
+    everything: Counter[int],
+    epochs: int,
+) -> None:
+    """The rules of a run whose state was not lost (``check_loop``)."""
+    finished = {(e["who"], e["pid"]) for e in events if e["ev"] == "finished"}
+    by_finished: dict[int, Counter[int]] = _trained(
+        e for e in events if (e["who"], e["pid"]) in finished
+    )
+    for epoch in range(epochs):
+        missing = set(everything) - set(trained.get(epoch, ()))
+        if missing and finished:
+            report.violations.append(
+                f"exactly once: epoch {epoch}: {len(missing)} samples never trained "
+                f"(e.g. {sorted(missing)[:5]})"
+            )
+        twice = sorted(s for s, n in by_finished.get(epoch, Counter()).items() if n > 1)
+        if twice:
+            report.violations.append(
+                f"exactly once: epoch {epoch}: {len(twice)} samples trained twice by "
+                f"processes that finished (e.g. {twice[:5]})"
+            )
+
+
+def _diff(got: Counter[int], want: Counter[int]) -> str:
+    """What a count of samples has too few and too many of, in a few words."""
+    missing = sorted((want - got).keys())
+    extra = sorted((got - want).keys())
+    return (f"{len(missing)} samples missing (e.g. {missing[:5]}), {len(extra)} trained "
+            f"more than once (e.g. {extra[:5]})")  # fmt: skip

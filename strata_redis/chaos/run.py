@@ -1,12 +1,16 @@
 """One fault run: a Redis primary and replica behind proxies, worker processes draining a
-dataset's epochs through the lease API, a schedule of faults played against them, then the
-history and the record checked (``checker.check``)."""
+dataset's epochs (the raw lease API, or the README's loop with checkpoints), a schedule of
+faults played against them, then the history, the record and the checkpoints checked
+(``checker``). A loop run whose job ended with a ``StateLostError``-family error then
+plays the documented recovery (``strata jobs rm``, the dataset registered again, every
+worker relaunched: it resumes from the newest checkpoint) and checks that too."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -18,14 +22,16 @@ from pathlib import Path
 
 import strata_redis
 from strata_redis.data.leases import keep_whole
+from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.keys import Keys
 from strata_redis.status import GUARDS, GUARDS_ENV
 
-from .checker import Report, check
+from .checker import Report, check, check_loop
 from .history import History, read_history
 from .proxy import Proxy
-from .schedule import Fault, draw
+from .schedule import WORKLOADS, Fault, draw
 from .topology import Topology
+from .worker import DATASET
 
 __all__ = ["Outcome", "RunConfig", "check_guards", "run"]
 
@@ -45,6 +51,9 @@ class RunConfig:
     heartbeat_timeout: float = 3.0
     lease_ttl: float = 3.0
     redis_retry: float = 15.0
+    workload: str = "leases"  # "leases": the raw lease API; "loop": the README loop
+    aof: str | None = None  # Redis' appendfsync: "always", "everysec" (None: from the seed)
+    save_every: int = 8  # the loop's steps between checkpoint saves
     kinds: list[str] | None = None
     faults: int = 0
     schedule: list[Fault] | None = None  # play these faults instead of drawing them
@@ -65,10 +74,13 @@ class Outcome:
         r = self.report
         out = [f"violation (seed {self.config.seed}): {v}" for v in r.violations]
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.played.items())) or "none"
+        ended = ", ".join(f"{e} {n}" for e, n in sorted(r.stopped.items()))
         out.append(
-            f"seed {self.config.seed}: faults {kinds}; operations {r.operations} (grants "
-            f"{r.grants}, completions {r.completions}); "
-            f"{'ended with StateLostError; ' if r.lost else ''}violations {len(r.violations)}"
+            f"seed {self.config.seed} ({self.config.workload}, appendfsync "
+            f"{self.config.aof}): faults {kinds}; operations {r.operations} ({r.summary()}); "
+            f"{f'stopped with {ended}; ' if ended else ''}"
+            f"{'recovered from the newest checkpoint; ' if r.recovered else ''}"
+            f"violations {len(r.violations)}"
         )
         return out
 
@@ -82,8 +94,13 @@ class _Workers:
         self.ids = [f"w{i}" for i in range(cfg.workers)]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # "<id>#<n>" -> process
         self.current: list[str] = [""] * cfg.workers
+        self.phase = ""  # "" the run, "b-" the relaunch after a recovery (history files)
         self._n = itertools.count()
-        for slot in range(cfg.workers):
+        self.start()
+
+    def start(self) -> None:
+        """Launch a process in every slot."""
+        for slot in range(self.cfg.workers):
             self.launch(slot)
 
     def launch(self, slot: int, new_id: bool = False) -> None:
@@ -93,15 +110,18 @@ class _Workers:
         env = dict(os.environ)
         if self.cfg.disable:
             env[GUARDS_ENV] = self.cfg.disable
+        cfg = self.cfg
         cmd = [
-            sys.executable, "-m", "strata_redis.chaos.worker",
+            sys.executable, "-m", f"strata_redis.chaos.{WORKLOADS[cfg.workload]}",
             "--url", f"redis://{self.proxies[slot].address}/0", "--job", JOB, "--id", wid,
-            "--history", str(self.folder / f"{wid}.jsonl"), "--epochs", str(self.cfg.epochs),
-            "--sample-s", str(self.cfg.sample_s),
-            "--heartbeat-timeout", str(self.cfg.heartbeat_timeout),
-            "--lease-ttl", str(self.cfg.lease_ttl), "--redis-retry", str(self.cfg.redis_retry),
+            "--history", str(self.folder / f"{self.phase}{wid}.jsonl"),
+            "--epochs", str(cfg.epochs), "--sample-s", str(cfg.sample_s),
+            "--heartbeat-timeout", str(cfg.heartbeat_timeout),
+            "--lease-ttl", str(cfg.lease_ttl), "--redis-retry", str(cfg.redis_retry),
         ]  # fmt: skip
-        key = f"{wid}#{next(self._n)}"
+        if cfg.workload == "loop":
+            cmd += ["--ckpt", str(self.folder / "ckpt"), "--save-every", str(cfg.save_every)]
+        key = f"{self.phase}{wid}#{next(self._n)}"
         log = open(self.folder / f"{wid}.log", "ab")  # noqa: SIM115
         self.procs[key] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
         log.close()
@@ -136,21 +156,39 @@ def _keys_named(keys: Keys, name: str, epochs: int) -> list[str]:
     what = name.removeprefix("lease.")
     out = []
     for epoch in range(epochs):
-        lease_keys = keys.lease_keys("ds", epoch)
+        lease_keys = keys.lease_keys(DATASET, epoch)
         out.append(lease_keys.record(0) if what == "record" else getattr(lease_keys, what))
     return out
 
 
-def _play(fault: Fault, topo: Topology, workers: _Workers, epochs: int) -> None:
+def _kill(workers: _Workers, slot: int) -> bool:
+    """kill -9 the slot's process; whether it was running."""
+    proc = workers.proc(slot)
+    if proc.poll() is not None:
+        return False
+    proc.kill()
+    proc.wait(10)
+    return True
+
+
+def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None:
     """Play one fault (blocking for as long as it lasts)."""
     proc = workers.proc(fault.slot)
     hold = float(fault.params.get("hold", 0))
+    epochs = workers.cfg.epochs
     if fault.kind in ("kill", "kill-new-id"):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        if _kill(workers, fault.slot):
             time.sleep(0.2)
             workers.launch(fault.slot, new_id=fault.kind == "kill-new-id")
+    elif fault.kind == "node-loss":
+        # a node of several ranks lost at once (the world shrinks), relaunched after a while
+        # (it grows again)
+        n = workers.cfg.workers
+        slots = [(fault.slot + i) % n for i in range(max(1, min(n - 1, n // 2 + 1)))]
+        killed = [slot for slot in slots if _kill(workers, slot)]
+        time.sleep(hold)
+        for slot in killed:
+            workers.launch(slot)
     elif fault.kind in ("stop", "pause"):
         if proc.poll() is None:
             proc.send_signal(signal.SIGSTOP)
@@ -164,8 +202,19 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, epochs: int) -> None:
         topo.clients.stall()
         time.sleep(hold)
         topo.clients.stall(False)
+    elif fault.kind == "cut-replica":
+        assert topo.link is not None
+        topo.link.cut()
+        time.sleep(hold)
+        topo.link.cut(False)
     elif fault.kind == "restart-aof":
         topo.restart()
+    elif fault.kind == "restart-empty":
+        topo.restart(wipe=True)
+    elif fault.kind == "restart-rdb":
+        topo.snapshot(folder / "older.rdb")
+        time.sleep(float(fault.params["age"]))
+        topo.restart(snapshot=folder / "older.rdb")
     elif fault.kind == "failover":
         topo.synced()
         topo.lag()
@@ -189,18 +238,78 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, epochs: int) -> None:
         time.sleep(hold)
         if proc.poll() is None:
             proc.send_signal(signal.SIGCONT)
+    elif fault.kind == "memory-full":
+        topo.config(maxmemory=str(topo.used_memory()))  # noeviction: every write refused
+        time.sleep(hold)
+        topo.config(maxmemory="0")
+    elif fault.kind == "evicting-policy":
+        topo.config(maxmemory="1gb", maxmemory_policy="allkeys-lru")
+    elif fault.kind == "storage-fail":
+        # the checkpoint directory replaced by a file: every write under it fails, then it
+        # comes back as it was
+        ckpt = folder / "ckpt"
+        ckpt.rename(folder / "ckpt.away")
+        ckpt.write_bytes(b"")
+        time.sleep(hold)
+        ckpt.unlink()
+        (folder / "ckpt.away").rename(ckpt)
     elif fault.kind == "del-key":
         with strata_redis.connect(topo.url, JOB) as job:  # the keys as the schema names them
             job.client.delete(*_keys_named(job.keys, fault.params["key"], epochs))
+    else:  # pragma: no cover - draw() refuses unknown kinds
+        raise ValueError(f"no such fault kind {fault.kind!r}")
 
 
 def _record(url: str, cfg: RunConfig) -> dict[int, dict[int, tuple[str, int]]] | None:
     """The completion record of every epoch, as Redis holds it (None: the state is lost)."""
     try:
         with strata_redis.connect(url, JOB) as job:
-            return {e: job.leases("ds", e, "reader").completions() for e in range(cfg.epochs)}
-    except strata_redis.StateLostError:
-        return None
+            return {e: job.leases(DATASET, e, "reader").completions() for e in range(cfg.epochs)}
+    except (strata_redis.StateLostError, strata_redis.DatasetNotFoundError):
+        return None  # lost, or Redis came back empty (the dataset is not there either)
+
+
+def _register(url: str, cfg: RunConfig, shards: int) -> strata_redis.DatasetParams:
+    """Register the run's dataset (the launcher's line), every epoch's record kept whole."""
+    with strata_redis.connect(url, JOB) as job:
+        params = strata_redis.ShardManager(job).register_dataset_params(
+            DATASET, shards * cfg.samples_per_shard, cfg.samples_per_shard, True, cfg.seed
+        )
+        keep_whole(job.context, DATASET, cfg.epochs)  # every epoch's record, for the check
+    return params
+
+
+def _checkpoints(url: str, folder: Path) -> tuple[set[str], list[str]]:
+    """Verify every committed checkpoint of the run (each file's size and checksum) and
+    decode every rank's data position; their labels, and the failures."""
+    failures: list[str] = []
+    manager = strata_redis.CheckpointManager(folder / "ckpt", job_id=JOB, redis=url)
+    try:
+        infos = manager.list()
+        for info in infos:
+            try:
+                manager.verify(info.step, epoch=info.epoch, run=info.run)
+                for rank in range(info.world_size):
+                    raw = manager.load(info.step, POSITION_PART, rank, epoch=info.epoch,
+                                       run=info.run)  # fmt: skip
+                    decode_positions(raw)
+            except (strata_redis.StrataError, ValueError) as exc:
+                failures.append(f"{info.label}: {type(exc).__name__}: {exc}")
+    finally:
+        manager.close()
+    return {info.label for info in infos}, failures
+
+
+def _recover(url: str) -> None:
+    """The documented recovery after a lost or rolled-back state: delete the job's state in
+    Redis (its checkpoints in storage are kept; a Redis that came back empty has none)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "strata_redis", "jobs", "rm", JOB, "--yes", "--force",
+         "--redis-url", url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if done.returncode and "nothing to delete" not in done.stderr:
+        raise RuntimeError(f"strata jobs rm exited {done.returncode}: {done.stderr}")
 
 
 def check_guards(disable: str) -> None:
@@ -211,10 +320,22 @@ def check_guards(disable: str) -> None:
             raise ValueError(f"no such guard {name!r} (guards: {', '.join(GUARDS)})")
 
 
+def _wait(workers: _Workers, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while workers.running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def run(cfg: RunConfig, progress: bool = False) -> Outcome:
     """Play one seed's schedule against real processes and check the history."""
     check_guards(cfg.disable)
-    faults = cfg.schedule or draw(cfg.seed, cfg.duration, cfg.workers, cfg.kinds, cfg.faults)
+    if cfg.workload not in WORKLOADS:
+        raise ValueError(f"no such workload {cfg.workload!r} (workloads: {', '.join(WORKLOADS)})")
+    if cfg.aof is None:
+        cfg.aof = random.Random(f"aof-{cfg.seed}").choice(["always", "everysec"])
+    faults = cfg.schedule or draw(
+        cfg.seed, cfg.duration, cfg.workers, cfg.kinds, cfg.faults, cfg.workload
+    )
     # the dataset: enough work for the run's duration with every worker busy
     per_shard = cfg.samples_per_shard * cfg.sample_s
     shards = max(cfg.workers * 2, int(cfg.duration * cfg.workers / per_shard / cfg.epochs))
@@ -223,16 +344,14 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
         folder = cfg.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="strata-chaos-")))  # fmt: skip
         folder.mkdir(parents=True, exist_ok=True)
-        topo = stack.enter_context(Topology(aof="always"))
-        with strata_redis.connect(topo.url, JOB) as job:
-            strata_redis.ShardManager(job).register_dataset_params(
-                "ds", shards * cfg.samples_per_shard, cfg.samples_per_shard, True, cfg.seed
-            )
-            keep_whole(job.context, "ds", cfg.epochs)  # every epoch's record, for the check
+        (folder / "ckpt").mkdir(exist_ok=True)
+        topo = stack.enter_context(Topology(aof=cfg.aof))
+        params = _register(topo.url, cfg, shards)
         controller = History(folder / "controller.jsonl", "controller")
         workers = _Workers(topo, cfg, folder)
-        start = time.monotonic()
+        recovered = False
         try:
+            start = time.monotonic()
             for fault in faults:
                 time.sleep(max(0.0, start + fault.at - time.monotonic()))
                 if not workers.running():
@@ -240,16 +359,37 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
                 if progress:
                     print(f"  seed {cfg.seed}: {fault.describe()}", flush=True)
                 controller.add("fault", kind=fault.kind, slot=fault.slot, **fault.params)
-                _play(fault, topo, workers, cfg.epochs)
+                _play(fault, topo, workers, folder)
                 played[fault.kind] += 1
             # every process ends: finished, or stopped by a named error, within the budget
-            deadline = time.monotonic() + cfg.duration + 4 * cfg.redis_retry
-            while workers.running() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            _wait(workers, cfg.duration + 4 * cfg.redis_retry)
+            topo.config(maxmemory="0", maxmemory_policy="noeviction")  # as the operator would
             exits = {k: p.poll() for k, p in workers.procs.items()}
-            record = _record(topo.url, cfg)
+            events = read_history(folder)
+            lost = any(e["ev"] == "stopped" and e.get("family") == "state-lost" for e in events)
+            if cfg.workload == "loop" and lost and not any(v is None for v in exits.values()):
+                # the documented recovery: the job's state removed, the launcher's line run
+                # again, every worker relaunched (it resumes from the newest checkpoint)
+                if progress:
+                    print(f"  seed {cfg.seed}: recovery (jobs rm, relaunch)", flush=True)
+                controller.add("recovery")
+                _recover(topo.url)
+                _register(topo.url, cfg, shards)
+                workers.phase = "b-"
+                workers.start()
+                recovered = True
+                _wait(workers, cfg.duration * 2 + 4 * cfg.redis_retry)
+                exits = {k: p.poll() for k, p in workers.procs.items()}
+            if cfg.workload == "loop":
+                checkpoints = _checkpoints(topo.url, folder)
+            else:
+                record = _record(topo.url, cfg)
         finally:
             workers.close()
             controller.close()
-        report = check(read_history(folder), record, shards, cfg.epochs, exits)
+        events = read_history(folder)
+        if cfg.workload == "loop":
+            report = check_loop(events, params, cfg.epochs, exits, checkpoints, recovered)
+        else:
+            report = check(events, record, shards, cfg.epochs, exits)
     return Outcome(cfg, faults, report, played)

@@ -6,17 +6,31 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DELETABLE", "KINDS", "Fault", "draw"]
+__all__ = ["DELETABLE", "KINDS", "LOOP_ONLY", "WORKLOADS", "Fault", "draw"]
+
+#: the workloads a run can drive, and the worker module of each
+WORKLOADS: dict[str, str] = {"leases": "worker", "loop": "loop_worker"}
 
 #: every kind of fault the run can play, and what it does
 KINDS: dict[str, str] = {
     "kill": "kill -9 a worker, relaunch it under the same id",
     "kill-new-id": "kill -9 a worker, relaunch it under a new id",
+    "node-loss": "kill -9 more than half the workers at once (the world shrinks), relaunch "
+    "them a few seconds later (it grows again)",
     "stop": "SIGSTOP a worker past its lease ttl and heartbeat timeout, then SIGCONT it",
     "pause": "SIGSTOP a worker for less than its heartbeat timeout",
     "cut": "cut one worker's link to Redis for a while (shorter than redis_retry)",
     "stall": "stall every client's link to Redis for a while (shorter than redis_retry)",
-    "restart-aof": "kill -9 Redis (AOF always) and start it again",
+    "cut-replica": "cut Redis from its replica for a while (it resyncs after)",
+    "restart-aof": "kill -9 Redis and start it again from its AOF (appendfsync always or "
+    "everysec, drawn for the run: everysec may lose the last second)",
+    "restart-empty": "kill -9 Redis and start it with nothing (no persistence)",
+    "restart-rdb": "snapshot Redis (RDB), let the job run a few seconds, kill -9 Redis and "
+    "start it from that older snapshot",
+    "memory-full": "set maxmemory to what Redis uses (noeviction: every write refused) for "
+    "a while (shorter than redis_retry), then lift it",
+    "evicting-policy": "switch Redis to an evicting maxmemory-policy (allkeys-lru) for good",
+    "storage-fail": "fail every checkpoint write for a while (the loop workload only)",
     "failover": "fail over to a replica that lagged (the replication link stalled first)",
     "masked-failover": "stop a worker, fail over to a replica that lagged while it made "
     "calls, let the others run, then let it run again (the masked rollback)",
@@ -28,15 +42,21 @@ KINDS: dict[str, str] = {
 #: for that structure of every epoch of the run (``LeaseKeys``' names; ``record``: segment 0)
 DELETABLE = (
     "fence", "generation", "epoch", "era", "clock", "history", "datasets",
-    "heartbeats", "status", "incarnation", "info",
+    "heartbeats", "status", "incarnation", "info", "rendezvous", "checkpoints",
     "lease.meta", "lease.taken", "lease.done", "lease.holders", "lease.expiry",
     "lease.record", "lease.workers",
 )  # fmt: skip
 
 
-#: the kinds that may end a run with a StateLostError (the state went back or lost an
-#: anchor): a schedule plays them after the others, so those are played too
-TERMINAL = frozenset({"failover", "masked-failover", "del-key"})
+#: the kinds that may end a run (a StateLostError: the state went back or lost an anchor;
+#: a RedisConfigError: an evicting policy): a schedule plays them after the others, so
+#: those are played too
+TERMINAL = frozenset({
+    "failover", "masked-failover", "del-key", "restart-empty", "restart-rdb",
+    "evicting-policy",
+})  # fmt: skip
+#: the kinds only the loop workload has something for (checkpoints)
+LOOP_ONLY = frozenset({"storage-fail"})
 
 
 @dataclass(frozen=True)
@@ -55,18 +75,26 @@ class Fault:
 
 
 def draw(
-    seed: int, duration: float, workers: int, kinds: list[str] | None = None, count: int = 0
+    seed: int,
+    duration: float,
+    workers: int,
+    kinds: list[str] | None = None,
+    count: int = 0,
+    workload: str = "leases",
 ) -> list[Fault]:
     """A schedule for ``seed``: ``count`` faults (default: one per 6 s of ``duration``, at
-    least 2) of ``kinds`` (default: all), spread over the run's first ``duration`` seconds.
+    least 2) of ``kinds`` (default: all the workload has something for), spread over the
+    run's first ``duration`` seconds.
 
     Raises:
-        ValueError: an unknown kind.
+        ValueError: an unknown kind, or one the workload has nothing for.
     """
-    pool = list(kinds or KINDS)
+    pool = list(kinds or [k for k in KINDS if workload == "loop" or k not in LOOP_ONLY])
     for kind in pool:
         if kind not in KINDS:
             raise ValueError(f"no such fault kind {kind!r} (kinds: {', '.join(KINDS)})")
+        if kind in LOOP_ONLY and workload != "loop":
+            raise ValueError(f"fault kind {kind!r} needs --workload loop")
     rng = random.Random(seed)
     n = count or max(2, int(duration // 6))
     kinds_drawn = sorted((rng.choice(pool) for _ in range(n)), key=lambda k: k in TERMINAL)
@@ -79,8 +107,12 @@ def draw(
             params["hold"] = round(rng.uniform(5.0, 7.0), 2)
         elif kind == "pause":
             params["hold"] = round(rng.uniform(0.3, 1.2), 2)
-        elif kind in ("cut", "stall"):
+        elif kind in ("cut", "stall", "memory-full"):
             params["hold"] = round(rng.uniform(0.3, 2.0), 2)
+        elif kind in ("cut-replica", "node-loss", "storage-fail"):
+            params["hold"] = round(rng.uniform(1.0, 4.0), 2)
+        elif kind == "restart-rdb":
+            params["age"] = round(rng.uniform(0.5, 3.0), 2)
         elif kind in ("failover",):
             params["lag"] = round(rng.uniform(0.005, 0.5), 3)
         elif kind == "masked-failover":

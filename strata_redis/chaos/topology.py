@@ -1,9 +1,12 @@
 """A Redis primary with a replica on loopback, each link through a ``Proxy``: the clients'
-address can be switched (a failover), the replication link stalled (a replica that lags)."""
+address can be switched (a failover), the replication link stalled (a replica that lags),
+the primary restarted from what it persisted, from nothing, or from an older snapshot."""
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 
 import redis
 
@@ -83,14 +86,56 @@ class Topology:
         old.close()
         self.add_replica()
 
-    def restart(self) -> None:
+    def restart(self, *, wipe: bool = False, snapshot: Path | None = None) -> None:
         """Kill the primary (-9) and start it again on its port from what it persisted (the
-        replica is restarted from scratch behind it)."""
+        replica is restarted from scratch behind it).
+
+        Args:
+            wipe: start it from nothing (no persistence: everything in it is gone).
+            snapshot: start it from this RDB file (``snapshot()``: an older state; its AOF,
+                which has the newer writes, is dropped).
+        """
         self.primary.kill()
-        self.primary.start()
+        if wipe or snapshot is not None:
+            shutil.rmtree(self.primary.dir / "appendonlydir", ignore_errors=True)
+            (self.primary.dir / "dump.rdb").unlink(missing_ok=True)
+        if snapshot is None:
+            self.primary.start()
+        else:
+            # Redis reads an RDB at start only with the AOF off: then turn the AOF back on
+            # (it is rewritten from the restored data)
+            shutil.copyfile(snapshot, self.primary.dir / "dump.rdb")
+            extra = self.primary.extra
+            self.primary.extra = [a for a in extra if a not in self._persistence()]
+            try:
+                self.primary.start()
+            finally:
+                self.primary.extra = extra
+            if self.aof:
+                with redis.Redis(port=self.primary.port) as client:
+                    client.config_set("appendonly", "yes")
         self.clients.drop()
         self._drop_replica()
         self.add_replica()
+
+    def snapshot(self, to: Path) -> None:
+        """Write the primary's state as it is now to the RDB file ``to`` (``SAVE``)."""
+        with redis.Redis(port=self.primary.port) as client:
+            client.save()
+            name = str(client.config_get("dbfilename")["dbfilename"])
+        shutil.copyfile(self.primary.dir / name, to)
+
+    def config(self, **settings: str) -> None:
+        """``CONFIG SET`` on the primary (e.g. ``maxmemory``, ``maxmemory_policy``: ``_`` for
+        ``-``)."""
+        with redis.Redis(port=self.primary.port) as client:
+            for name, value in settings.items():
+                client.config_set(name.replace("_", "-"), value)
+
+    def used_memory(self) -> int:
+        """The primary's ``used_memory``, bytes."""
+        with redis.Redis(port=self.primary.port) as client:
+            return int(client.info("memory")["used_memory"])
 
     def _drop_replica(self) -> None:
         if self.link is not None:

@@ -16,6 +16,8 @@ from .history import History
 
 #: exit codes the checker reads: 0 finished, 3 stopped with a named error, 4 a bare error
 FINISHED, STOPPED, CRASHED = 0, 3, 4
+#: the dataset every workload drains (the run registers it)
+DATASET = "ds"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         # a relaunch under the same id takes the dead process's place by default (its pid gone)
         job.register_worker(args.id, heartbeat_interval=args.heartbeat_timeout / 4)
         for epoch in range(args.epochs):
-            leases = job.leases("ds", epoch, args.id, ttl=args.lease_ttl)
+            leases = job.leases(DATASET, epoch, args.id, ttl=args.lease_ttl)
             for lease in leases:
                 history.add(
                     "grant", epoch=epoch, shard=lease.shard_id, token=lease.token,
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         history.add("finished")
         return FINISHED
     except strata_redis.StrataError as exc:
-        history.add("stopped", error=type(exc).__name__, family=_family(exc), message=str(exc))
+        history.add("stopped", error=type(exc).__name__, family=family(exc), message=str(exc))
         return STOPPED
     except (redis.RedisError, OSError) as exc:
         history.add("crashed", error=type(exc).__name__, message=str(exc))
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         history.close()
 
 
-def _family(exc: BaseException) -> str:
+def family(exc: BaseException) -> str:
     """``state-lost`` for the StateLostError family, else ``other``."""
     return "state-lost" if isinstance(exc, strata_redis.StateLostError) else "other"
 
