@@ -1,0 +1,47 @@
+"""The unit tier: the pure parts and the seams, driven through fakes (``fakes.py``).
+
+No redis-server, no process, no network here: a unit test that asks for one of the process
+tier's server fixtures is a usage error at collection, and every test runs with process
+starts and socket connections refused, so a test that reached past a seam fails at once
+instead of hanging on a timeout. The process tier (``tests/test_*.py``) drives the same
+code on real servers and processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from typing import Any, NoReturn
+
+import pytest
+
+#: the process tier's fixtures that start a server (``tests/conftest.py``)
+SERVER_FIXTURES = frozenset(
+    {"redis_server", "redis_cluster", "redis_url", "redis_factory", "raw", "job", "s3_server",
+     "s3_endpoint"}
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if used and "tests/unit/" in item.nodeid:
+            raise pytest.UsageError(
+                f"{item.nodeid}: a unit test uses {sorted(used)}; servers belong to the "
+                "process tier (tests/test_*.py)"
+            )
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_or_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refuse process starts and outgoing connections for the test's duration."""
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> NoReturn:
+            raise AssertionError(f"a unit test tried to {what}: use a fake at the seam")
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("start a process"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("open a connection"))
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse("open a connection"))
