@@ -24,7 +24,9 @@ SERVER_FIXTURES = frozenset(
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        used = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = set(callspec.params) if callspec is not None else set()
+        used = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) - params
         if used and "tests/unit/" in item.nodeid:
             raise pytest.UsageError(
                 f"{item.nodeid}: a unit test uses {sorted(used)}; servers belong to the "

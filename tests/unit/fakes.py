@@ -335,6 +335,7 @@ class FakeProtocol:
         g = self.group
         with g.lock:
             g.order.append((self.rank, cid))
+            g.lock.notify_all()
             acks = g.acks.setdefault(cid, {})
             acks[self.rank] = {"worker": self.worker_id, "files": {
                 p: {"name": f.name, "size": f.size, "checksum": f.checksum}
