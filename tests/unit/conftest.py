@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import socket
 import subprocess
-from typing import Any, NoReturn
+import threading
+from typing import Any
 
 import pytest
 
@@ -36,14 +37,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_processes_or_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Refuse process starts and outgoing connections for the test's duration."""
+    """Refuse process starts and outgoing connections for the test's duration, from the
+    test's thread and the threads it starts. (Threads that were running before it — a
+    process-tier test's leftovers in a full run — keep theirs: the guard is about this test.)"""
+    before = {t for t in threading.enumerate() if t is not threading.main_thread()}
 
-    def refuse(what: str) -> Any:
-        def refused(*args: Any, **kwargs: Any) -> NoReturn:
+    def refuse(original: Any, what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() in before:
+                return original(*args, **kwargs)
             raise AssertionError(f"a unit test tried to {what}: use a fake at the seam")
 
         return refused
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("start a process"))
-    monkeypatch.setattr(socket.socket, "connect", refuse("open a connection"))
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse("open a connection"))
+    for owner, name, what in (
+        (subprocess.Popen, "__init__", "start a process"),
+        (socket.socket, "connect", "open a connection"),
+        (socket.socket, "connect_ex", "open a connection"),
+    ):
+        monkeypatch.setattr(owner, name, refuse(getattr(owner, name), what))
