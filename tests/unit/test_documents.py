@@ -1,0 +1,167 @@
+"""The dashboard document's readers, on a hand-built document (``documents.py``): it holds
+to ``schema.json``; ``/metrics`` (``dashboard/metrics.py``) and ``strata status``'s text
+(``dashboard/text.py``) read it."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import jsonschema
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from strata_redis.dashboard.metrics import render_metrics
+from strata_redis.dashboard.text import (
+    Column,
+    _duration,
+    plain,
+    render,
+    render_job,
+    table,
+    window_words,
+)
+
+from .documents import JOB, document
+
+
+def schema() -> dict[str, Any]:
+    raw = resources.files("strata_redis.dashboard").joinpath("schema.json").read_text()
+    return dict(json.loads(raw))
+
+
+def samples(body: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_the_document_holds_to_the_schema() -> None:
+    jsonschema.validate(document(), schema())
+
+
+def test_the_schema_refuses_a_broken_document() -> None:
+    doc = document()
+    del doc["jobs"][0]["epoch"]
+    with pytest.raises(jsonschema.ValidationError, match="'epoch' is a required property"):
+        jsonschema.validate(doc, schema())
+
+
+# -- /metrics -----------------------------------------------------------------------------------
+def test_metrics_of_a_document() -> None:
+    body, content_type = render_metrics(document())
+    assert content_type.startswith("text/plain")
+    got = samples(body)
+    job = (("job_id", JOB),)
+    assert got[("strata_redis_up", ())] == 1
+    assert got[("strata_epoch", job)] == 2
+    assert got[("strata_lease_grants_total", job)] == 321
+    assert got[("strata_worker_failures_total", job)] == 1
+    assert got[("strata_checkpoint_saved_bytes_total", job)] == 2_500_000
+    assert got[("strata_checkpoint_latest_step", job)] == 400
+    assert got[("strata_barrier_release_latency_seconds", (*job, ("percentile", "99")))] == (
+        pytest.approx(0.00425)
+    )  # ms in the document, seconds on /metrics
+
+
+def test_metrics_counts_workers_by_status() -> None:
+    got = samples(render_metrics(document())[0])
+    by_status = {dict(k[1])["status"]: v for k, v in got.items() if k[0] == "strata_workers"}
+    assert by_status["training"] == 1 and by_status["stale"] == 1 and by_status["failed"] == 1
+
+
+def test_metrics_when_redis_is_down_is_up_0_alone() -> None:
+    body, _ = render_metrics(None)
+    assert samples(body) == {("strata_redis_up", ()): 0}
+
+
+def test_metric_names_follow_prometheus_conventions() -> None:
+    for family in text_string_to_metric_families(render_metrics(document())[0].decode()):
+        assert family.name.startswith("strata_")
+        assert family.name.endswith("_total") is False  # the parser strips it off counters
+        for s in family.samples:
+            assert "job" not in s.labels and "instance" not in s.labels
+
+
+# -- strata status's text -----------------------------------------------------------------------
+def test_render_job_lines() -> None:
+    text = "\n".join(render_job(document(), JOB, 160))
+    assert f"job {JOB!r} (running): membership generation 7, 2 live of 3 workers; epoch 2" in text
+    assert "1 training, 0 checkpointing, 0 idle; 1 failed and 0 left in the last 10 min" in text
+    assert "1 silent past the job's 10s timeout" in text
+    assert "p50 1.50 ms, p99 4.25 ms, max 5.00 ms (newest 10 releases)" in text
+    assert "lease grants so far: 321; Redis: 1234 commands/s" in text
+    assert "training: 250.5 samples/s, epoch 2 ETA 12s (3000 samples left); slowest w1" in text
+    assert "aborted by w1: rank 1 could not save its parts" in text
+    assert "2/2" in text and "2.5 MB" in text
+    assert "(stale: no heartbeat" in text
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 120, 160])
+def test_render_fits_its_width(width: int) -> None:
+    for line in render(document(), width).splitlines():
+        assert len(line) <= width, line
+
+
+def test_a_narrow_table_drops_the_least_needed_columns_first() -> None:
+    lines = render_job(document(), JOB, 60)
+    header = next(line for line in lines if line.startswith("WORKER"))
+    assert "ADDRESS" not in header and "STATUS" in header
+
+
+def test_render_escapes_control_characters() -> None:
+    doc = document()
+    doc["workers"][0]["host"] = "evil\x1b[2Jhost"
+    text = render(doc, 160)
+    assert "\x1b" not in text and "evil\\x1b[2Jhost" in text
+
+
+def test_render_of_no_jobs() -> None:
+    doc = document()
+    doc["jobs"] = []
+    assert render(doc, 80) == "no strata jobs in this Redis"
+
+
+def test_render_of_a_job_without_datasets_or_checkpoints() -> None:
+    doc = document()
+    doc["datasets"], doc["checkpoints"] = [], []
+    doc["metrics"]["jobs"][0]["barrier"]["releases"] = 0
+    text = render(doc, 100)
+    assert "no datasets registered" in text and "no checkpoints recorded" in text
+    assert "barrier release latency: no releases recorded" in text
+
+
+def test_more_workers_than_the_page_is_said() -> None:
+    doc = document()
+    doc["page"]["total"] = 7
+    assert "... 5 more workers not shown" in render(doc, 120)
+
+
+def test_table_cuts_cells_and_marks_them() -> None:
+    cols = [Column("A", 4, 2), Column("B", 0, 1, least=3)]
+    assert table(cols, [["abcdefg", "xyz"]], 20) == ["A    B", "abc~ xyz"]
+    # too narrow for both: the column kept least goes
+    assert table([Column("A", 10, 1), Column("B", 10, 2)], [["a", "b"]], 12) == ["B", "b"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"), [(600, "10 min"), (90, "90 s"), (7200, "2 h"), (3600, "1 h"),
+                           (61, "61 s"), (0.5, "0.5 s")],
+)  # fmt: skip
+def test_window_words(seconds: float, words: str) -> None:
+    assert window_words(seconds) == words
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0, "0s"), (59.4, "59s"), (119.6, "2m00s"), (3599, "59m59s"),
+                          (3600, "1h00m"), (5400, "1h30m")],
+)  # fmt: skip
+def test_durations(seconds: float, text: str) -> None:
+    assert _duration(seconds) == text
+
+
+def test_plain_keeps_line_breaks() -> None:
+    assert plain("a\nb") == "a\nb" and plain("a\tb") == "a\\tb"
