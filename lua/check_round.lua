@@ -14,6 +14,8 @@
 -- returns {S.OK, more} | {S.ROUND_BROKEN, culprit ('' if superseded), reason}
 local R = KEYS[1]
 local f = redis.call('HMGET', R, 'round', 'state', 'broken_round', 'broken', 'reason')
+-- the caller is in round g: a rendezvous with no round lost its hash (G.ANCHORS)
+if G.ANCHORS and not f[1] and tonumber(ARGV[1]) > 0 then return LOST(R) end
 if f[3] == ARGV[1] then return {S.ROUND_BROKEN, f[4], f[5]} end
 if f[1] ~= ARGV[1] or f[2] ~= 'closed' then return {S.ROUND_BROKEN, '', 'superseded'} end
 local k = {R = R, ranks = KEYS[2], hb = KEYS[3], status = KEYS[4], incs = KEYS[5],

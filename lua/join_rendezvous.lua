@@ -55,7 +55,10 @@ if status == 'failed' then return {S.WORKER_FAILED} end
 if status == 'left' then return {S.WORKER_LEFT} end
 if redis.call('HGET', KEYS[6], id) ~= inc then return {S.WORKER_REPLACED} end
 
-local cur = tonumber(redis.call('HGET', R, 'round') or '0')
+local round = redis.call('HGET', R, 'round')
+-- the caller saw round g: a rendezvous with no round now lost its hash (G.ANCHORS)
+if G.ANCHORS and g > 0 and not round then return LOST(R) end
+local cur = tonumber(round or '0')
 if cur ~= g then return {S.ROUND_MOVED, cur} end
 
 -- the keys of round g (this = 0) or g+1 (this = 1), as the shared functions take them

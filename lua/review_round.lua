@@ -16,6 +16,8 @@
 local R = KEYS[1]
 local f = redis.call('HMGET', R, 'round', 'state', 'broken_round', 'decided_epoch', 'decision',
   'world_size')
+-- the caller is in round g: a rendezvous with no round lost its hash (G.ANCHORS)
+if G.ANCHORS and not f[1] and tonumber(ARGV[1]) > 0 then return LOST(R) end
 if f[1] ~= ARGV[1] or f[2] ~= 'closed' or f[3] == ARGV[1] then return {S.OK, 'moved'} end
 if f[4] == ARGV[2] then return {S.OK, f[5]} end
 local t = redis.call('TIME')

@@ -5,6 +5,7 @@ The ``maxmemory-policy`` is watched while the job runs, not read once. Real redi
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any
 
 import pytest
@@ -151,3 +152,23 @@ def test_a_deleted_heartbeats_key_stops_the_job_not_a_worker(
         held.complete()
     with pytest.raises(strata_redis.StateLostError, match="heartbeats"):
         leases.acquire()  # the era is marked: every later call stops too
+
+
+def test_a_deleted_rendezvous_stops_its_members_naming_it(job: strata_redis.Job, raw: Any) -> None:
+    """The rendezvous hash deleted under a closed round: a member's round check, its epoch
+    review and a join that knows the round each stop with ``StateLostError`` naming it (a
+    join on a fresh hash would open round 1 again beside the running one: rounds split)."""
+    workers = [job.register_worker(f"w{i}", heartbeat_interval=None) for i in range(2)]
+    rdzv = strata_redis.Rendezvous(job.context, min_workers=2, max_workers=2, timeout=5)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        rounds = list(pool.map(lambda w: rdzv.join(w.worker_id, w.incarnation), workers))
+    assert {r.number for r in rounds} == {1}
+    raw.delete(job.keys.rendezvous)
+    for call in (
+        lambda: rdzv.check(rounds[0]),
+        lambda: rdzv.review(rounds[1], 1),
+        lambda: rdzv.join_step(workers[0].worker_id, workers[0].incarnation, 1, 1),
+    ):
+        with pytest.raises(strata_redis.StateLostError, match="rendezvous"):
+            call()
+    assert not raw.exists(job.keys.rendezvous)  # nothing was built again

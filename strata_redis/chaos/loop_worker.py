@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 history.add("epoch-done", epoch=epoch)
             orchestrator.wait_for_checkpoints(120)
         for label, future in saves:
-            exc = future.exception(0)
+            exc = future.exception(120)  # (a save of an earlier round may still be running)
             history.add("saved", label=label, error=None if exc is None else type(exc).__name__)
         history.add("finished")
         return FINISHED

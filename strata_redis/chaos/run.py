@@ -281,10 +281,13 @@ def _register(url: str, cfg: RunConfig, shards: int) -> strata_redis.DatasetPara
 
 def _checkpoints(url: str, folder: Path) -> tuple[set[str], list[str]]:
     """Verify every committed checkpoint of the run (each file's size and checksum) and
-    decode every rank's data position; their labels, and the failures."""
+    decode every rank's data position; their labels, and the failures. Storage holds the
+    truth: the Redis index (a cache of it, which a ``del-key`` may have emptied) is rebuilt
+    from it first."""
     failures: list[str] = []
     manager = strata_redis.CheckpointManager(folder / "ckpt", job_id=JOB, redis=url)
     try:
+        manager.rebuild_index()
         infos = manager.list()
         for info in infos:
             try:
