@@ -94,6 +94,9 @@ class _Host:
         epoch = self._o._job_epoch = self._o._retry(current_epoch, self._o.context)
         return epoch
 
+    def resumed(self, dataset: str) -> tuple[int, set[int], dict[int, int]] | None:
+        return self._o.resumed_positions.get(dataset)
+
 
 class TrainingOrchestrator:
     """One training worker's handle: rendezvous, batches from leased shards, checkpoints.

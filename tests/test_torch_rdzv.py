@@ -3,15 +3,18 @@ with real torchrun agents and gloo trainers on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,9 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
 from strata_redis import identity
+from strata_redis.checkpoint.manager import CheckpointManager
 from strata_redis.coordination.rendezvous import ENDED
+from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.keys import Keys
 from strata_redis.torch import rdzv
 
@@ -327,3 +332,187 @@ def test_torchrun_agent_after_the_job_ended_does_not_train(redis_url: str, tmp_p
     assert _results(tmp_path) == []  # the script never ran
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         assert client.hget(Keys("ended").rendezvous, "round") == "1"
+
+
+# -- shrink, then grow: a data position is never dropped (issue 33, 5) -------------------------
+#: a DDP trainer under torchrun on strata's rendezvous: lockstep batches, DCP checkpoints
+#: every ``save_every`` steps (argv: out, total, per_shard, epochs, save_every, sleep s per
+#: step), in a job of its own (``<--rdzv-id>-trainers``). Each trainer logs ``START <pid>
+#: <agent pid> <round> <rank> <world> <resumed run epoch step>`` once, then ``<round>
+#: <epoch> <step> <ids...>`` per step (``step``: the loop's, from 1, as the checkpoint after
+#: it is numbered)
+ELASTIC_TRAIN = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.nn.parallel import DistributedDataParallel
+    import strata_redis, strata_redis.torch as strata_torch
+
+    out, total, per_shard, epochs, save_every, sleep = sys.argv[1], *map(float, sys.argv[2:7])
+    job = os.environ["TORCHELASTIC_RUN_ID"] + "-trainers"  # (the agents' job is their own)
+    url = os.environ["STRATA_TEST_REDIS"]
+    strata_redis.ShardManager(url, job_id=job).register_dataset_params(
+        "points", int(total), int(per_shard), True, 7)
+
+    class Points(torch.utils.data.Dataset):
+        def __len__(self):
+            return int(total)
+        def __getitem__(self, i):
+            return i, torch.tensor([float(i % 10)]), torch.tensor([float(i % 7)])
+
+    world = int(os.environ["WORLD_SIZE"])
+    orch = strata_redis.TrainingOrchestrator(
+        coordinator_url=url, job_id=job, checkpoint_path=os.path.join(out, "ckpt"),
+        min_workers=world, max_workers=world, last_call=0.5, heartbeat_timeout=3.0,
+        elastic=False, keep_count=100, commit_timeout=30.0, batch_size=4)
+    with orch:
+        strata_torch.init_process_group(orch, "gloo", timeout=30)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(1, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        resumed = orch.resumed
+        if resumed is not None:
+            state = {"model": model.state_dict(), "optim": opt.state_dict()}
+            dcp.load(state, storage_reader=strata_torch.StrataStorageReader(orch))
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+        ddp = DistributedDataParallel(model)
+        sampler = strata_torch.LeaseBatchSampler(orch, "points", lockstep=True)
+        loader = strata_torch.DataLoader(Points(), batch_sampler=sampler)
+        r = orch.round.number
+        where = "- - -" if resumed is None else f"{resumed.run} {resumed.epoch} {resumed.step}"
+        log = open(os.path.join(out, f"samples-{os.getpid()}.log"), "a", buffering=1)
+        with open(os.path.join(out, "starts.log"), "a") as f:
+            f.write(f"START {os.getpid()} {os.getppid()} {r} {orch.rank} {world} {where}\\n")
+        for epoch in range(orch.epoch, int(epochs)):
+            sampler.set_epoch(epoch)
+            for step, (ids, x, y) in enumerate(loader, 1):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                opt.step()
+                log.write(f"{r} {epoch} {step} {' '.join(map(str, ids.tolist()))}\\n")
+                if step % int(save_every) == 0:
+                    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+                    writer = strata_torch.StrataStorageWriter(orch, step=step, epoch=epoch)
+                    dcp.save(state, storage_writer=writer)
+                time.sleep(sleep)
+            orch.advance_epoch()
+        orch.wait_for_checkpoints(60)
+        torch.distributed.destroy_process_group()
+    """
+)
+
+
+def _elastic_agent(url: str, tmp: Path, log: Path, args: list[str]) -> subprocess.Popen[bytes]:
+    """One node: a torchrun agent, ``--nnodes 1:2``, 2 trainers, in a session of its own."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+           "STRATA_TEST_REDIS": url}  # fmt: skip
+    env.pop("STRATA_JOB_ID", None)
+    conf = "last_call_timeout=1,join_timeout=60,keep_alive_interval=1,keep_alive_max_attempt=3"
+    cmd = [
+        str(TORCHRUN), "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "strata",
+        "--rdzv-endpoint", url, "--rdzv-id", "shrink", "--rdzv-conf", conf,
+        "--local-addr", "127.0.0.1", "--max-restarts", "3", "--monitor-interval", "0.2",
+        str(tmp / "train.py"), str(tmp), *args,
+    ]  # fmt: skip
+    with log.open("ab") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+
+
+def _starts(tmp: Path) -> list[list[str]]:
+    path = tmp / "starts.log"
+    return [line.split()[1:] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _lose_node(agent: subprocess.Popen[bytes], tmp: Path) -> None:
+    """SIGKILL a node: its agent's process group and its trainers' (torchrun starts each in a
+    session of its own), at once."""
+    groups = [agent.pid] + [int(s[0]) for s in _starts(tmp) if int(s[1]) == agent.pid]
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    agent.wait(10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_shrink_then_grow_trains_every_sample_once(redis_url: str, tmp_path: Path) -> None:
+    """Issue 33, 5: two nodes of two DDP trainers (lockstep sampler, DCP checkpoints); one
+    node is SIGKILLed after a checkpoint; the survivors' trainers resume from it at world
+    size 2 and checkpoint; the node is relaunched and admitted, and the 4 trainers resume
+    from the survivors' checkpoint and finish. Following the checkpoints each launch resumed
+    from, every sample of each epoch is trained once (lockstep: fewer than world size x
+    batch dropped by the round that finishes the epoch), and every agent exits 0.
+
+    Before the fix the survivors' checkpoints dropped the dead ranks' half-read shards,
+    which the grown job then trained again from their start: 32 samples twice in epoch 0
+    here (48 in the report)."""
+    total, batch, epochs = 1536, 4, 2  # 64 shards of 24
+    (tmp_path / "train.py").write_text(ELASTIC_TRAIN)
+    args = [str(total), "24", str(epochs), "4", "0.1"]
+    logs = [tmp_path / f"agent-{n}.log" for n in "ABC"]
+    agents = [_elastic_agent(redis_url, tmp_path, logs[0], args)]
+    time.sleep(0.5)  # (A first; the kill below takes B, whichever agent is round rank 0)
+    agents.append(_elastic_agent(redis_url, tmp_path, logs[1], args))
+    ckpt = CheckpointManager(tmp_path / "ckpt", job_id="shrink-trainers", redis=redis_url)
+
+    def tails() -> str:
+        return "\n=====\n".join(p.read_text()[-3000:] for p in logs if p.exists())
+
+    def committed(world: int) -> bool:
+        if any(a.poll() is not None for a in agents):
+            raise AssertionError(f"an agent exited: {tails()}")
+        return any(i.world_size == world and i.epoch == 0 for i in ckpt.list())
+
+    try:
+        # bounds: torch imports and two rendezvous on a loaded 2-core machine (tens of
+        # seconds), far below a job that never trains or never recovers
+        wait_for(lambda: committed(4), 120, step=0.05, why=tails)
+        _lose_node(agents.pop(), tmp_path)  # after the 4-rank checkpoint, mid-epoch 0
+        wait_for(lambda: committed(2), 120, step=0.05, why=tails)
+        agents.append(_elastic_agent(redis_url, tmp_path, logs[2], args))  # relaunched
+        codes = [a.wait(180) for a in agents]
+        assert codes == [0, 0], tails()
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                _lose_node(agent, tmp_path)
+
+    # each launch (a trainer round) and the checkpoint it resumed from
+    resumed: dict[int, tuple[int, int, int] | None] = {}
+    for _, _, r, _, _, *where in _starts(tmp_path):
+        resumed[int(r)] = None if where[0] == "-" else (int(where[0]), int(where[1]),
+                                                        int(where[2]))  # fmt: skip
+    lines = [
+        line.split() for f in tmp_path.glob("samples-*.log") for line in f.read_text().splitlines()
+    ]
+    final = max(resumed)
+    assert {int(s[4]) for s in _starts(tmp_path) if int(s[2]) == final} == {4}
+    # walk back from the last launch: what each checkpoint in the chain holds of each epoch
+    trained = {e: Counter[int]() for e in range(epochs)}
+    r, upto = final, (epochs, 0)
+    chain = []
+    while True:
+        for rr, e, s, *ids in lines:
+            if int(rr) == r and (int(e), int(s)) <= upto:
+                trained[int(e)].update(int(i) for i in ids)
+        where = resumed[r]
+        if where is None:
+            break
+        run, epoch, step = where
+        meta = decode_positions(ckpt.load(step, POSITION_PART, 0, epoch=epoch, run=run))[1]
+        chain.append((r, where, meta["round"]))
+        r, upto = int(meta["round"]), (epoch, step)
+    ckpt.close()
+    # the grown round resumed from the survivors' checkpoint of epoch 0, and theirs from the
+    # 4 ranks' (the relaunch came long before the survivors' epoch could end: about 150 steps)
+    worlds = {int(s[2]): int(s[4]) for s in _starts(tmp_path)}
+    assert len(chain) >= 2 and chain[0][1][1] == 0, chain
+    assert [worlds[c[2]] for c in chain[:2]] == [2, 4], (chain, worlds)
+    for epoch, counts in trained.items():
+        twice = sorted(s for s, n in counts.items() if n > 1)
+        assert not twice, f"epoch {epoch}: {len(twice)} samples trained twice ({chain})"
+        assert set(counts) <= set(range(total))
+        assert total - len(counts) < 4 * batch, (epoch, total - len(counts), chain)

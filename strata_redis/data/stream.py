@@ -6,7 +6,15 @@ of the walks in ``data/walks/`` (``leases``, ``lockstep``, ``static``), picked f
 A walk runs for a *host*: the process that owns the worker and its round (the orchestrator
 is one). The host gives the walk what it needs (``StreamHost``: the job, the worker, the
 round, the lease TTL, a flag read for the per-batch check, the retry policy, status
-changes) and nothing else.
+changes, the position it resumed from) and nothing else.
+
+**A data position is never dropped.** The position a fresh round resumed from is in every
+member's model, and stays in every position the stream gives until the shards it had
+part-way are finished: each walk of that epoch starts with the resumed offsets (``carried``)
+as its own, whoever leases those shards, and whether or not anyone has yet. A round smaller
+than the checkpoint's (ranks that left) leaves their half-read shards in the pool at their
+offsets (``restore_position``), and its checkpoints still record those offsets until a
+member finishes them, so a later resume at any world size trains each sample once.
 """
 
 from __future__ import annotations
@@ -67,6 +75,10 @@ class StreamHost(Protocol):
 
     def begin_epoch(self) -> int:
         """A walk begins: the job's current epoch (read from Redis, retried)."""
+
+    def resumed(self, dataset: str) -> tuple[int, set[int], dict[int, int]] | None:
+        """The position of ``dataset`` the host's fresh round restored from a checkpoint:
+        (epoch, shards done, shard -> samples trained), or None (it did not resume one)."""
 
 
 class ShardStream:
@@ -143,6 +155,8 @@ class ShardStream:
         #: shard -> samples already trained when the walk began (restored offsets)
         self.starts: dict[int, int] = {}
         self._position: Position | None = None
+        #: (epoch, shard -> samples) of the resumed position still carried (see the module doc)
+        self.carried: tuple[int, dict[int, int]] | None = None
         self._round = 0  # the round the position's ``base`` was read in
         # handed-out batches not yet consumed (``track_consumption``), oldest first: a batch
         # as its pieces [(shard, samples of it after the piece)], or a shard id: its end
@@ -154,7 +168,14 @@ class ShardStream:
 
     @property
     def position(self) -> Position | None:
-        """Where the current (or last) walk stands: what checkpoints save (None before one)."""
+        """Where the current (or last) walk stands: what checkpoints save. Before the first
+        walk, the position the host resumed from (None: it resumed none)."""
+        if self._position is None:
+            resumed = self.host.resumed(self.params.name)
+            if resumed is not None:
+                epoch, done, offsets = resumed
+                return Position(self.params.name, epoch, self.params.num_shards, set(done),
+                                partial=dict(offsets))  # fmt: skip
         return self._position
 
     def __iter__(self) -> Iterator[Batch]:
@@ -164,12 +185,25 @@ class ShardStream:
         epoch = host.begin_epoch()
         done, self.starts = host.retry(epoch_record, ctx, params, epoch)
         position = Position(params.name, epoch, params.num_shards, done)
+        carried = self._carried(epoch)
+        position.partial.update((s, o) for s, o in carried.items() if s not in done)
         self._position, self._round = position, host.round.number
         self._pending.clear()
         self._finishers.clear()
         host.set_status("training")
         yield from WALKS[self.walk](self, host, position)
         host.set_status("idle")
+
+    def _carried(self, epoch: int) -> dict[int, int]:
+        """The resumed offsets of ``epoch`` this stream's positions carry (empty for another
+        epoch: the resumed one is over)."""
+        if self.carried is None:
+            resumed = self.host.resumed(self.params.name)
+            if resumed is not None:
+                self.carried = (resumed[0], dict(resumed[2]))
+        if self.carried is None or self.carried[0] != epoch:
+            return {}
+        return self.carried[1]
 
     # -- what the training step consumed ----------------------------------------------------
     def consumed(self, batches: int = 1) -> None:
@@ -214,6 +248,18 @@ class ShardStream:
         assert position is not None
         if self.starts.get(shard, 0) > position.partial.get(shard, 0):
             position.partial[shard] = self.starts[shard]
+
+    def dropped(self, shard: int) -> None:
+        """This walk's part of ``shard`` is not in its position after all (its lease was
+        taken back: the new holder trains it again): the position keeps only the resumed
+        offset it carries (already in the model), if any."""
+        position = self._position
+        assert position is not None
+        floor = self._carried(position.epoch).get(shard, 0)
+        if floor and shard not in position.base:
+            position.partial[shard] = floor
+        else:
+            position.partial.pop(shard, None)
 
     def handed(self, pieces: list[tuple[int, int]]) -> None:
         """A batch made of ``pieces`` [(shard, samples of it after the piece)] is handed out."""

@@ -74,6 +74,6 @@ def leases_walk(stream: ShardStream, host: StreamHost, position: Position) -> It
                 yield batch
             if lease.lost is not None:
                 if not tracking:
-                    position.partial.pop(shard, None)
+                    stream.dropped(shard)
                 continue
             stream.shard_end(shard, completer(host, leases, lease))
