@@ -267,6 +267,8 @@ class FakeHost:
     statuses: list[str] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)
     guards: int = 0
+    #: dataset -> (epoch, shards done, shard -> offset): what the fresh round resumed from
+    restored: dict[str, tuple[int, set[int], dict[int, int]]] = field(default_factory=dict)
 
     @property
     def round(self) -> Round:
@@ -296,6 +298,9 @@ class FakeHost:
 
     def begin_epoch(self) -> int:
         return self.epoch
+
+    def resumed(self, dataset: str) -> tuple[int, set[int], dict[int, int]] | None:
+        return self.restored.get(dataset)
 
     def break_round(self, culprit: str = "w9") -> None:
         """The round broke (a member failed): the next check raises."""

@@ -425,3 +425,25 @@ def test_lockstep_refuses_a_pool_done_under_its_quota(
     pool.todo.clear()
     with pytest.raises(EpochUnfinishedError, match="quota unmet"):
         list(it)
+
+
+def test_a_resumed_position_is_carried_until_its_shards_are_done(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The offsets a fresh round resumed from stay in the stream's position (before the
+    first walk, and in each walk of that epoch) until those shards are done, so a checkpoint
+    of a smaller round never drops a departed rank's half-read shard."""
+    pool = LeasePool(params)
+    use_pool(monkeypatch, pool)
+    host = FakeHost(pool, restored={params.name: (0, {0}, {1: 3, 2: 7})})
+    stream = ShardStream(host, params, BATCH)
+    before = stream.position
+    assert before is not None and before.done() == {0} and before.partial == {1: 3, 2: 7}
+    walk = iter(stream)
+    next(walk)  # the first batch: shard 1 or 2 is not done yet, its offset still carried
+    assert stream.position is not None
+    carried = {s: n for s, n in stream.position.partial.items() if s in (1, 2)}
+    assert carried and all(n >= {1: 3, 2: 7}[s] for s, n in carried.items()), carried
+    # another epoch carries nothing: the resumed one is over
+    host.epoch = 1
+    assert stream._carried(1) == {}
