@@ -32,7 +32,7 @@ PUBLIC = {
     "EpochProgress", "EpochUnfinishedError", "FileEntry", "Job", "JobContext", "JobLayoutError",
     "Keys", "Lease",
     "LeaseError",
-    "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "RedisConfigError",
+    "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "NotReplicatedError", "RedisConfigError",
     "RedisMemoryFullError", "RedisUnavailableError", "Release", "Rendezvous",
     "RendezvousEndedError",
     "RendezvousError", "RendezvousTimeoutError", "RestartLimitError", "Round", "RoundBrokenError",
