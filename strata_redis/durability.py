@@ -40,6 +40,7 @@ __all__ = [
     "assess",
     "check_durability",
     "has_waitaof",
+    "knows_waitaof",
     "shortfall",
     "waits",
 ]
@@ -75,15 +76,26 @@ def check_durability(value: object) -> str:
     return value
 
 
-def has_waitaof(client: Any) -> bool:
-    """Whether ``WAITAOF 1 ...`` can be sent to this server: it knows the command (Redis 7.2
-    or later: probed with ``WAITAOF 0 0 0``, which waits for nothing) and AOF is on (with AOF
-    off the server refuses a local count). Not allowed to this user: False (``WAIT``)."""
+def knows_waitaof(client: Any) -> bool:
+    """Whether this server has ``WAITAOF`` (Redis 7.2 or later), probed with ``WAITAOF 0 0
+    0``, which waits for nothing (refused or not allowed to this user: False)."""
     try:
         client.execute_command("WAITAOF", 0, 0, 0)
-        info = client.info("persistence")
     except (NoPermissionError, ResponseError) as exc:
-        log.debug("WAITAOF not used: %s", exc)
+        log.debug("no WAITAOF: %s", exc)
+        return False
+    return True
+
+
+def has_waitaof(client: Any) -> bool:
+    """Whether ``WAITAOF 1 ...`` can be sent to this server: it has the command
+    (``knows_waitaof``) and AOF is on (with AOF off it refuses a local count). Not readable
+    by this user: False (``WAIT`` alone)."""
+    if not knows_waitaof(client):
+        return False
+    try:
+        info = client.info("persistence")
+    except (NoPermissionError, ResponseError):
         return False
     return bool(int(info.get("aof_enabled", 0) or 0)) if isinstance(info, dict) else False
 
