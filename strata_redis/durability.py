@@ -175,15 +175,17 @@ def assess(deployment: Deployment) -> tuple[str, str]:
             f"durability replicated: cannot be honoured now ({d.replicas} replica(s), none "
             f"in sync); default only ({disk})"
         )
-    guard = d.min_replicas_to_write
     if d.replicas == 1:
         safety = "a failover can only promote that replica"
-    elif guard is not None and guard >= d.replicas:
-        safety = f"min-replicas-to-write {guard}: every replica acknowledges every write"
     else:
         safety = (
-            "with several replicas, a failover may promote one that did not confirm: "
-            "set min_replicas to their count (or min-replicas-to-write)"
+            f"{d.replicas} replicas: a failover may promote one that did not confirm a call; "
+            f"use min_replicas={d.replicas}, or a Sentinel that promotes the most advanced one"
+        )
+    if d.min_replicas_to_write:
+        safety += (
+            f"; min-replicas-to-write {d.min_replicas_to_write}: with fewer replicas in reach "
+            "the primary refuses writes at once"
         )
     return "ok", (
         f"durability replicated: can be honoured ({d.in_sync} of {d.replicas} replica(s) "
