@@ -24,6 +24,7 @@ from .connection import (
     make_client,
     max_block,
 )
+from .durability import REPLICATED, check_durability
 from .era import Era, EraScripts
 from .keys import Keys
 from .scripts import Scripts
@@ -72,11 +73,18 @@ class JobContext:
             then get ``connection.PoolExhaustedError``. Heartbeats use a small pool of their
             own on top (``connection.HEARTBEAT_CONNECTIONS``). Ignored with a shared context
             or a given decoding ``redis.Redis`` (its pool is the caller's).
-        min_replicas: the durability knob: after each lease grant, renewal, hand-back or
-            completion and each checkpoint commit, ``WAIT`` until this many replicas have
-            it (default: the shared context's, else 0 — no wait; see ``era.EraScripts``).
+        min_replicas: after each lease grant, renewal, hand-back or completion and each
+            checkpoint commit, ``WAIT`` until this many replicas have it (default: the
+            shared context's, else 1 with ``durability="replicated"``, else 0 — no wait; see
+            ``era.EraScripts``).
         replica_timeout: the longest one such wait lasts, seconds (default: the shared
             context's, else 1).
+        durability: ``"default"`` (a call is acknowledged once the primary applied it;
+            ``min_replicas`` waits best effort) or ``"replicated"`` (a lease grant, renewal,
+            hand-back, completion or checkpoint commit is acknowledged only once
+            ``min_replicas`` replicas confirmed it, and raises ``NotReplicatedError`` when
+            none did within ``redis_retry``; ``durability.py``). Default: the shared
+            context's, else ``$STRATA_DURABILITY``, else ``"default"``.
         retention: seconds an ended job's keys are kept (``coordination/lifecycle.py``;
             default: the shared context's, else ``$STRATA_JOB_RETENTION``, else 3 days).
         redis_retry: seconds a blocking call (barrier, epoch, rendezvous and checkpoint
@@ -108,6 +116,7 @@ class JobContext:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
+        durability: str | None = None,
         retention: float | None = None,
         redis_retry: float | None = None,
     ) -> None:
@@ -118,8 +127,13 @@ class JobContext:
             heartbeat_timeout = shared.heartbeat_timeout if shared is not None else 10.0
         if events_cap is None:
             events_cap = shared.events_cap if shared is not None else 10_000
+        if durability is None and shared is not None:
+            durability = shared.durability
+        self.durability: str = check_durability(durability)
+        replicated = self.durability == REPLICATED
         if min_replicas is None:
             min_replicas = shared.min_replicas if shared is not None else 0
+            min_replicas = max(min_replicas, 1) if replicated else min_replicas
         if replica_timeout is None:
             replica_timeout = shared.replica_timeout if shared is not None else 1.0
         if retention is None:
@@ -155,22 +169,26 @@ class JobContext:
                 self.keys.history,
             )
         )  # fmt: skip
-        self.min_replicas: int = check_int("min_replicas", min_replicas, low=0, high=100)
+        self.min_replicas: int = check_int(
+            "min_replicas", min_replicas, low=1 if replicated else 0, high=100
+        )
         if self.min_replicas and is_cluster(self.client):
             raise ValueError(
-                "min_replicas needs a script and its WAIT on one connection, which redis-py's "
-                "Redis Cluster client cannot give: use 0 with Redis Cluster"
+                "min_replicas and durability='replicated' need a script and its WAIT on one "
+                "connection, which redis-py's Redis Cluster client cannot give: use the "
+                "default durability and min_replicas 0 with Redis Cluster"
             )
         self.replica_timeout: float = check_seconds("replica_timeout", replica_timeout, high=3600)
+        knob = (self.min_replicas, self.replica_timeout, self.durability, self.redis_retry)
         same = (
             shared is not None and shared.era is self.era
-            and (shared.min_replicas, shared.replica_timeout)
-            == (self.min_replicas, self.replica_timeout)
+            and (shared.min_replicas, shared.replica_timeout, shared.durability,
+                 shared.redis_retry) == knob
         )  # fmt: skip
         # one job's contexts with one knob share one view (and its count of shortfalls)
         self.scripts: EraScripts = (
             shared.scripts if same and shared is not None
-            else EraScripts(self._scripts, self.era, self.min_replicas, self.replica_timeout)
+            else EraScripts(self._scripts, self.era, *knob)
         )  # fmt: skip
         self._heartbeat_scripts: EraScripts | None = None
         self.max_block: float = max_block(self.client)

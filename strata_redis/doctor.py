@@ -11,6 +11,9 @@ a ``warn``. The command exits non-zero when a check fails.
   ``redis+cluster://`` URL).
 - persistence: AOF (and its ``appendfsync``), RDB snapshots only, or none — what a restart
   loses, and what the job then sees (``StateRolledBackError``, ``StateLostError``).
+- durability: which ``durability`` mode this deployment can honour (``durability.assess``):
+  the replicas in sync (``INFO replication``), ``min-replicas-to-write``, AOF and whether the
+  server has ``WAITAOF``.
 - memory: ``maxmemory`` and ``maxmemory-policy`` (``era.eviction_risk``: a policy that evicts
   fails, as the library's own connect check does).
 - worker / reader rights: whether this user can run what the docs' ``strata-worker`` and
@@ -31,6 +34,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from .connection import is_cluster, run_read, take_reply
 from .coordination import registry
+from .durability import Deployment, assess, knows_waitaof
 from .era import eviction_risk, queue_era_state, take_era_state
 from .keys import Keys
 
@@ -146,6 +150,29 @@ def _persistence(client: Any) -> Check:
         "none (no AOF, no snapshots): a restart loses every job's state; jobs stop with "
         "StateLostError and resume from their newest checkpoint in storage",
     )  # fmt: skip
+
+
+def _durability(client: Any) -> Check:
+    info = _info(client, "replication")
+    persistence = _info(client, "persistence")
+    if info is None or persistence is None:
+        return Check("durability", "warn", "INFO is not allowed to this user: not checked")
+    replicas = int(info.get("connected_slaves", 0) or 0)
+    states = [info.get(f"slave{i}") for i in range(replicas)]
+    in_sync = sum(
+        1 for s in states
+        if isinstance(s, dict) and s.get("state") == "online" and int(s.get("lag", 99)) <= 1
+    )  # fmt: skip
+    guard = _config(client, "min-replicas-to-write")
+    aof = bool(int(persistence.get("aof_enabled", 0) or 0))
+    deployment = Deployment(
+        role=str(info.get("role", "?")), replicas=replicas, in_sync=in_sync,
+        min_replicas_to_write=int(guard) if guard is not None and guard.isdigit() else None,
+        aof=aof, fsync=_config(client, "appendfsync") if aof else None,
+        waitaof=knows_waitaof(client),
+    )  # fmt: skip
+    level, detail = assess(deployment)
+    return Check("durability", level, detail)
 
 
 def _memory(client: Any) -> Check:
@@ -273,7 +300,10 @@ def diagnose(client: redis.Redis | Any, job_id: str = PROBE_JOB) -> list[Check]:
     checks = [_server(client), _mode(client)]
     if checks[-1].level == "fail":
         return checks  # the other checks would only repeat the redirect
-    checks += [_persistence(client), _memory(client), *_acl(client, job_id)]
+    checks += [_persistence(client)]
+    if not is_cluster(client):  # durability="replicated" is refused with Redis Cluster
+        checks.append(_durability(client))
+    checks += [_memory(client), *_acl(client, job_id)]
     return checks
 
 

@@ -58,11 +58,13 @@ from typing import Any, Final
 from redis.exceptions import MovedError, NoPermissionError, OutOfMemoryError, ResponseError
 
 from .connection import Replies, take_reply
+from .durability import DEFAULT, REPLICATED, has_waitaof, shortfall, waits
 from .errors import (
     PARTLY_LOST_MARK,
     ROLLED_BACK_MARK,
     Context,
     JobLayoutError,
+    NotReplicatedError,
     RedisConfigError,
     RedisMemoryFullError,
     StateLostError,
@@ -334,19 +336,37 @@ class EraScripts:
         era: the job's era.
         min_replicas: after a script of ``DURABLE_SCRIPTS``, ``WAIT`` (on the same
             connection) until this many replicas have its writes; 0 does not wait.
-        replica_timeout: the longest that wait lasts, seconds. A shortfall is logged and
-            counted (``shortfalls``), never raised: the write is done on the primary, and
-            ``WAIT`` makes a failover lose fewer acknowledged writes, it is no guarantee.
+        replica_timeout: the longest one wait lasts, seconds. In the default durability a
+            shortfall is logged and counted (``shortfalls``), never raised: the write is done
+            on the primary, and ``WAIT`` makes a failover lose fewer acknowledged writes, it
+            is no guarantee.
+        durability: ``"replicated"``: a shortfall is asked again (the wait alone, on the same
+            connection) until ``budget`` seconds have passed, then raised
+            (``NotReplicatedError``), and the wait also asks the primary's AOF fsync where
+            the server has ``WAITAOF`` (``durability.py``).
+        budget: the seconds a replicated call waits for its replicas (the job's
+            ``redis_retry``).
     """
 
     def __init__(
-        self, scripts: Scripts, era: Era, min_replicas: int = 0, replica_timeout: float = 1.0
+        self,
+        scripts: Scripts,
+        era: Era,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
+        durability: str = DEFAULT,
+        budget: float = 60.0,
     ) -> None:
         self._scripts = scripts
         self._era = era
         self.min_replicas = min_replicas
         self.replica_timeout = replica_timeout
+        self.durability = durability
+        self.budget = budget
         self.shortfalls = 0
+        #: whether this server takes ``WAITAOF 1`` (``durability.has_waitaof``), asked at the
+        #: first replicated call and again after a refusal (AOF switched off, a failover)
+        self._waitaof: bool | None = None
 
     @property
     def client(self) -> Any:
@@ -415,11 +435,19 @@ class EraScripts:
         keys, args = self.stamp(keys, args)
         if not self.min_replicas or name not in DURABLE_SCRIPTS:
             return self.unwrap(self._send(self._scripts.call, name, keys, args), args)
+        if self.durability == REPLICATED:
+            return self.unwrap(self._replicated(name, keys, args), args)
         timeout_ms = max(1, round(self.replica_timeout * 1000))
-        reply, acked = self._send(
-            self._scripts.call_and_wait, name, keys, args, self.min_replicas, timeout_ms
+        reply, (acked,) = self._send(
+            self._scripts.call_and_wait,
+            name,
+            keys,
+            args,
+            waits(self.min_replicas, timeout_ms, False),
         )
-        if acked < self.min_replicas:
+        if isinstance(acked, Exception):
+            raise acked
+        if int(acked) < self.min_replicas:
             self.shortfalls += 1
             log.warning(
                 "job %r: %s: %d of %d replicas had its writes after %.3gs (a failover now "
@@ -427,6 +455,59 @@ class EraScripts:
                 self.replica_timeout,
             )  # fmt: skip
         return self.unwrap(reply, args)
+
+    def _replicated(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a durable script and wait until ``min_replicas`` replicas (and the local AOF,
+        where ``WAITAOF`` is there) confirm it, asking again within ``budget``; its raw reply.
+
+        The reply of a call not confirmed is dropped before ``unwrap``: its clock tick does
+        not raise this process's mark, so a failover that loses it reads as no rollback of
+        what this process was told.
+
+        Raises:
+            NotReplicatedError: not confirmed within ``budget`` seconds.
+        """
+        if self._waitaof is None:
+            self._waitaof = self._send(has_waitaof, self._scripts.client)
+        timeout_ms = max(1, round(self.replica_timeout * 1000))
+        plan = waits(self.min_replicas, timeout_ms, self._waitaof)
+        began = time.monotonic()
+        confirmed = False
+        missing: tuple[int, bool] | None = None  # the last shortfall
+
+        def again(replies: list[Any]) -> list[Any] | None:
+            nonlocal plan, confirmed, missing
+            try:
+                short = shortfall(replies, self.min_replicas)
+            except ResponseError as exc:
+                if len(plan) == 1:
+                    raise
+                # WAITAOF refused (AOF switched off meanwhile): ask again with WAIT alone
+                log.warning("job %r: %s: %s; waiting with WAIT", self._era.job_id, name, exc)
+                self._waitaof = None
+                plan = waits(self.min_replicas, timeout_ms, False)
+                return plan
+            if short is None:
+                confirmed = True
+                return None
+            if missing is None:
+                self.shortfalls += 1
+                log.warning(
+                    "job %r: %s: %d of %d replicas confirmed it after %.3gs; asking again for "
+                    "up to %.3gs (durability='replicated')", self._era.job_id, name, short[0],
+                    self.min_replicas, self.replica_timeout, self.budget,
+                )  # fmt: skip
+            missing = short
+            return plan if time.monotonic() - began < self.budget else None
+
+        reply, _ = self._send(self._scripts.call_and_wait, name, keys, args, plan, again)
+        if not confirmed:
+            acked, fsynced = missing or (0, False)
+            raise NotReplicatedError.after(
+                self._era.job_id, name, acked, self.min_replicas, fsynced,
+                time.monotonic() - began,
+            )  # fmt: skip
+        return reply
 
     def run(
         self,

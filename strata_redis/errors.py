@@ -32,6 +32,8 @@ The tree::
     │   ├── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
     │   └── JobLayoutError              .layout, .expected: written in another layout (version)
     ├── RedisConfigError            Redis is set up so that it could break a guarantee
+    ├── NotReplicatedError          .job_id, .operation, .acked, .needed: applied, but no
+    │                                   replica confirmed it (``durability="replicated"``)
     ├── StorageError                .backend, .path (never credentials)
     │   ├── StorageNotFoundError        the object does not exist
     │   └── StorageExistsError          a create-only write found the object already there
@@ -78,6 +80,7 @@ __all__ = [
     "JobLayoutError",
     "LeaseError",
     "LeaseLostError",
+    "NotReplicatedError",
     "RedisConfigError",
     "RedisMemoryFullError",
     "RedisUnavailableError",
@@ -818,6 +821,56 @@ class RedisConfigError(StrataError):
         super().__init__(message)
         self.setting = setting
         self.value = value
+
+
+class NotReplicatedError(StrataError):
+    """A call of ``durability="replicated"`` was applied on the primary, but too few replicas
+    confirmed it within the job's ``redis_retry`` budget: it is **not acknowledged**.
+
+    The write stands on the primary, and a failover now may lose it. What that means for
+    the caller, by operation: a lease grant (``acquire``) is not used (it expires after its
+    ttl); a completion (``complete``) is not done: the shard's lease is still held (call
+    ``complete()`` again to have it acknowledged once a replica is back, or let it expire:
+    whoever is granted it next trains it, from the lease's position) and the training loop
+    does not count it; a renewal leaves the lease as it was; a release leaves the shard as
+    the pool has it; a checkpoint commit is not reported committed (the save raises this).
+
+    Attributes:
+        job_id: the job.
+        operation: the script (``acquire_shard``, ``commit_checkpoint``, ...).
+        acked: replicas that confirmed it.
+        needed: replicas the job asks for (``min_replicas``).
+        fsynced: whether the primary confirmed its own AOF fsync (True when not asked).
+        seconds: how long the call waited for them.
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str, operation: str, acked: int, needed: int,
+        fsynced: bool, seconds: float,
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.job_id = job_id
+        self.operation = operation
+        self.acked = acked
+        self.needed = needed
+        self.fsynced = fsynced
+        self.seconds = seconds
+
+    @classmethod
+    def after(
+        cls, job_id: str, operation: str, acked: int, needed: int, fsynced: bool, seconds: float
+    ) -> NotReplicatedError:
+        """``operation`` of ``job_id``: ``acked`` of ``needed`` replicas after ``seconds``."""
+        disk = "" if fsynced else ", and the primary did not confirm its AOF fsync"
+        return cls(
+            f"job {job_id!r}: {operation} was applied on the primary, but {acked} of {needed} "
+            f"replica(s) confirmed it within {seconds:.3g}s{disk} (durability='replicated'): "
+            "it is not acknowledged, and a failover now could lose it. Check the replicas "
+            "(`strata doctor`, INFO replication), or raise redis_retry to wait longer for a "
+            "replica that lags",
+            job_id=job_id, operation=operation, acked=acked, needed=needed, fsynced=fsynced,
+            seconds=seconds,
+        )  # fmt: skip
 
 
 class StorageError(StrataError):

@@ -47,6 +47,10 @@ class Job:
             replicas after each (default 0: no wait, or the shared job's). See
             ``JobContext``.
         replica_timeout: seconds each such ``WAIT`` waits for them. See ``JobContext``.
+        durability: ``"default"`` or ``"replicated"``: lease calls and checkpoint commits
+            are acknowledged only once ``min_replicas`` (default 1) replicas confirmed them,
+            else ``NotReplicatedError`` (default: the shared job's, else
+            ``$STRATA_DURABILITY``, else ``"default"``). See ``strata_redis.durability``.
         retention: seconds an ended job's keys are kept (default: the shared job's, else
             ``$STRATA_JOB_RETENTION``, else 3 days; see ``end``).
         redis_retry: seconds blocking calls (barrier, epoch, rendezvous and checkpoint
@@ -67,13 +71,15 @@ class Job:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
+        durability: str | None = None,
         retention: float | None = None,
         redis_retry: float | None = None,
     ) -> None:
         self.context = JobContext(
             redis, job_id, heartbeat_timeout=heartbeat_timeout, events_cap=events_cap,
             max_connections=max_connections, min_replicas=min_replicas,
-            replica_timeout=replica_timeout, retention=retention, redis_retry=redis_retry,
+            replica_timeout=replica_timeout, durability=durability, retention=retention,
+            redis_retry=redis_retry,
         )  # fmt: skip
 
     @property

@@ -137,7 +137,14 @@ class TrainingOrchestrator:
         epoch_timeout: seconds ``advance_epoch`` waits for the round's other members.
         commit_timeout: seconds a checkpoint waits for the other ranks' parts.
         lease_ttl: seconds a shard lease lasts without renewal (renewed in the background).
-        redis_retry: seconds the loop keeps retrying while Redis is unreachable.
+        redis_retry: seconds the loop keeps retrying while Redis is unreachable (and, with
+            ``durability="replicated"``, waits for a replica to confirm a call).
+        durability: ``"replicated"``: each shard completion, lease call and checkpoint
+            commit is acknowledged only once a replica confirmed it (``NotReplicatedError``
+            stops the loop, the shard not counted, when none did within ``redis_retry``);
+            ``"default"`` does not wait. Default: the ``Job``'s given as
+            ``coordinator_url``, else ``$STRATA_DURABILITY``, else ``"default"``. See
+            ``strata_redis.durability``.
         replace: take over ``worker_id`` even if its holder looks alive (a restarted
             process). None: only when torchrun says this process is a restart
             (``TORCHELASTIC_RESTART_COUNT`` > 0). A stale holder (silent past the heartbeat
@@ -180,6 +187,7 @@ class TrainingOrchestrator:
         redis_retry: float = 60.0,
         replace: bool | None = None,
         job_retention: float | None = None,
+        durability: str | None = None,
     ) -> None:
         # Every argument is checked before anything is written to Redis or storage.
         if worker_id is None:
@@ -213,7 +221,7 @@ class TrainingOrchestrator:
         self.on_round = on_round
         self.context = JobContext(
             coordinator_url, job_id, heartbeat_timeout=heartbeat_timeout,
-            retention=job_retention, redis_retry=self.redis_retry,
+            retention=job_retention, redis_retry=self.redis_retry, durability=durability,
         )  # fmt: skip
         self.job_id = self.context.job_id
         if "/" in self.job_id:

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .errors import Context, from_status
 from .status import EPILOGUE, Status, inline, prelude
@@ -68,6 +68,15 @@ def compiled() -> dict[str, str]:
         + EPILOGUE
         for name, src in sources().items()
     }
+
+
+def _read(conn: Any) -> Any:
+    """One reply from a connection; an error reply returned, not raised (the replies after it
+    are still to be read)."""
+    try:
+        return conn.read_response()
+    except ResponseError as exc:
+        return exc
 
 
 def check(reply: Sequence[Any], context: Context | Callable[[], Context]) -> list[Any]:
@@ -138,27 +147,50 @@ class Scripts:
             return self._client.evalsha(script.sha, len(keys), *keys, *args)
 
     def call_and_wait(
-        self, name: str, keys: Sequence[str], args: Sequence[Any], replicas: int, timeout_ms: int
-    ) -> tuple[Any, int]:
-        """Run one script, then ``WAIT replicas timeout_ms`` on the same connection.
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        waits: Sequence[Sequence[Any]],
+        again: Callable[[list[Any]], Sequence[Sequence[Any]] | None] | None = None,
+    ) -> tuple[Any, list[Any]]:
+        """Run one script, then the ``waits`` (``WAIT``, ``WAITAOF``) on the same connection,
+        in one round trip; while ``again`` (given the waits' replies) returns commands, send
+        those on that connection too (a ``WAIT`` counts the writes of its own connection only,
+        so a second ask must use the first one's).
 
         Returns:
-            The script's raw reply, and how many replicas acknowledged its writes in time.
+            The script's raw reply, and the last waits' replies (an error reply among them is
+            returned, not raised: ``again`` or the caller judges it).
         """
         script = self._scripts[name]
-        for attempt in range(2):
-            with self._client.pipeline(transaction=False) as pipe:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-                pipe.execute_command("WAIT", replicas, timeout_ms)
-                reply, acked = pipe.execute(raise_on_error=False)
-            if attempt == 0 and isinstance(reply, NoScriptError):
-                self._client.script_load(script.script)
-                continue
-            for item in (reply, acked):
-                if isinstance(item, Exception):
-                    raise item
-            return reply, int(acked)
-        raise AssertionError("unreachable")  # pragma: no cover
+        call = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        # (a context refuses waits with a Redis Cluster client: one node, one connection)
+        pool = self._client.connection_pool  # type: ignore[union-attr]
+        conn = pool.get_connection()
+        in_flight = False  # a reply not read yet: the connection cannot be reused
+        try:
+            for attempt in range(2):
+                in_flight = True
+                conn.send_packed_command(conn.pack_commands([call, *waits]))
+                reply, *replies = [_read(conn) for _ in range(1 + len(waits))]
+                in_flight = False
+                if attempt == 0 and isinstance(reply, NoScriptError):
+                    self._client.script_load(script.script)
+                    continue
+                break
+            if isinstance(reply, Exception):
+                raise reply
+            while again is not None and (more := again(replies)):
+                in_flight = True
+                conn.send_packed_command(conn.pack_commands(list(more)))
+                replies = [_read(conn) for _ in more]
+                in_flight = False
+            return reply, replies
+        finally:
+            if in_flight:
+                conn.disconnect()
+            pool.release(conn)
 
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """Run several scripts in one round trip; return their raw replies (codes unchecked).

@@ -84,6 +84,8 @@ def test_a_plain_url_to_the_wrong_node_says_how_to_connect(
 def test_bad_cluster_arguments_are_refused(redis_cluster: RedisClusterServers) -> None:
     with pytest.raises(ValueError, match="min_replicas"):
         strata_redis.connect(redis_cluster.url, "x", min_replicas=1)
+    with pytest.raises(ValueError, match="durability='replicated'"):
+        strata_redis.connect(redis_cluster.url, "x", durability="replicated")
     for url in ("redis+cluster://", "redis+cluster://h:1,,h:2", "redis+cluster://h:99999"):
         with pytest.raises(ValueError, match="redis"):
             strata_redis.connect(url, "x")

@@ -13,6 +13,7 @@ import redis
 
 from strata_redis.server import RedisClusterServers, RedisServer
 
+from .procs import wait_for
 from .test_acl import JOB, SECRET, readme_rule, setuser
 
 
@@ -103,3 +104,25 @@ def test_a_cluster_node_through_a_plain_url_fails(redis_cluster: RedisClusterSer
     assert code == 1 and checks["mode"][0] == "fail" and "redis+cluster://" in checks["mode"][1]
     code, checks, err = doctor(redis_cluster.url)
     assert checks["mode"] == ("ok", "Redis Cluster"), (checks, err)
+
+
+def test_durability_says_which_mode_the_deployment_can_honour(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    """0 replicas: only the default durability; 1 replica in sync: ``replicated`` too."""
+    primary = redis_factory(aof=True)
+    code, checks, err = doctor(primary.url)
+    level, detail = checks["durability"]
+    assert code == 0 and level == "warn", (checks, err)
+    assert detail.startswith("durability replicated: cannot be honoured (no replica)"), detail
+    assert "AOF appendfsync always, no WAITAOF (Redis < 7.2)" in detail
+    replica = redis_factory(extra=["--replicaof", "127.0.0.1", str(primary.port)])
+    with redis.Redis.from_url(replica.url) as copy:
+        wait_for(lambda: copy.info("replication")["master_link_status"] == "up", 30)
+    with redis.Redis.from_url(primary.url) as client:  # the primary has seen its first ack
+        wait_for(lambda: client.execute_command("WAIT", 1, 100) == 1, 30)
+    code, checks, err = doctor(primary.url)
+    level, detail = checks["durability"]
+    assert code == 0 and level == "ok", (checks, err)
+    assert detail.startswith("durability replicated: can be honoured (1 of 1 replica(s) in "
+                             "sync; a failover can only promote that replica"), detail  # fmt: skip

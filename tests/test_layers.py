@@ -32,7 +32,7 @@ PUBLIC = {
     "EpochProgress", "EpochUnfinishedError", "FileEntry", "Job", "JobContext", "JobLayoutError",
     "Keys", "Lease",
     "LeaseError",
-    "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "RedisConfigError",
+    "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "NotReplicatedError", "RedisConfigError",
     "RedisMemoryFullError", "RedisUnavailableError", "Release", "Rendezvous",
     "RendezvousEndedError",
     "RendezvousError", "RendezvousTimeoutError", "RestartLimitError", "Round", "RoundBrokenError",
@@ -52,7 +52,8 @@ SUPPORTED = [
     "connection",
     "context", "coordination.barrier", "coordination.epochs", "coordination.registry",
     "coordination.rendezvous", "coordination.workers", "data.leases", "data.position",
-    "data.sharding", "era", "errors", "identity", "job", "keys", "orchestrator", "outage",
+    "data.sharding", "durability", "era", "errors", "identity", "job", "keys", "orchestrator",
+    "outage",
     "scripts", "server", "shard_manager", "status", "storage", "testing", "validate",
     "dashboard", "torch",
 ]  # fmt: skip

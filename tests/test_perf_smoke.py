@@ -73,3 +73,20 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
         assert (tmp_path / f"curve_{name}.png").stat().st_size > 1000, name
         assert curve["fit"].startswith("least squares"), name
     assert (tmp_path / "curves.md").exists()
+
+
+def test_the_durability_cost_runs(tmp_path: Path) -> None:
+    """``perf/durability_cost.py`` (its own primaries and replica, outside ``run.py``): one
+    value of each of its six benchmarks."""
+    out = tmp_path / "durability.json"
+    run = subprocess.run(
+        [sys.executable, str(PERF / "durability_cost.py"), "--debug-single-value", "--quiet",
+         "-o", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=PERF,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    names = {b["metadata"]["name"] for b in json.loads(out.read_text())["benchmarks"]}
+    assert names == {f"{op}, {variant}" for op in ("lease hand-off", "checkpoint commit")
+                     for variant in ("default, 0 replicas", "default, 1 replica",
+                                     "replicated, 1 replica")}  # fmt: skip
+    assert "replicated at 1 replica, as a ratio" in run.stdout

@@ -29,7 +29,7 @@ import redis
 from ..connection import Replies, hash_items, run_read, take_reply
 from ..context import JobContext
 from ..coordination.registry import live_workers, reap
-from ..errors import LeaseLostError
+from ..errors import LeaseLostError, NotReplicatedError
 from ..keys import Keys
 from ..outage import ride_out, riding_out
 from ..scripts import check
@@ -374,6 +374,8 @@ class ShardLeases:
 
         Raises:
             LeaseLostError: stale token; the shard is someone else's now.
+            NotReplicatedError: ``durability="replicated"`` and no replica confirmed it: not
+                done (the lease is still held; a call again is acknowledged once one does).
         """
         if lease.lost is not None and guard("fencing"):  # (off: the fault checker's proof)
             raise lease.lost
@@ -584,7 +586,7 @@ class ShardLeases:
             for lease in held:
                 try:
                     self.release(lease)
-                except (LeaseLostError, redis.RedisError) as exc:
+                except (LeaseLostError, NotReplicatedError, redis.RedisError) as exc:
                     log.warning("could not release shard %s: %s", lease.shard_id, exc)
 
     def _start_renewer(self) -> None:
@@ -615,7 +617,7 @@ class ShardLeases:
                                 self.worker_id, lease.shard_id, exc)  # fmt: skip
                     if self.on_lost is not None:
                         self.on_lost(exc)
-                except redis.RedisError as exc:
+                except (redis.RedisError, NotReplicatedError) as exc:
                     log.warning("lease renewal of shard %s failed, retrying: %s",
                                 lease.shard_id, exc)  # fmt: skip
 
