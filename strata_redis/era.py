@@ -388,7 +388,19 @@ class EraScripts:
         anchor keys go first (the prelude checks that those once made still exist:
         ``status.ANCHORS``); the last argument is this call's own id."""
         era = self._era.value()
-        self._era.watch()
+        try:
+            self._era.watch()
+        except RedisConfigError:
+            # a state that went back or was lost outranks the policy's refusal: a job
+            # stopped by the refusal alone would be relaunched on that state without a word
+            stamped = self._stamped([], [], era)
+            self.unwrap(self._send(self._scripts.call, "check_era", *stamped), stamped[1])
+            raise
+        return self._stamped(keys, args, era)
+
+    def _stamped(
+        self, keys: Sequence[str], args: Sequence[Any], era: str
+    ) -> tuple[list[str], list[Any]]:
         mark, mark_id = self._era.seen_at
         era_keys = [*self._era.anchors, self._era.key, self._era.clock_key, self._era.history_key]
         return [*keys, *era_keys], [*args, era, mark, mark_id, call_id()]

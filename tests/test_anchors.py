@@ -120,6 +120,28 @@ def test_a_policy_that_evicts_set_while_the_job_runs_stops_it(
             leases.acquire()
 
 
+def test_a_rollback_outranks_the_policys_refusal(
+    redis_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """State that went back (the clock lowered, as a restart from an older AOF does) and
+    then an evicting policy: the process stops with ``StateRolledBackError``, not with the
+    policy's ``RedisConfigError`` alone (a job stopped by that would be relaunched on the
+    older state without a word: the chaos checker's seed 0 found it)."""
+    server = redis_factory()
+    monkeypatch.setattr(era_module, "POLICY_EVERY", 0.0)
+    with strata_redis.connect(server.url, "policy-job") as job:
+        strata_redis.ShardManager(job).register_dataset_params("ds", 16, 2, False, 0)
+        job.register_worker("w0", heartbeat_interval=None)
+        leases = job.leases("ds", 0, "w0", ttl=30)
+        assert leases.acquire() is not None
+        admin = redis.Redis.from_url(server.url)
+        admin.decrby(job.keys.clock, 16 * 10)  # ten ticks lost
+        admin.config_set("maxmemory", 1 << 30)
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        with pytest.raises(strata_redis.StateRolledBackError):
+            leases.acquire()
+
+
 def test_the_datasets_hash_is_an_anchor(job: strata_redis.Job, raw: Any, redis_url: str) -> None:
     """Deleted by hand: a process asking for a dataset stops with ``StateLostError`` naming
     it, not ``DatasetNotFoundError`` (which would send it to register again and train from
