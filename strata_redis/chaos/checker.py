@@ -168,82 +168,108 @@ def check_loop(
 
     Args:
         events: every process's events, in time order; the controller's ``recovery`` event
-            splits the run from the relaunch after the documented recovery.
+            starts the relaunch after the documented recovery.
         params: the dataset.
         exits: each process's exit code (None: a hang).
         checkpoints: the labels of the committed checkpoints after the run, and each one
             that did not verify or whose data position did not decode.
         recovered: the recovery was played.
 
-    The rules:
-        - in the run, unless its state was lost: each sample of each epoch trained at least
-          once (when some process finished), and never twice by processes that finished:
-          a second copy only where a process died or stopped part-way through a shard
-          (its lease ended, and the shard was trained again from its start);
-        - after a recovery, exactly once relative to the checkpoint kept: the samples its
-          data position says were trained (each of them trained in the run), plus those
-          the relaunch trained in that epoch, are each sample once; each later epoch is
-          trained exactly once by the relaunch, and every relaunched process finishes;
+    A fresh round (the whole job started again: the relaunch after the recovery, or a
+    worker that comes back after every other one ended) resumes from the newest checkpoint:
+    the model of what came after it is gone, so the promise is relative to it from then on.
+    The rules, from the last resume on (from the start when there was none):
+
+        - exactly once relative to the checkpoint kept: the samples its data position says
+          were trained (each trained before the resume), plus those trained since, are
+          each sample of that epoch at least once (when some process finished since), and
+          never twice by processes that finished: a second copy only where a process died
+          or stopped part-way through a shard (its lease ended, the shard was trained again
+          from its start); each later epoch the same;
+        - before it, every epoch before the resumed one was trained whole;
+        - a run whose state was lost is checked only through its recovery (none played:
+          nothing more is promised), and every relaunched process finishes;
         - every committed checkpoint verifies and decodes its data position, and every save
-          a process saw committed is listed;
+          a process saw committed is in storage;
         - liveness, as ``check``.
     """
     report = Report(operations=len(events), recovered=recovered)
     _ends(report, events, exits)
-    split = next((float(e["t"]) for e in events if e["ev"] == "recovery"), float("inf"))
-    before = [e for e in events if float(e["t"]) < split]
-    after = [e for e in events if float(e["t"]) >= split]
-    everything = Counter(range(params.total_samples))
     labels, failures = checkpoints
     report.checkpoints = len(labels)
     report.violations += [f"checkpoint: {f}" for f in failures]
     for ev in events:
         if ev["ev"] == "saved" and ev["error"] is None and ev["label"] not in labels:
             report.violations.append(
-                f"checkpoint: {ev['who']} saw {ev['label']} committed; it is not listed"
+                f"checkpoint: {ev['who']} saw {ev['label']} committed; it is not in storage"
             )
         report.batches += ev["ev"] == "batch"
-    trained_before = _trained(before)
-    if not report.lost:
-        _run_rules(report, before, trained_before, everything, epochs)
-        return report
-    if not recovered:
+    if report.lost and not recovered:
         return report  # the job stopped with a clear error; the recovery was not played
-    resumes = {_resumed(e) for e in after if e["ev"] == "resumed"}
-    trained_after = _trained(after)
-    first = 0
+    split = next((float(e["t"]) for e in events if e["ev"] == "recovery"), None)
+    if split is not None:
+        for ev in events:
+            if float(ev["t"]) >= split and ev["ev"] == "stopped":
+                report.violations.append(
+                    f"recovery: {ev['who']} stopped with {ev['error']} after the recovery"
+                )
+    # the lineage of the model kept: from the last resume (its earliest event), or from the
+    # recovery when the relaunch resumed none
+    resumes = [e for e in events if e["ev"] == "resumed"]
+    start, first = (split if split is not None else float("-inf")), 0
     kept: Counter[int] = Counter()
-    if len(resumes) > 1:
-        report.violations.append(f"recovery: the relaunch resumed from {len(resumes)} checkpoints")
-    elif resumes:
-        ((label, first, done, offsets),) = resumes
+    if resumes and (split is None or float(resumes[-1]["t"]) >= split):
+        label, first, done, offsets = _resumed(resumes[-1])
+        start = min(float(e["t"]) for e in resumes if e["label"] == label)
         kept = _samples(params, first, done, dict(offsets))
-        untrained = set(kept) - set(trained_before.get(first, ()))
+        trained = _trained(e for e in events if float(e["t"]) < start)
+        untrained = set(kept) - set(trained.get(first, ()))
         if untrained:
             report.violations.append(
-                f"recovery: {label}'s data position says {len(untrained)} samples of epoch "
+                f"resume: {label}'s data position says {len(untrained)} samples of epoch "
                 f"{first} were trained that nobody trained before it"
             )
-    for epoch in range(first):
-        missing = set(everything) - set(trained_before.get(epoch, ()))
-        if missing:
-            report.violations.append(
-                f"exactly once: epoch {epoch} (before the kept checkpoint) never trained "
-                f"{len(missing)} samples"
-            )
-    for epoch in range(first, epochs):
-        got = trained_after.get(epoch, Counter()) + (kept if epoch == first else Counter())
-        if got != everything:
-            report.violations.append(
-                f"exactly once: after the recovery, epoch {epoch}: {_diff(got, everything)} "
-                "(relative to the checkpoint kept)"
-            )
-    for ev in after:
-        if ev["ev"] == "stopped":
-            report.violations.append(
-                f"recovery: {ev['who']} stopped with {ev['error']} after the recovery"
-            )
+        for epoch in range(first):
+            missing = set(range(params.total_samples)) - set(trained.get(epoch, ()))
+            if missing:
+                report.violations.append(
+                    f"exactly once: epoch {epoch} (before the checkpoint kept) never trained "
+                    f"{len(missing)} samples"
+                )
+    since = [e for e in events if float(e["t"]) >= start]
+    _lineage_rules(report, since, params, range(first, epochs), first, kept)
     return report
+
+
+def _lineage_rules(
+    report: Report,
+    events: list[dict[str, Any]],
+    params: DatasetParams,
+    epochs: range,
+    first: int,
+    kept: Counter[int],
+) -> None:
+    """``check_loop``'s rules for the events since the lineage started (``kept``: the
+    samples of epoch ``first`` the resumed checkpoint's data position covers)."""
+    finished = {(e["who"], e["pid"]) for e in events if e["ev"] == "finished"}
+    trained = _trained(events)
+    by_finished = _trained(e for e in events if (e["who"], e["pid"]) in finished)
+    for epoch in epochs:
+        base: Counter[int] = kept if epoch == first else Counter()
+        got: Counter[int] = trained.get(epoch, Counter()) + base
+        missing = set(range(params.total_samples)) - set(got)
+        if missing and finished:
+            report.violations.append(
+                f"exactly once: epoch {epoch}: {len(missing)} samples never trained "
+                f"(e.g. {sorted(missing)[:5]}), relative to the checkpoint kept"
+            )
+        mine: Counter[int] = by_finished.get(epoch, Counter()) + base
+        twice = sorted(s for s, n in mine.items() if n > 1)
+        if twice:
+            report.violations.append(
+                f"exactly once: epoch {epoch}: {len(twice)} samples trained twice by "
+                f"processes that finished (e.g. {twice[:5]}), relative to the checkpoint kept"
+            )
 
 
 def _resumed(ev: dict[str, Any]) -> tuple[Any, ...]:
@@ -260,38 +286,3 @@ def _trained(events: Iterable[dict[str, Any]]) -> dict[int, Counter[int]]:
         if ev["ev"] == "batch":
             out[int(ev["epoch"])].update(ev["samples"])
     return out
-
-
-def _run_rules(
-    report: Report,
-    events: list[dict[str, Any]],
-    trained: dict[int, Counter[int]],
-    everything: Counter[int],
-    epochs: int,
-) -> None:
-    """The rules of a run whose state was not lost (``check_loop``)."""
-    finished = {(e["who"], e["pid"]) for e in events if e["ev"] == "finished"}
-    by_finished: dict[int, Counter[int]] = _trained(
-        e for e in events if (e["who"], e["pid"]) in finished
-    )
-    for epoch in range(epochs):
-        missing = set(everything) - set(trained.get(epoch, ()))
-        if missing and finished:
-            report.violations.append(
-                f"exactly once: epoch {epoch}: {len(missing)} samples never trained "
-                f"(e.g. {sorted(missing)[:5]})"
-            )
-        twice = sorted(s for s, n in by_finished.get(epoch, Counter()).items() if n > 1)
-        if twice:
-            report.violations.append(
-                f"exactly once: epoch {epoch}: {len(twice)} samples trained twice by "
-                f"processes that finished (e.g. {twice[:5]})"
-            )
-
-
-def _diff(got: Counter[int], want: Counter[int]) -> str:
-    """What a count of samples has too few and too many of, in a few words."""
-    missing = sorted((want - got).keys())
-    extra = sorted((got - want).keys())
-    return (f"{len(missing)} samples missing (e.g. {missing[:5]}), {len(extra)} trained "
-            f"more than once (e.g. {extra[:5]})")  # fmt: skip
