@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -20,8 +21,9 @@ FINISHED, STOPPED, CRASHED = 0, 3, 4
 DATASET = "ds"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments every workload's worker takes (the run passes them all)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--url", required=True)
     parser.add_argument("--job", required=True)
     parser.add_argument("--id", required=True)
@@ -31,38 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-timeout", type=float, default=3.0)
     parser.add_argument("--lease-ttl", type=float, default=3.0)
     parser.add_argument("--redis-retry", type=float, default=15.0)
-    args = parser.parse_args(argv)
-    history = History(args.history, args.id)
+    return parser
+
+
+def ended(history: History, work: Callable[[], None]) -> int:
+    """Run a worker's ``work``; write how it ended to the history (finished, stopped by a
+    named error, or crashed on a bare one) and return the exit code the checker reads."""
     history.add("start")
     try:
-        job = strata_redis.connect(
-            args.url, args.job, heartbeat_timeout=args.heartbeat_timeout,
-            redis_retry=args.redis_retry,
-        )  # fmt: skip
-        # a relaunch under the same id takes the dead process's place by default (its pid gone)
-        job.register_worker(args.id, heartbeat_interval=args.heartbeat_timeout / 4)
-        for epoch in range(args.epochs):
-            leases = job.leases(DATASET, epoch, args.id, ttl=args.lease_ttl)
-            for lease in leases:
-                history.add(
-                    "grant", epoch=epoch, shard=lease.shard_id, token=lease.token,
-                    grant=lease.grant, start=lease.start,
-                )  # fmt: skip
-                span = len(lease.shard) - lease.start
-                time.sleep(span * args.sample_s)  # training
-                history.add("trained", epoch=epoch, shard=lease.shard_id, grant=lease.grant,
-                            samples=span)  # fmt: skip
-                try:
-                    recorded = lease.complete()
-                except strata_redis.LeaseLostError:
-                    history.add("complete", epoch=epoch, shard=lease.shard_id,
-                                token=lease.token, grant=lease.grant, outcome="lost")  # fmt: skip
-                    continue
-                history.add(
-                    "complete", epoch=epoch, shard=lease.shard_id, token=lease.token,
-                    grant=lease.grant, outcome="recorded" if recorded else "repeat",
-                )  # fmt: skip
-            history.add("epoch-done", epoch=epoch)
+        work()
         history.add("finished")
         return FINISHED
     except strata_redis.StrataError as exc:
@@ -73,6 +52,43 @@ def main(argv: list[str] | None = None) -> int:
         return CRASHED
     finally:
         history.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(__doc__).parse_args(argv)
+    history = History(args.history, args.id)
+    return ended(history, lambda: _drain(args, history))
+
+
+def _drain(args: argparse.Namespace, history: History) -> None:
+    job = strata_redis.connect(
+        args.url, args.job, heartbeat_timeout=args.heartbeat_timeout,
+        redis_retry=args.redis_retry,
+    )  # fmt: skip
+    # a relaunch under the same id takes the dead process's place by default (its pid gone)
+    job.register_worker(args.id, heartbeat_interval=args.heartbeat_timeout / 4)
+    for epoch in range(args.epochs):
+        leases = job.leases(DATASET, epoch, args.id, ttl=args.lease_ttl)
+        for lease in leases:
+            history.add(
+                "grant", epoch=epoch, shard=lease.shard_id, token=lease.token,
+                grant=lease.grant, start=lease.start,
+            )  # fmt: skip
+            span = len(lease.shard) - lease.start
+            time.sleep(span * args.sample_s)  # training
+            history.add("trained", epoch=epoch, shard=lease.shard_id, grant=lease.grant,
+                        samples=span)  # fmt: skip
+            try:
+                recorded = lease.complete()
+            except strata_redis.LeaseLostError:
+                history.add("complete", epoch=epoch, shard=lease.shard_id,
+                            token=lease.token, grant=lease.grant, outcome="lost")  # fmt: skip
+                continue
+            history.add(
+                "complete", epoch=epoch, shard=lease.shard_id, token=lease.token,
+                grant=lease.grant, outcome="recorded" if recorded else "repeat",
+            )  # fmt: skip
+        history.add("epoch-done", epoch=epoch)
 
 
 def family(exc: BaseException) -> str:
