@@ -484,11 +484,14 @@ class EraScripts:
         timeout_ms = max(1, round(self.replica_timeout * 1000))
         plan = waits(self.min_replicas, timeout_ms, self._waitaof)
         began = time.monotonic()
-        confirmed = False
+        confirmed = refused = False
         missing: tuple[int, bool] | None = None  # the last shortfall
 
-        def again(replies: list[Any]) -> list[Any] | None:
-            nonlocal plan, confirmed, missing
+        def again(reply: Any, replies: list[Any]) -> list[Any] | None:
+            nonlocal plan, confirmed, refused, missing
+            if _refusal(reply):
+                refused = True  # a rollback or loss: raised now, not after the budget
+                return None
             try:
                 short = shortfall(replies, self.min_replicas)
             except ResponseError as exc:
@@ -513,6 +516,8 @@ class EraScripts:
             return plan if time.monotonic() - began < self.budget else None
 
         reply, _ = self._send(self._scripts.call_and_wait, name, keys, args, plan, again)
+        if refused:
+            return reply  # (unwrap raises it: it outranks a shortfall)
         if not confirmed:
             acked, fsynced = missing or (0, False)
             raise NotReplicatedError.after(
@@ -545,6 +550,17 @@ class EraScripts:
         stamped: list[Call] = [(name, *self.stamp(keys, args)) for name, keys, args in calls]
         replies = self._send(self._scripts.run_many, stamped)
         return [self.unwrap(reply, call[2]) for reply, call in zip(replies, stamped, strict=True)]
+
+
+def _refusal(reply: Any) -> bool:
+    """Whether a script's raw reply is a refusal ``unwrap`` raises: the prelude's (a state
+    lost or rolled back) or the script's ``LOST`` (a key of its structure gone)."""
+    if isinstance(reply, Exception):
+        return False
+    inner = reply[1] if len(reply) > 1 else None
+    return int(reply[0]) == _REFUSED or (
+        isinstance(inner, list) and bool(inner) and inner[0] == _LOST
+    )
 
 
 def call_id() -> str:

@@ -152,10 +152,11 @@ class Scripts:
         keys: Sequence[str],
         args: Sequence[Any],
         waits: Sequence[Sequence[Any]],
-        again: Callable[[list[Any]], Sequence[Sequence[Any]] | None] | None = None,
+        again: Callable[[Any, list[Any]], Sequence[Sequence[Any]] | None] | None = None,
     ) -> tuple[Any, list[Any]]:
         """Run one script, then the ``waits`` (``WAIT``, ``WAITAOF``) on the same connection,
-        in one round trip; while ``again`` (given the waits' replies) returns commands, send
+        in one round trip; while ``again`` (given the script's reply and the waits' replies)
+        returns commands, send
         those on that connection too (a ``WAIT`` counts the writes of its own connection only,
         so a second ask must use the first one's).
 
@@ -181,7 +182,7 @@ class Scripts:
                 break
             if isinstance(reply, Exception):
                 raise reply
-            while again is not None and (more := again(replies)):
+            while again is not None and (more := again(reply, replies)):
                 in_flight = True
                 conn.send_packed_command(conn.pack_commands(list(more)))
                 replies = [_read(conn) for _ in more]
