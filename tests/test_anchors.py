@@ -16,7 +16,7 @@ from strata_redis import era as era_module
 from strata_redis import scripts
 from strata_redis.data.leases import Lease, ShardLeases
 from strata_redis.keys import LeaseKeys
-from strata_redis.status import GUARDS_ENV
+from strata_redis.status import ANCHORS, GUARDS_ENV
 
 #: each structure of an epoch's leases, and how its key is named (``LeaseKeys``)
 STRUCTURES = ("meta", "taken", "done", "holders", "expiry", "record", "workers", "offsets")
@@ -116,7 +116,7 @@ def test_a_policy_that_evicts_set_while_the_job_runs_stops_it(
         assert leases.acquire() is not None
         admin = redis.Redis.from_url(server.url)
         if lost_ticks:
-            admin.decrby(job.keys.clock, 16 * lost_ticks)
+            admin.decrby(job.keys.clock, 2 ** len(ANCHORS) * lost_ticks)
         admin.config_set("maxmemory", 1 << 30)
         admin.config_set("maxmemory-policy", "allkeys-lru")
         if lost_ticks:

@@ -82,7 +82,7 @@ def test_no_restore_call_carries_more_than_a_chunk(
     evals = [e for e in entries if e["command"][:8].upper() in (b"EVALSHA ", "EVALSHA ")]
     done, offsets = _inputs(shards)
     assert calls >= (len(done) + len(offsets)) // position.RESTORE_CHUNK and evals
-    # EVALSHA sha numkeys, 2 + 2 x (6 + 4 record segments) keys + the 3 anchors, the era and
+    # EVALSHA sha numkeys, 2 + 2 x (6 + 4 record segments) keys + the 4 anchors, the era and
     # the clock keys, 6 fixed arguments, 2 counts, the era and the clock: 40 words; then at
     # most 2 per entry
     assert max(_args(e) for e in evals) <= 2 * position.RESTORE_CHUNK + 40

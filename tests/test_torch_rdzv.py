@@ -437,7 +437,7 @@ def _lose_node(agent: subprocess.Popen[bytes], tmp: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(450)  # above the waits below (120 + 120 + 180 s): they fail first
 def test_torchrun_shrink_then_grow_trains_every_sample_once(redis_url: str, tmp_path: Path) -> None:
     """Issue 33, 5: two nodes of two DDP trainers (lockstep sampler, DCP checkpoints); one
     node is SIGKILLed after a checkpoint; the survivors' trainers resume from it at world
@@ -473,6 +473,8 @@ def test_torchrun_shrink_then_grow_trains_every_sample_once(redis_url: str, tmp_
         _lose_node(agents.pop(), tmp_path)  # after the 4-rank checkpoint, mid-epoch 0
         wait_for(lambda: committed(2), 120, step=0.05, why=tails)
         agents.append(_elastic_agent(redis_url, tmp_path, logs[2], args))  # relaunched
+        # (the grown job's two epochs: about a minute here; 180 s separates a finish from
+        # a job that hangs after the growth)
         codes = [a.wait(180) for a in agents]
         assert codes == [0, 0], tails()
     finally:

@@ -113,6 +113,7 @@ class Topology:
                 self.primary.extra = extra
             if self.aof:
                 with redis.Redis(port=self.primary.port) as client:
+                    client.config_set("appendfsync", self.aof)
                     client.config_set("appendonly", "yes")
         self.clients.drop()
         self._drop_replica()

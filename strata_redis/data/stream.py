@@ -10,7 +10,7 @@ changes, the position it resumed from) and nothing else.
 
 **A data position is never dropped.** The position a fresh round resumed from is in every
 member's model, and stays in every position the stream gives until the shards it had
-part-way are finished: each walk of that epoch starts with the resumed offsets (``carried``)
+part-way are finished: each walk of that epoch starts with the resumed offsets (``_carried``)
 as its own, whoever leases those shards, and whether or not anyone has yet. A round smaller
 than the checkpoint's (ranks that left) leaves their half-read shards in the pool at their
 offsets (``restore_position``), and its checkpoints still record those offsets until a
@@ -155,8 +155,6 @@ class ShardStream:
         #: shard -> samples already trained when the walk began (restored offsets)
         self.starts: dict[int, int] = {}
         self._position: Position | None = None
-        #: (epoch, shard -> samples) of the resumed position still carried (see the module doc)
-        self.carried: tuple[int, dict[int, int]] | None = None
         self._round = 0  # the round the position's ``base`` was read in
         # handed-out batches not yet consumed (``track_consumption``), oldest first: a batch
         # as its pieces [(shard, samples of it after the piece)], or a shard id: its end
@@ -197,13 +195,8 @@ class ShardStream:
     def _carried(self, epoch: int) -> dict[int, int]:
         """The resumed offsets of ``epoch`` this stream's positions carry (empty for another
         epoch: the resumed one is over)."""
-        if self.carried is None:
-            resumed = self.host.resumed(self.params.name)
-            if resumed is not None:
-                self.carried = (resumed[0], dict(resumed[2]))
-        if self.carried is None or self.carried[0] != epoch:
-            return {}
-        return self.carried[1]
+        resumed = self.host.resumed(self.params.name)
+        return dict(resumed[2]) if resumed is not None and resumed[0] == epoch else {}
 
     # -- what the training step consumed ----------------------------------------------------
     def consumed(self, batches: int = 1) -> None:

@@ -287,9 +287,12 @@ def test_static_walks_cover_the_epoch_once_between_the_members(params: DatasetPa
     assert seen == Counter(range(TOTAL))
 
 
-def test_static_walk_skips_done_shards_and_starts_at_offsets(params: DatasetParams) -> None:
+def test_static_walk_skips_done_shards_and_starts_at_offsets(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
     members = ("a",)
     pool = LeasePool(params, done={3}, offsets={4: 7})
+    made = use_pool(monkeypatch, pool)
     host = FakeHost(pool, worker_id="a", members=members)
     stream = ShardStream(host, params, BATCH, mode="static")
     got = samples(list(stream))
@@ -297,7 +300,7 @@ def test_static_walk_skips_done_shards_and_starts_at_offsets(params: DatasetPara
     assert set(got) & set(params.shard(4, 0).indices().tolist()) == set(
         params.shard(4, 0).indices()[7:].tolist()
     )
-    assert "ShardLeases" not in host.retried  # no leases
+    assert not made and not pool.completed  # no leases
     assert stream.position is not None and stream.position.own == set(range(11)) - {3}
 
 
@@ -432,18 +435,19 @@ def test_a_resumed_position_is_carried_until_its_shards_are_done(
 ) -> None:
     """The offsets a fresh round resumed from stay in the stream's position (before the
     first walk, and in each walk of that epoch) until those shards are done, so a checkpoint
-    of a smaller round never drops a departed rank's half-read shard."""
-    pool = LeasePool(params)
+    of a smaller round never drops a departed rank's half-read shard; a lease of one taken
+    back falls back to the resumed offset (already in the model), not to nothing."""
+    pool = LeasePool(params, done={0}, offsets={1: 3, 2: 7})
     use_pool(monkeypatch, pool)
     host = FakeHost(pool, restored={params.name: (0, {0}, {1: 3, 2: 7})})
     stream = ShardStream(host, params, BATCH)
     before = stream.position
     assert before is not None and before.done() == {0} and before.partial == {1: 3, 2: 7}
     walk = iter(stream)
-    next(walk)  # the first batch: shard 1 or 2 is not done yet, its offset still carried
-    assert stream.position is not None
-    carried = {s: n for s, n in stream.position.partial.items() if s in (1, 2)}
-    assert carried and all(n >= {1: 3, 2: 7}[s] for s, n in carried.items()), carried
-    # another epoch carries nothing: the resumed one is over
-    host.epoch = 1
-    assert stream._carried(1) == {}
+    next(walk)  # shard 1's first batch after its offset; shard 2 not leased by anyone yet
+    assert stream.position is not None and stream.position.partial[2] == 7
+    assert stream.position.partial[1] > 3
+    pool.take_back(1)  # declared failed meanwhile: shard 1 goes back to the pool
+    stream.dropped(1)
+    assert stream.position.partial[1] == 3  # the resumed offset, not dropped
+    assert stream._carried(1) == {}  # another epoch carries nothing: the resumed one is over
