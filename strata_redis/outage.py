@@ -160,16 +160,10 @@ def ride_out(
     what: str,
     fn: Callable[..., T],
     *args: object,
-    refused_only: bool = False,
     **kwargs: object,
 ) -> T:
     """Call ``fn`` (an idempotent step, or one that applies nothing when refused), calling
     it again after each outage it meets (``Outage.failed``).
-
-    Args:
-        refused_only: ride out Redis' refusals at its memory limit only, not lost
-            connections: for a step that must not be sent twice (its reply may be lost with
-            the connection, its effect not), such as a registration.
 
     Raises:
         RedisUnavailableError: an outage outlasted ``context.redis_retry``.
@@ -181,8 +175,6 @@ def ride_out(
         try:
             return fn(*args, **kwargs)
         except RIDDEN as exc:
-            if refused_only and not isinstance(exc, OutOfMemoryError):
-                raise
             outage.failed(exc)
 
 

@@ -148,6 +148,41 @@ def test_live_id_refused_unless_replace(job: strata_redis.Job) -> None:
     assert job.events()[-1]["type"] == "replace"
 
 
+def test_a_registration_whose_reply_was_lost_is_sent_again_and_finds_itself(
+    job: strata_redis.Job, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a failover closes the connection after Redis applied the registration and before its
+    # reply came back (seen under 20 workers: the worker died on a bare ConnectionError at
+    # start); the registration is sent again and takes the id from its own unanswered send,
+    # not refused as a live duplicate and not logged as a takeover from someone else
+    scripts = job.context.scripts
+    real = scripts.call
+    lost: list[str] = []
+
+    def applied_then_lost(name: str, *args: Any, **kwargs: Any) -> Any:
+        reply = real(name, *args, **kwargs)
+        if name == "register_worker" and not lost:
+            lost.append(name)
+            raise redis.ConnectionError("Connection closed by server.")
+        return reply
+
+    monkeypatch.setattr(scripts, "call", applied_then_lost)
+    with caplog.at_level("WARNING", logger="strata_redis"):
+        worker = job.register_worker("w", heartbeat_interval=None)
+    assert lost == ["register_worker"]  # the reply was lost once
+    worker.heartbeat()  # its incarnation is the live one
+    (listed,) = job.workers()
+    assert (listed.pid, listed.status, listed.incarnation) == (
+        os.getpid(),
+        "idle",
+        worker.incarnation,
+    )
+    assert not [r for r in caplog.records if "took the id over" in r.getMessage()]
+    # a second registration of the id from this process is still a live duplicate
+    with pytest.raises(strata_redis.WorkerExistsError):
+        job.register_worker("w", heartbeat_interval=None)
+
+
 def test_a_holder_registered_before_pids_were_recorded_is_named_as_unknown(
     job: strata_redis.Job,
 ) -> None:

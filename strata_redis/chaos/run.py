@@ -323,9 +323,18 @@ def check_guards(disable: str) -> None:
             raise ValueError(f"no such guard {name!r} (guards: {', '.join(GUARDS)})")
 
 
-def _wait(workers: _Workers, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while workers.running() and time.monotonic() < deadline:
+def _wait(workers: _Workers, seconds: float, folder: Path, stall: float | None = None) -> None:
+    """Wait for every process to end, at most ``seconds``; with ``stall``, also stop waiting
+    once no process has written to the history for that long (the run is stuck)."""
+    start = time.monotonic()
+    seen, moved = -1, start
+    while workers.running() and time.monotonic() < start + seconds:
+        if stall is not None:
+            size = sum(f.stat().st_size for f in folder.glob("*.jsonl"))
+            if size != seen:
+                seen, moved = size, time.monotonic()
+            elif time.monotonic() - moved > stall:
+                return
         time.sleep(0.2)
 
 
@@ -365,7 +374,7 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
                 _play(fault, topo, workers, folder)
                 played[fault.kind] += 1
             # every process ends: finished, or stopped by a named error, within the budget
-            _wait(workers, cfg.duration + 4 * cfg.redis_retry)
+            _wait(workers, cfg.duration + 4 * cfg.redis_retry, folder)
             topo.config(maxmemory="0", maxmemory_policy="noeviction")  # as the operator would
             exits = {k: p.poll() for k, p in workers.procs.items()}
             events = read_history(folder)
@@ -381,8 +390,15 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
                 workers.phase = "b-"
                 workers.start()
                 recovered = True
-                _wait(workers, cfg.duration * 2 + 4 * cfg.redis_retry)
+                # a round grows at an epoch boundary only: the first to resume may train the
+                # rest of an epoch alone while the others wait to be admitted. So the wait is
+                # for as long as one worker needs for all the work, unless nothing moves
+                alone = shards * per_shard * cfg.epochs
+                _wait(workers, alone + 4 * cfg.redis_retry, folder, stall=4 * cfg.redis_retry)
                 exits = {k: p.poll() for k, p in workers.procs.items()}
+            # what runs on past its wait is a hang: stopped before storage and histories are
+            # read, so they are one snapshot (a save finishing later is not judged missing)
+            workers.close()
             if cfg.workload == "loop":
                 checkpoints = _checkpoints(topo.url, folder)
             else:

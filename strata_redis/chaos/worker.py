@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,7 +49,10 @@ def ended(history: History, work: Callable[[], None]) -> int:
         history.add("stopped", error=type(exc).__name__, family=family(exc), message=str(exc))
         return STOPPED
     except (redis.RedisError, OSError) as exc:
-        history.add("crashed", error=type(exc).__name__, message=str(exc))
+        history.add(
+            "crashed", error=type(exc).__name__, message=str(exc),
+            where=traceback.format_exc(limit=-6).splitlines()[-14:],
+        )  # fmt: skip
         return CRASHED
     finally:
         history.close()

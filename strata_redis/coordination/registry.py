@@ -151,6 +151,7 @@ class _Registration:
     pid: int | None  # None: registered before pids were recorded
     started: int | None = None  # the process's start time (None: not recorded)
     space: str | None = None  # the pid space it ran in (None: not recorded)
+    attempt: str | None = None  # the registration's own mark (None: not recorded)
 
 
 def _int(value: object) -> int | None:
@@ -160,13 +161,14 @@ def _int(value: object) -> int | None:
 @lru_cache(maxsize=20_000)
 def _registration(raw: str) -> _Registration:
     """Decode a registration (JSON {host, address, gpu_count, labels, pid, started,
-    space}); kept decoded, as it changes only when the worker registers again."""
+    space, attempt}); kept decoded, as it changes only when the worker registers again."""
     meta = orjson.loads(raw)
-    space = meta.get("space")
+    space, attempt = meta.get("space"), meta.get("attempt")
     return _Registration(
         meta.get("host"), meta.get("address"), int(meta.get("gpu_count", 0)),
         dict(meta.get("labels") or {}), _int(meta.get("pid")), _int(meta.get("started")),
         space if isinstance(space, str) and space else None,
+        attempt if isinstance(attempt, str) and attempt else None,
     )  # fmt: skip
 
 
@@ -185,19 +187,21 @@ class Holder:
             ``/proc/<pid>/stat``): tells the process apart from a later one given its pid.
         space: the pid space its pid is valid in (the kernel boot and pid namespace): a
             process in the same space can ask the kernel whether that pid is still running.
+        attempt: the registration's own mark (a send that lost its reply finds itself).
     """
 
     host: str | None
     pid: int | None
     started: int | None = None
     space: str | None = None
+    attempt: str | None = None
 
 
 def holder(raw_info: str) -> Holder:
     """The process that made a registration, from its info value ('' or a value written
     before pids were recorded: what is unknown is None)."""
     reg = _registration(raw_info) if raw_info else _UNREGISTERED
-    return Holder(reg.host, reg.pid, reg.started, reg.space)
+    return Holder(reg.host, reg.pid, reg.started, reg.space, reg.attempt)
 
 
 def _worker_info(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -24,7 +25,7 @@ import redis
 
 from ..context import JobContext
 from ..errors import StateLostError, StrataError, WorkerError, from_status
-from ..outage import ride_out
+from ..outage import RIDDEN, Outage, ride_out
 from ..scripts import Call, check
 from ..status import Status
 from ..validate import check_id, check_int, check_seconds
@@ -110,6 +111,10 @@ def register_worker(
         "pid": pid,
         "started": _started(pid),
         "space": _pid_space(),
+        # this registration's own mark: a send whose reply was lost with the connection
+        # may have applied; the next send, finding the id held by this mark, knows it was
+        # itself (and takes the id from its unanswered self, not from someone else)
+        "attempt": secrets.token_hex(8),
     }
     if heartbeat_interval is not None:
         check_seconds("heartbeat_interval", heartbeat_interval, high=ctx.heartbeat_timeout)
@@ -119,24 +124,36 @@ def register_worker(
     k = ctx.keys
     timeout_ms = int(ctx.heartbeat_timeout * 1000)
 
+    outage = Outage(ctx, what)
+    unanswered = False  # a send's reply was lost with its connection: it may have applied
+
     def call(gone: str) -> Any:
-        # at Redis' memory limit the registration waits for memory (a refused script applied
-        # nothing); it is not sent again after a lost connection, which may have applied it
-        return ride_out(
-            ctx, what, ctx.scripts.call, "register_worker",
-            [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events, k.reaper],
-            [worker_id, orjson.dumps(info), "1" if replace else "0", ctx.events_cap,
-             timeout_ms, gone],
-            refused_only=True,
-        )  # fmt: skip
+        # a restart, failover or memory limit is waited out and the registration sent again
+        # (a refused script applied nothing; a send lost with its connection is recognized
+        # by its mark, ``info['attempt']``, below)
+        nonlocal unanswered
+        while True:
+            try:
+                return ctx.scripts.call(
+                    "register_worker",
+                    [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events,
+                     k.reaper],
+                    [worker_id, orjson.dumps(info), "1" if replace else "0", ctx.events_cap,
+                     timeout_ms, gone],
+                )  # fmt: skip
+            except RIDDEN as exc:
+                unanswered = unanswered or not isinstance(exc, redis.OutOfMemoryError)
+                outage.failed(exc)
 
     reply = call("")
     ids: dict[str, Any] = {"job_id": ctx.job_id, "worker_id": worker_id}
+    itself = False  # the id is held by this call's own unanswered send
     for retry in (True, False):
         if int(reply[0]) != Status.WORKER_EXISTS:
             break
         held = holder(reply[1])
-        process = _process_state(held)
+        itself = unanswered and held.attempt == info["attempt"]
+        process = _GONE if itself else _process_state(held)
         if retry and process == _GONE:  # take the id, unless it was registered anew since
             reply = call(str(reply[2]))
             continue
@@ -146,7 +163,7 @@ def register_worker(
         )  # fmt: skip
         break
     generation, _now, how = check(reply, ids)
-    if how in ("gone", "stale"):
+    if how in ("gone", "stale") and not itself:
         log.warning(
             "worker %r of job %r: took the id over from its previous holder, %s (incarnation "
             "%s); that holder is refused from now on",
