@@ -550,7 +550,7 @@ def test_streams_are_read_incrementally(redis_url: str, raw: redis.Redis) -> Non
     trimmed or flushed shows no more than it holds."""
     state = DashboardState(raw)
     key = "strata:{tail}:events"
-    tail = state.tail("tail", "events", 5)
+    tail = state.caches.tail("tail", "events", 5)
 
     def read() -> list[str]:
         pipe = raw.pipeline(transaction=False)
