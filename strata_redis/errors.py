@@ -1045,3 +1045,16 @@ _BY_STATUS: dict[Status, Callable[[Context], StrataError]] = {
 def from_status(status: Status, context: Context) -> StrataError:
     """The exception for a script's refusal; ``context`` holds the ids and ``payload``."""
     return _BY_STATUS[status](context)
+
+
+class JobNotFoundError(StrataError, LookupError):
+    """A job id that is malformed or has no state in this Redis (the dashboard's HTTP 404,
+    ``strata status``'s exit 2); also a ``LookupError``.
+
+    Attributes:
+        job_id: the id asked for.
+    """
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id

@@ -530,6 +530,29 @@ def test_one_mb_s_for_a_checkpoint_in_tile_table_and_metrics(
     assert "MB/s = all ranks&#39; bytes ÷ the slowest rank&#39;s save seconds" in page
 
 
+def test_a_committed_checkpoint_without_its_save_records_counts_its_ranks(
+    redis_url: str, job: strata_redis.Job, tmp_path: Path
+) -> None:
+    """The save records are capped (and gone after a state loss); a committed checkpoint's
+    metadata still says every rank acked: never "committed ... 0/2 ranks"."""
+    managers = [
+        strata_redis.CheckpointManager(
+            tmp_path / "ckpt", redis=job, worker_id=f"w-{rank}", rank=rank, world_size=2
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        for f in [m.save(b"x" * 1000, step=10, epoch=0) for m in managers]:
+            f.result()
+    finally:
+        for m in managers:
+            m.close()
+    job.client.delete(job.keys.checkpoint_records)
+    (row,) = api(create_app(redis_url).test_client())["checkpoints"]
+    assert (row["state"], row["ranks_saved"], row["world_size"]) == ("committed", 2, 2)
+    assert row["workers"] == {"0": "w-0", "1": "w-1"} and row["mb_s"] is None
+
+
 def test_gone_workers_drop_out_after_the_window(redis_url: str, job: strata_redis.Job) -> None:
     """Label sets stay bounded: a worker that left long ago is no longer listed or exported."""
     job.register_worker("old", heartbeat_interval=None).deregister()
@@ -550,7 +573,7 @@ def test_streams_are_read_incrementally(redis_url: str, raw: redis.Redis) -> Non
     trimmed or flushed shows no more than it holds."""
     state = DashboardState(raw)
     key = "strata:{tail}:events"
-    tail = state.tail("tail", "events", 5)
+    tail = state.caches.tail("tail", "events", 5)
 
     def read() -> list[str]:
         pipe = raw.pipeline(transaction=False)

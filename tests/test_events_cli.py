@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 import strata_redis
-from strata_redis.dashboard.feed import Feed
+from strata_redis.cli.feed import Feed
 from strata_redis.server import RedisServer
 
 from .procs import Output, wait_for

@@ -16,6 +16,7 @@ import pytest
 
 import strata_redis
 from strata_redis.coordination import lifecycle
+from strata_redis.dashboard.document import document
 from strata_redis.dashboard.metrics import render_metrics
 from strata_redis.dashboard.state import DashboardState
 
@@ -75,7 +76,7 @@ def _stale_within_timeout(proc: Any, redis_url: str, job_id: str, raw: Any) -> N
     reader = strata_redis.connect(redis_url, job_id, heartbeat_timeout=60.0)
     dash = DashboardState(reader.client, heartbeat_timeout=60.0)
     assert reader.state() == "running"
-    doc = dash.read(job_id)
+    doc = document(dash.read(job_id))
     assert doc["jobs"][0]["state"] == "running" and doc["jobs"][0]["heartbeat_timeout_s"] == TIMEOUT
     assert doc["workers"][0]["status"] == "training"
     kill9(proc)
@@ -84,13 +85,14 @@ def _stale_within_timeout(proc: Any, redis_url: str, job_id: str, raw: Any) -> N
     # stalled poller; judged by the readers' 60 s it would stay "running" far longer
     wait_for(lambda: reader.state() == "stale", TIMEOUT + 8, why=reader.state)
     assert time.monotonic() - killed <= TIMEOUT + 8
-    doc = dash.read(job_id)
+    snap = dash.read(job_id)
+    doc = document(snap)
     assert doc["jobs"][0]["state"] == "stale"
     (w,) = doc["workers"]
     assert w["status"] == "stale" and w["stale"] is True
     assert doc["metrics"]["jobs"][0]["workers"]["stale"] == 1
     assert doc["metrics"]["jobs"][0]["workers"]["training"] == 0
-    text = render_metrics(doc)[0].decode()
+    text = render_metrics(snap)[0].decode()
     assert f'strata_workers{{job_id="{job_id}",status="stale"}} 1.0' in text
     assert f'strata_job_state{{job_id="{job_id}",state="stale"}} 1.0' in text
     assert f'strata_job_heartbeat_timeout_seconds{{job_id="{job_id}"}} 2.0' in text

@@ -14,10 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.cli.views import render
 from strata_redis.coordination.lifecycle import delete_job
 from strata_redis.dashboard import DashboardState, create_app
 from strata_redis.dashboard.app import schema_text
-from strata_redis.dashboard.text import render
+from strata_redis.dashboard.document import document
 from strata_redis.data.leases import lease_totals
 from strata_redis.storage import LocalStorage
 
@@ -127,7 +128,7 @@ def test_progress_over_two_real_workers(redis_url: str, tmp_path: Path) -> None:
         wait_for(lambda: leases.progress().done > 0, 60)
         seen: list[dict[str, Any]] = []  # documents read while the epoch was under way
         while not leases.progress().finished:
-            doc = state.read(JOB)
+            doc = document(state.read(JOB))
             jsonschema.validate(doc, schema)
             if doc["datasets"][0]["progress"]["done"] < doc["datasets"][0]["num_shards"]:
                 seen.append(doc["jobs"][0]["progress"])
@@ -166,7 +167,7 @@ def test_progress_over_two_real_workers(redis_url: str, tmp_path: Path) -> None:
             assert latest is not None
             location = f"{LocalStorage(where).describe()}/{JOB}/checkpoints/epoch_0_step_10"
             assert latest.location == location
-            doc = state.read(JOB)
+            doc = document(state.read(JOB))
             jsonschema.validate(doc, schema)
             p = doc["jobs"][0]["progress"]
             assert p["checkpoints"] == [
@@ -186,20 +187,20 @@ def test_progress_over_two_real_workers(redis_url: str, tmp_path: Path) -> None:
             job.client.delete(job.keys.checkpoint_locations)
             assert ckpt.list()[0].location == location  # the reader locates it itself
             fresh = DashboardState(decoding_client(redis_url), heartbeat_timeout=TIMEOUT)
-            lost = fresh.read(JOB)["jobs"][0]["progress"]["checkpoints"][0]["location"]
+            lost = document(fresh.read(JOB))["jobs"][0]["progress"]["checkpoints"][0]["location"]
             assert lost is None
             ckpt.rebuild_index()
             again = DashboardState(decoding_client(redis_url), heartbeat_timeout=TIMEOUT)
-            assert again.read(JOB)["jobs"][0]["progress"]["checkpoints"][0]["location"] == (
-                location)  # fmt: skip
+            found = document(again.read(JOB))["jobs"][0]["progress"]["checkpoints"]
+            assert found[0]["location"] == location
 
         # the per-worker rows follow the requested page of workers (the slowest always shown)
-        paged = state.read(JOB, limit=1)["jobs"][0]["progress"]
+        paged = document(state.read(JOB, limit=1))["jobs"][0]["progress"]
         ids = [w["worker_id"] for w in paged["workers"]]
         assert ids[0] == "w-fast" and set(ids) <= {"w-fast", paged["slowest_worker"]}, paged
         assert metric(redis_url, "strata_samples_trained", job_id=JOB) == SAMPLES
         text = render(state.read(JOB), 100)
-        assert "samples/s, epoch 0 done" in text and f"{SAMPLES} samples trained" in text
+        assert "epoch 0 done" in text and f"{SAMPLES} samples trained" in text
         assert all(len(line) <= 100 for line in text.splitlines())
     finally:
         for proc in procs:

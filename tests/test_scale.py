@@ -18,6 +18,7 @@ import redis
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.dashboard.document import document
 from strata_redis.dashboard.state import DashboardState
 from strata_redis.data.leases import epoch_keys
 from strata_redis.keys import LeaseKeys
@@ -342,7 +343,7 @@ def test_a_rendezvous_of_20000_workers_and_its_reads_are_bounded(
 
     listed = job.workers()
     assert len(listed) == n and sum(w.status == "left" for w in listed) == 1
-    doc = DashboardState(job.client, heartbeat_timeout=3600).read("many", limit=50)
+    doc = document(DashboardState(job.client, heartbeat_timeout=3600).read("many", limit=50))
     assert doc["page"]["total"] == n and len(doc["workers"]) == 50
     # the old close (every rank written in one script) took 53 ms at 5,000 members, four
     # times that at 20,000; a join scanning every member (as the barrier's 52 ms scan of

@@ -1,8 +1,10 @@
 """The status dashboard: a Flask page, ``GET /api/dashboard``, ``/metrics``; read-only.
 
-``create_app`` and ``serve`` need the ``dashboard`` extra (``pip install
-'strata-redis[dashboard]'``: Flask, waitress, prometheus-client); ``state`` (the document
-itself, also behind ``strata status --json``) needs nothing more than the core.
+``DashboardState.read`` returns a typed ``Snapshot`` of a job (or of every job);
+``document.document`` shapes it into the JSON of ``GET /api/dashboard`` and ``strata status --json``
+(``schema.json``). ``create_app`` and ``serve`` need the ``dashboard`` extra (``pip install
+'strata-redis[dashboard]'``: Flask, waitress, prometheus-client); the rest needs nothing
+more than the core.
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .state import DashboardState, JobNotFoundError
+from strata_redis.errors import JobNotFoundError
+
+from .snapshot import Snapshot
+from .state import DashboardState
 
 if TYPE_CHECKING:
     from .app import create_app
     from .serving import serve
 
-__all__ = ["DashboardState", "JobNotFoundError", "create_app", "serve"]
+__all__ = ["DashboardState", "JobNotFoundError", "Snapshot", "create_app", "serve"]
 
 _LAZY = {"create_app": ".app", "serve": ".serving"}
 

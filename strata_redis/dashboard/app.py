@@ -1,8 +1,10 @@
 """The dashboard's Flask app: the page, ``GET /api/dashboard``, ``/metrics``; read-only.
 
 Every route reads through ``state.DashboardState`` (the one module that touches Redis, and
-only reads). Identical requests arriving within ``min_interval`` seconds share one read, so
-a room full of open pages costs Redis no more than one. With a ``token``, every route but
+only reads) into a ``snapshot.Snapshot``, and shapes it: ``document.py`` into the JSON,
+``metrics.py`` into ``/metrics``. Identical requests arriving within ``min_interval``
+seconds share one read (and its JSON), so a room full of open pages costs Redis no more
+than one. With a ``token``, every route but
 ``/healthz`` wants it: an ``Authorization: Bearer <token>`` header, or the cookie that
 opening ``/?token=<token>`` once sets.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 import hmac
 import threading
 import time
-from importlib import resources
 from typing import Any
 
 import orjson
@@ -22,9 +23,12 @@ from flask import Flask, Response, redirect, render_template, request
 import strata_redis
 from strata_redis.checkpoint.records import MB_S_DEFINITION
 from strata_redis.connection import make_client
+from strata_redis.errors import JobNotFoundError
 
+from .document import document, schema_text
 from .metrics import render_metrics
-from .state import MAX_LIMIT, DashboardState, JobNotFoundError, check_job_id
+from .snapshot import Snapshot
+from .state import MAX_LIMIT, DashboardState, check_job_id
 
 COOKIE = "strata_dashboard_token"
 #: seconds between the page's requests (each is sent only after the previous reply arrived)
@@ -35,13 +39,21 @@ _CSP = (
 )
 
 
-def schema_text() -> str:
-    """The JSON Schema of ``GET /api/dashboard`` (``schema.json`` in this package)."""
-    return resources.files(__package__).joinpath("schema.json").read_text(encoding="utf-8")
-
-
 class ReadsBusyError(Exception):
     """Every request thread the reads may hold already waits on Redis (a stall)."""
+
+
+class _Read:
+    """One shared read: its snapshot, and its JSON made once, when first asked for."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._json: bytes | None = None
+
+    def json(self) -> bytes:
+        if self._json is None:  # two threads may both make it: the same bytes
+            self._json = orjson.dumps(document(self.snapshot))
+        return self._json
 
 
 class _SharedReads:
@@ -63,9 +75,9 @@ class _SharedReads:
         self._busy = 0
         self._lock = threading.Lock()
         self._locks: dict[tuple[Any, ...], threading.Lock] = {}
-        self._docs: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
+        self._docs: dict[tuple[Any, ...], tuple[float, _Read]] = {}
 
-    def get(self, job: str | None, offset: int, limit: int) -> dict[str, Any]:
+    def get(self, job: str | None, offset: int, limit: int) -> _Read:
         try:
             with self._lock:
                 if self.limit is not None and self._busy >= self.limit:
@@ -83,10 +95,10 @@ class _SharedReads:
             raise
         with self._lock:
             self.down_since_ms = None
-            self.last_read_ms = max(self.last_read_ms or 0, int(doc["time_ms"]))
+            self.last_read_ms = max(self.last_read_ms or 0, doc.snapshot.time_ms)
         return doc
 
-    def _get(self, job: str | None, offset: int, limit: int) -> dict[str, Any]:
+    def _get(self, job: str | None, offset: int, limit: int) -> _Read:
         key = (job, offset, limit)
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
@@ -94,7 +106,7 @@ class _SharedReads:
             cached = self._docs.get(key)
             if cached is not None and time.monotonic() - cached[0] < self.min_interval:
                 return cached[1]
-            doc = self.state.read(job, offset=offset, limit=limit)
+            doc = _Read(self.state.read(job, offset=offset, limit=limit))
             with self._lock:
                 if len(self._docs) > 256:  # distinct pages asked for: keep the map small
                     self._docs.clear()
@@ -226,7 +238,7 @@ def create_app(
             return _error(400, str(exc))
         except (redis_py.RedisError, ReadsBusyError) as exc:
             return _redis_error(exc)
-        return Response(orjson.dumps(doc), mimetype="application/json")
+        return Response(doc.json(), mimetype="application/json")
 
     @app.get("/api/schema")
     def api_schema() -> Response:
@@ -236,12 +248,12 @@ def create_app(
     def metrics() -> Response:
         # Redis down or stalled: HTTP 200 with strata_redis_up 0, so Prometheus sees the
         # exporter up and Redis down (an alert on strata_redis_up == 0)
-        doc: dict[str, Any] | None
+        snap: Snapshot | None
         try:
-            doc = reads.get(job, 0, MAX_LIMIT)
+            snap = reads.get(job, 0, MAX_LIMIT).snapshot
         except (redis_py.RedisError, ReadsBusyError):
-            doc = None
-        text, content_type = render_metrics(doc)
+            snap = None
+        text, content_type = render_metrics(snap)
         return Response(text, content_type=content_type)
 
     @app.get("/healthz")

@@ -1,4 +1,4 @@
-"""``/metrics``: the dashboard document in Prometheus' text format (``prometheus_client``).
+"""``/metrics``: the dashboard's snapshot in Prometheus' text format (``prometheus_client``).
 
 Names follow Prometheus' conventions: a ``strata_`` prefix, base units (``_seconds``,
 ``_bytes``), ``_total`` on counters only, and labels for the job (``job_id``: never ``job``
@@ -9,12 +9,12 @@ totals, the lease owner's lifetime counts of steals and samples trained); what c
 capped records (barrier releases) is a gauge over the newest records read, said so in its
 help text.
 
-``strata_redis_up`` is 1 when the document was read, 0 when Redis failed or stalled: then
+``strata_redis_up`` is 1 when the snapshot was read, 0 when Redis failed or stalled: then
 the exposition holds that gauge alone, with HTTP 200, so Prometheus tells a Redis outage
 from a dashboard that is down.
 
-Label sets stay bounded: jobs are the ones the document shows (at most
-``state.MAX_JOBS``), and workers are the live ones plus those that failed or left within
+Label sets stay bounded: jobs are the ones the snapshot holds (at most
+``caches.MAX_JOBS``), and workers are the live ones plus those that failed or left within
 the dashboard's ``gone_window`` (default 10 minutes); older ones drop out of the
 exposition, so a long job with churn does not grow the scrape without end.
 """
@@ -22,7 +22,6 @@ exposition, so a long job with churn does not grow the scrape without end.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -33,19 +32,18 @@ from strata_redis.checkpoint.records import MB_S_DEFINITION
 from strata_redis.coordination.lifecycle import JOB_STATES
 from strata_redis.coordination.registry import STATUSES
 
+from .snapshot import Snapshot
 from .state import LATENCIES_READ
 
 
-class _DocumentCollector(Collector):
-    """Metric families built from one dashboard document."""
+class _SnapshotCollector(Collector):
+    """Metric families built from one dashboard snapshot."""
 
-    def __init__(self, doc: dict[str, Any]) -> None:
-        self.doc = doc
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
 
     def collect(self) -> Iterator[Metric]:
-        doc = self.doc
-        jobs = doc["jobs"]
-        per_job = {m["job_id"]: m for m in doc["metrics"]["jobs"]}
+        jobs = self.snap.jobs
 
         yield GaugeMetricFamily(
             "strata_redis_up",
@@ -59,9 +57,9 @@ class _DocumentCollector(Collector):
             "timeout (not also under the status they last set)",
             labels=["job_id", "status"],
         )
-        for job_id, m in per_job.items():
+        for j in jobs:
             for key in (*STATUSES, "stale"):
-                workers.add_metric([job_id, key], m["workers"][key])
+                workers.add_metric([j.job_id, key], j.counts[key])
         yield workers
 
         status = GaugeMetricFamily(
@@ -79,11 +77,11 @@ class _DocumentCollector(Collector):
             "GPUs a listed worker registered with",
             labels=["job_id", "worker"],
         )
-        for w in doc["workers"]:
-            status.add_metric([w["job_id"], w["worker_id"], w["status"]], 1)
-            gpus.add_metric([w["job_id"], w["worker_id"]], w["gpu_count"])
-            if w["last_seen_s"] is not None:
-                age.add_metric([w["job_id"], w["worker_id"]], w["last_seen_s"])
+        for w in (w for j in jobs for w in j.workers):
+            status.add_metric([w.job_id, w.worker_id, str(w.status)], 1)
+            gpus.add_metric([w.job_id, w.worker_id], w.gpu_count)
+            if w.last_seen_s is not None:
+                age.add_metric([w.job_id, w.worker_id], w.last_seen_s)
         yield status
         yield age
         yield gpus
@@ -106,11 +104,11 @@ class _DocumentCollector(Collector):
             labels=["job_id"],
         )
         for j in jobs:
-            changes.add_metric([j["job_id"]], j["membership_generation"])
-            epoch.add_metric([j["job_id"]], j["epoch"])
+            changes.add_metric([j.job_id], j.generation)
+            epoch.add_metric([j.job_id], j.epoch)
             for name in JOB_STATES:
-                state.add_metric([j["job_id"], name], 1 if j["state"] == name else 0)
-            timeout.add_metric([j["job_id"]], j["heartbeat_timeout_s"])
+                state.add_metric([j.job_id, name], 1 if j.state == name else 0)
+            timeout.add_metric([j.job_id], j.heartbeat_timeout_s)
         yield changes
         yield epoch
         yield state
@@ -120,8 +118,8 @@ class _DocumentCollector(Collector):
             "strata_lease_grants", "Shard leases granted (the fencing-token counter)",
             labels=["job_id"],
         )  # fmt: skip
-        for job_id, m in per_job.items():
-            grants.add_metric([job_id], m["lease_grants_total"])
+        for j in jobs:
+            grants.add_metric([j.job_id], j.lease_grants_total)
         yield grants
 
         failures = CounterMetricFamily(
@@ -130,8 +128,8 @@ class _DocumentCollector(Collector):
             "failed worker that rejoins stays counted)",
             labels=["job_id"],
         )
-        for job_id, m in per_job.items():
-            failures.add_metric([job_id], m["worker_failures_total"])
+        for j in jobs:
+            failures.add_metric([j.job_id], j.worker_failures_total)
         yield failures
 
         shards = GaugeMetricFamily(
@@ -139,9 +137,10 @@ class _DocumentCollector(Collector):
             "Shards of a dataset in the job's current epoch: done (completions), leased, todo",
             labels=["job_id", "dataset", "state"],
         )
-        for d in doc["datasets"]:
-            for key in ("done", "leased", "todo"):
-                shards.add_metric([d["job_id"], d["name"], key], d["progress"][key])
+        for j in jobs:
+            for d in j.datasets:
+                for key in ("done", "leased", "todo"):
+                    shards.add_metric([j.job_id, d.params.name, key], getattr(d.progress, key))
         yield shards
 
         ratio = GaugeMetricFamily(
@@ -149,11 +148,10 @@ class _DocumentCollector(Collector):
             "Fraction (0..1) of a dataset's shards done in the job's current epoch",
             labels=["job_id", "dataset"],
         )
-        for d in doc["datasets"]:
-            total = d["progress"]["total"] or d["num_shards"]
-            ratio.add_metric(
-                [d["job_id"], d["name"]], d["progress"]["done"] / total if total else 0
-            )
+        for j in jobs:
+            for d in j.datasets:
+                total = d.progress.total or d.params.num_shards
+                ratio.add_metric([j.job_id, d.params.name], d.progress.done / total if total else 0)
         yield ratio
 
         steals = CounterMetricFamily(
@@ -170,10 +168,9 @@ class _DocumentCollector(Collector):
             labels=["job_id"],
         )
         for j in jobs:
-            progress = j["progress"]
-            samples.add_metric([j["job_id"]], progress["samples_trained"])
-            for d in progress["datasets"]:
-                steals.add_metric([j["job_id"], d["name"]], d["steals_total"])
+            samples.add_metric([j.job_id], j.training.samples_trained)
+            for t in j.training.datasets:
+                steals.add_metric([j.job_id, t.name], t.steals_total)
         yield steals
         yield samples
 
@@ -188,12 +185,12 @@ class _DocumentCollector(Collector):
             f"Barrier releases in the record read (at most {LATENCIES_READ})",
             labels=["job_id"],
         )
-        for job_id, m in per_job.items():
-            b = m["barrier"]
-            releases.add_metric([job_id], b["releases"])
-            for q, key in (("50", "p50_ms"), ("99", "p99_ms"), ("100", "max_ms")):
-                if b[key] is not None:
-                    latency.add_metric([job_id, q], b[key] / 1000)
+        for j in jobs:
+            b = j.barrier
+            releases.add_metric([j.job_id], b.releases)
+            for q, ms in (("50", b.p50_ms), ("99", b.p99_ms), ("100", b.max_ms)):
+                if ms is not None:
+                    latency.add_metric([j.job_id, q], ms / 1000)
         yield latency
         yield releases
 
@@ -243,20 +240,26 @@ class _DocumentCollector(Collector):
             "end of its upload",
             labels=["job_id"],
         )
-        for job_id, m in per_job.items():
+        for j in jobs:
             for key, family in totals.items():
-                family.add_metric([job_id], m["checkpoint_totals"][key])
-            if m["last_commit_ms"] is not None:
-                last_commit.add_metric([job_id], m["last_commit_ms"] / 1000)
-            c = m["checkpoint"]
-            if c["last_bytes"] is not None:
-                last_bytes.add_metric([job_id], c["last_bytes"])
-                last_seconds.add_metric([job_id], c["last_seconds"])
+                family.add_metric([j.job_id], getattr(j.checkpoint_totals, key))
+            if j.last_commit_ms is not None:
+                last_commit.add_metric([j.job_id], j.last_commit_ms / 1000)
+            c = j.checkpoint
+            if c.last_bytes is not None and c.last_seconds is not None:
+                last_bytes.add_metric([j.job_id], c.last_bytes)
+                last_seconds.add_metric([j.job_id], c.last_seconds)
         yield from totals.values()
         yield from (last_commit, last_bytes, last_seconds)
 
         # The newest committed checkpoint is the loop's (epoch, step), in (run, epoch, step)
         # order: a relaunched job's run 1 step 0 is newer than run 0's step 200.
+        latest_run = GaugeMetricFamily(
+            "strata_checkpoint_latest_run",
+            "The run (0: the job's first launch, +1 per relaunch that resumed) of the newest "
+            "committed checkpoint",
+            labels=["job_id"],
+        )
         latest = GaugeMetricFamily(
             "strata_checkpoint_latest_step",
             "The loop's step of the newest committed checkpoint", labels=["job_id"],
@@ -267,15 +270,17 @@ class _DocumentCollector(Collector):
             labels=["job_id"],
         )  # fmt: skip
         for j in jobs:
-            newest = j["latest_checkpoint"]
+            newest = j.latest_checkpoint
             if newest is not None:
-                latest.add_metric([j["job_id"]], newest["step"])
-                if newest["epoch"] is not None:
-                    latest_epoch.add_metric([j["job_id"]], newest["epoch"])
+                latest_run.add_metric([j.job_id], newest.run)
+                latest.add_metric([j.job_id], newest.step)
+                if newest.epoch is not None:
+                    latest_epoch.add_metric([j.job_id], newest.epoch)
+        yield latest_run
         yield latest
         yield latest_epoch
 
-        rate = doc["metrics"]["redis"]["commands_per_s"]
+        rate = self.snap.redis_rate.commands_per_s
         if rate is not None:
             yield GaugeMetricFamily(
                 "strata_redis_commands_per_second",
@@ -295,9 +300,9 @@ class _DownCollector(Collector):
         )
 
 
-def render_metrics(doc: dict[str, Any] | None) -> tuple[bytes, str]:
-    """``(body, content type)`` of the Prometheus text exposition of ``doc``; with ``doc``
+def render_metrics(snap: Snapshot | None) -> tuple[bytes, str]:
+    """``(body, content type)`` of the Prometheus text exposition of ``snap``; with ``snap``
     None (Redis could not be read), ``strata_redis_up 0`` and nothing else."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_DocumentCollector(doc) if doc is not None else _DownCollector())
+    registry.register(_SnapshotCollector(snap) if snap is not None else _DownCollector())
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -2,7 +2,8 @@
 and the barrier, checkpoint and membership series and tiles.
 
 Pure functions of typed values (``BarrierLatency``, ``SaveRecord``, ``StepState``,
-``MembershipEvent``): no Redis, no key. A series has at most ``SERIES_POINTS`` points.
+``MembershipEvent``) into the snapshot's (``BarrierFigures``, ``CheckpointFigures``): no
+Redis, no key. A series has at most ``SERIES_POINTS`` points.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.checkpoint.records import SaveRecord
 from strata_redis.coordination.latency import BarrierLatency
 from strata_redis.coordination.registry import MembershipEvent
+
+from .snapshot import BarrierFigures, CheckpointFigures, Series
 
 #: points in a chart's series at most
 SERIES_POINTS: Final = 60
@@ -46,21 +49,22 @@ def buckets(points: Iterable[tuple[int, Any]]) -> list[tuple[int, list[Any]]]:
     return sorted(groups.items())
 
 
-def barrier_metrics(entries: list[tuple[str, BarrierLatency]]) -> dict[str, Any]:
+def barrier_metrics(entries: list[tuple[str, BarrierLatency]]) -> BarrierFigures:
+    """Release latency percentiles of the releases read, and their series."""
     points = [(b.at_ms, b.release_ms) for _, b in entries]
     values = sorted(v for _, v in points)
     series = []
     for start, group in buckets(points):
         group.sort()
-        series.append([start / 1000, round(percentile(group, 50), 3),
-                       round(percentile(group, 99), 3)])  # fmt: skip
-    return {
-        "releases": len(values),
-        "p50_ms": round(percentile(values, 50), 3) if values else None,
-        "p99_ms": round(percentile(values, 99), 3) if values else None,
-        "max_ms": round(values[-1], 3) if values else None,
-        "series": series,
-    }
+        series.append((start / 1000, round(percentile(group, 50), 3),
+                       round(percentile(group, 99), 3)))  # fmt: skip
+    return BarrierFigures(
+        releases=len(values),
+        p50_ms=round(percentile(values, 50), 3) if values else None,
+        p99_ms=round(percentile(values, 99), 3) if values else None,
+        max_ms=round(values[-1], 3) if values else None,
+        series=tuple(series),
+    )
 
 
 def throughput(uploaded: Iterable[SaveRecord]) -> dict[str, Any]:
@@ -79,7 +83,9 @@ def throughput(uploaded: Iterable[SaveRecord]) -> dict[str, Any]:
 
 def checkpoint_metrics(
     saves: list[tuple[str, SaveRecord]], step_state: dict[CheckpointId, StepState]
-) -> dict[str, Any]:
+) -> CheckpointFigures:
+    """Saves, aborts and bytes of the save records read; the newest checkpoint saved
+    (run, epoch and step) and its MB/s; the MB/s series."""
     uploaded = [r for _, r in saves if r.outcome == "uploaded"]
     aborted = [r for _, r in saves if r.outcome == "aborted"]
     aborted_steps = {r.checkpoint for r in aborted}
@@ -95,23 +101,23 @@ def checkpoint_metrics(
     newest = steps[-1] if steps else None
     series = []
     for start, group in buckets((t["at_ms"], t) for _, t in steps if t["mb_s"] is not None):
-        series.append([start / 1000, round(sum(t["mb_s"] for t in group) / len(group), 3)])
-    return {
-        "saves": len(uploaded),
-        "aborted_saves": len(aborted),
-        "aborted_steps": len(aborted_steps),
-        "bytes": sum(r.nbytes for r in uploaded),
-        "seconds": round(sum(r.seconds for r in uploaded), 6),
-        "last_step": newest[0].step if newest else None,
-        "last_epoch": newest[0].epoch if newest else None,
-        "last_bytes": newest[1]["bytes"] if newest else None,
-        "last_seconds": newest[1]["seconds"] if newest else None,
-        "last_mb_s": newest[1]["mb_s"] if newest else None,
-        "series": series,
-    }
+        series.append((start / 1000, round(sum(t["mb_s"] for t in group) / len(group), 3)))
+    return CheckpointFigures(
+        saves=len(uploaded),
+        aborted_saves=len(aborted),
+        aborted_steps=len(aborted_steps),
+        nbytes=sum(r.nbytes for r in uploaded),
+        seconds=round(sum(r.seconds for r in uploaded), 6),
+        last=newest[0] if newest else None,
+        last_bytes=newest[1]["bytes"] if newest else None,
+        last_seconds=newest[1]["seconds"] if newest else None,
+        last_mb_s=newest[1]["mb_s"] if newest else None,
+        series=tuple(series),
+    )
 
 
-def membership_series(events: list[tuple[str, MembershipEvent]]) -> list[list[float]]:
+def membership_series(events: list[tuple[str, MembershipEvent]]) -> Series:
+    """Joins (and replaces), leaves and failures per time bucket."""
     kinds = {"join": 0, "replace": 0, "leave": 1, "fail": 2}
     series = []
     for start, group in buckets((entry_ms(i), e.type) for i, e in events):
@@ -119,10 +125,10 @@ def membership_series(events: list[tuple[str, MembershipEvent]]) -> list[list[fl
         for kind in group:
             if kind in kinds:
                 counts[kinds[kind]] += 1
-        series.append([start / 1000, *counts])
-    return series
+        series.append((start / 1000, *counts))
+    return tuple(series)
 
 
-def thin(points: list[list[float]]) -> list[list[float]]:
+def thin(points: list[tuple[float, ...]]) -> Series:
     """At most ``SERIES_POINTS`` of the newest points."""
-    return points[-SERIES_POINTS:]
+    return tuple(points[-SERIES_POINTS:])

@@ -1,9 +1,11 @@
-"""The dashboard document's readers, on a hand-built document (``documents.py``): it holds
-to ``schema.json``; ``/metrics`` (``dashboard/metrics.py``) and ``strata status``'s text
-(``dashboard/text.py``) read it."""
+"""The dashboard snapshot's views, on a hand-built snapshot (``documents.py``): the JSON
+document (``dashboard/document.py``) is the one expected and holds to ``schema.json``;
+``/metrics`` (``dashboard/metrics.py``) and ``strata status``'s text (``cli/views.py``)
+shape the same snapshot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib import resources
 from typing import Any
@@ -12,8 +14,7 @@ import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from strata_redis.dashboard.metrics import render_metrics
-from strata_redis.dashboard.text import (
+from strata_redis.cli.views import (
     Column,
     _duration,
     plain,
@@ -22,8 +23,11 @@ from strata_redis.dashboard.text import (
     table,
     window_words,
 )
+from strata_redis.dashboard.document import document as shape
+from strata_redis.dashboard.metrics import render_metrics
+from strata_redis.dashboard.snapshot import Page
 
-from .documents import JOB, document
+from .documents import JOB, document, snapshot
 
 
 def schema() -> dict[str, Any]:
@@ -43,6 +47,12 @@ def test_the_document_holds_to_the_schema() -> None:
     jsonschema.validate(document(), schema())
 
 
+def test_the_snapshot_shapes_into_the_document() -> None:
+    got = shape(snapshot())
+    assert got == document()
+    jsonschema.validate(got, schema())
+
+
 def test_the_schema_refuses_a_broken_document() -> None:
     doc = document()
     del doc["jobs"][0]["epoch"]
@@ -52,7 +62,7 @@ def test_the_schema_refuses_a_broken_document() -> None:
 
 # -- /metrics -----------------------------------------------------------------------------------
 def test_metrics_of_a_document() -> None:
-    body, content_type = render_metrics(document())
+    body, content_type = render_metrics(snapshot())
     assert content_type.startswith("text/plain")
     got = samples(body)
     job = (("job_id", JOB),)
@@ -68,7 +78,7 @@ def test_metrics_of_a_document() -> None:
 
 
 def test_metrics_counts_workers_by_status() -> None:
-    got = samples(render_metrics(document())[0])
+    got = samples(render_metrics(snapshot())[0])
     by_status = {dict(k[1])["status"]: v for k, v in got.items() if k[0] == "strata_workers"}
     assert by_status["training"] == 1 and by_status["stale"] == 1 and by_status["failed"] == 1
 
@@ -79,7 +89,7 @@ def test_metrics_when_redis_is_down_is_up_0_alone() -> None:
 
 
 def test_metric_names_follow_prometheus_conventions() -> None:
-    for family in text_string_to_metric_families(render_metrics(document())[0].decode()):
+    for family in text_string_to_metric_families(render_metrics(snapshot())[0].decode()):
         assert family.name.startswith("strata_")
         assert family.name.endswith("_total") is False  # the parser strips it off counters
         for s in family.samples:
@@ -88,8 +98,9 @@ def test_metric_names_follow_prometheus_conventions() -> None:
 
 # -- strata status's text -----------------------------------------------------------------------
 def test_render_job_lines() -> None:
-    text = "\n".join(render_job(document(), JOB, 160))
-    assert f"job {JOB!r} (running): membership generation 7, 2 live of 3 workers; epoch 2" in text
+    text = "\n".join(render_job(snapshot(), JOB, 160))
+    # 2 live, one of them silent past the timeout: 1 heartbeating
+    assert f"job {JOB!r} (running): membership generation 7, 1 live of 3 workers; epoch 2" in text
     assert "1 training, 0 checkpointing, 0 idle; 1 failed and 0 left in the last 10 min" in text
     assert "1 silent past the job's 10s timeout" in text
     assert "p50 1.50 ms, p99 4.25 ms, max 5.00 ms (newest 10 releases)" in text
@@ -102,42 +113,39 @@ def test_render_job_lines() -> None:
 
 @pytest.mark.parametrize("width", [40, 60, 80, 120, 160])
 def test_render_fits_its_width(width: int) -> None:
-    for line in render(document(), width).splitlines():
+    for line in render(snapshot(), width).splitlines():
         assert len(line) <= width, line
 
 
 def test_a_narrow_table_drops_the_least_needed_columns_first() -> None:
-    lines = render_job(document(), JOB, 60)
+    lines = render_job(snapshot(), JOB, 60)
     header = next(line for line in lines if line.startswith("WORKER"))
     assert "ADDRESS" not in header and "STATUS" in header
 
 
 def test_render_escapes_control_characters() -> None:
-    doc = document()
-    doc["workers"][0]["host"] = "evil\x1b[2Jhost"
-    text = render(doc, 160)
+    snap = snapshot()
+    w0, w1 = snap.jobs[0].workers
+    snap = snapshot(workers=(dataclasses.replace(w0, host="evil\x1b[2Jhost"), w1))
+    text = render(snap, 160)
     assert "\x1b" not in text and "evil\\x1b[2Jhost" in text
 
 
 def test_render_of_no_jobs() -> None:
-    doc = document()
-    doc["jobs"] = []
-    assert render(doc, 80) == "no strata jobs in this Redis"
+    assert render(dataclasses.replace(snapshot(), jobs=()), 80) == "no strata jobs in this Redis"
 
 
 def test_render_of_a_job_without_datasets_or_checkpoints() -> None:
-    doc = document()
-    doc["datasets"], doc["checkpoints"] = [], []
-    doc["metrics"]["jobs"][0]["barrier"]["releases"] = 0
-    text = render(doc, 100)
+    snap = snapshot()
+    barrier = dataclasses.replace(snap.jobs[0].barrier, releases=0)
+    text = render(snapshot(datasets=(), checkpoints=(), barrier=barrier), 100)
     assert "no datasets registered" in text and "no checkpoints recorded" in text
     assert "barrier release latency: no releases recorded" in text
 
 
 def test_more_workers_than_the_page_is_said() -> None:
-    doc = document()
-    doc["page"]["total"] = 7
-    assert "... 5 more workers not shown" in render(doc, 120)
+    snap = dataclasses.replace(snapshot(), page=Page(0, 50, 7))
+    assert "... 5 more workers not shown" in render(snap, 120)
 
 
 def test_table_cuts_cells_and_marks_them() -> None:

@@ -4,6 +4,8 @@ the queue/take pairs through a recording pipe."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,6 +18,7 @@ from strata_redis.coordination.latency import BarrierLatency
 from strata_redis.coordination.registry import MembershipEvent
 from strata_redis.dashboard import series
 from strata_redis.dashboard.progress import TrainedHistory, training
+from strata_redis.dashboard.snapshot import ShardCounts
 from strata_redis.data.leases import LeaseTotals
 from strata_redis.data.sharding import DatasetParams
 
@@ -74,7 +77,11 @@ def progress_doc(now: int, history: TrainedHistory, trained: int, done: int, **k
         checkpoints=[],
     )  # fmt: skip
     args.update(kw)
-    return training(now, history, **args)  # type: ignore[arg-type]
+    args["progress"] = {
+        name: ShardCounts(p["initialized"], p["total"], p["done"], 0, 0, 0)
+        for name, p in args["progress"].items()  # type: ignore[attr-defined]
+    }
+    return dataclasses.asdict(training(now, history, **args))  # type: ignore[arg-type]
 
 
 def test_training_eta_and_the_slowest_worker() -> None:
@@ -159,16 +166,17 @@ def test_checkpoint_metrics() -> None:
     saves = [("1-0", rec(1, 0, 1_000_000, 1.0, at=1000)), ("2-0", rec(2, 0, 3_000_000, 1.0,
              at=5000)), ("3-0", rec(3, 0, 0, 1.0, "aborted", 6000))]  # fmt: skip
     m = series.checkpoint_metrics(saves, {CheckpointId(4): StepState(state="aborted")})
-    assert m["saves"] == 2 and m["aborted_saves"] == 1 and m["aborted_steps"] == 2
-    assert m["last_step"] == 2 and m["last_mb_s"] == 3.0 and m["bytes"] == 4_000_000
-    assert [p[1] for p in m["series"]] == [1.0, 3.0]
+    assert m.saves == 2 and m.aborted_saves == 1 and m.aborted_steps == 2
+    assert m.last is not None and m.last.step == 2
+    assert m.last_mb_s == 3.0 and m.nbytes == 4_000_000
+    assert [p[1] for p in m.series] == [1.0, 3.0]
 
 
 def test_barrier_metrics() -> None:
     entries = [(f"{i}-0", BarrierLatency("b", i, 2, float(i), 0.0, 1000 * i)) for i in range(1, 11)]
     m = series.barrier_metrics(entries)
-    assert (m["releases"], m["p50_ms"], m["p99_ms"], m["max_ms"]) == (10, 5.0, 10.0, 10.0)
-    assert series.barrier_metrics([])["p50_ms"] is None
+    assert (m.releases, m.p50_ms, m.p99_ms, m.max_ms) == (10, 5.0, 10.0, 10.0)
+    assert series.barrier_metrics([]).p50_ms is None
 
 
 def test_membership_series_counts_joins_leaves_and_fails() -> None:
@@ -176,7 +184,7 @@ def test_membership_series_counts_joins_leaves_and_fails() -> None:
               ("1000-1", MembershipEvent("1000-1", "replace", "a", 2, 1000)),
               ("1500-0", MembershipEvent("1500-0", "fail", "b", 3, 1500)),
               ("1600-0", MembershipEvent("1600-0", "leave", "c", 4, 1600))]  # fmt: skip
-    assert series.membership_series(events) == [[1.0, 2, 1, 1]]
+    assert series.membership_series(events) == ((1.0, 2, 1, 1),)
 
 
 # -- records: parsing and the queue/take pairs ---------------------------------------------------

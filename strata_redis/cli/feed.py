@@ -83,6 +83,8 @@ def _rendezvous(entry_id: str, e: RoundEvent) -> Event:
 
 def _checkpoint(entry_id: str, r: SaveRecord) -> Event:
     at = f"epoch {r.epoch} step {r.step}" if r.epoch is not None else f"step {r.step}"
+    if r.run:  # a relaunch's checkpoints are told from the first launch's of the same step
+        at = f"run {r.run} {at}"
     text = (
         f"{at}: rank {r.rank} ({r.worker_id}) {r.outcome} {r.nbytes / 1e6:.1f} MB "
         f"in {r.seconds:.2f} s"

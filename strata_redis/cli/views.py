@@ -1,4 +1,5 @@
-"""The dashboard document as text for a terminal (``strata status``), fitted to its width.
+"""``strata status``'s view: the dashboard's snapshot as text for a terminal, fitted to its
+width.
 
 Tables never wrap: at a narrow width the least needed columns go first (an address before
 a host, before the GPU count, ...), then a cell too long for its column is cut and marked
@@ -11,9 +12,10 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from strata_redis.checkpoint.records import MB_S_DEFINITION
+from strata_redis.dashboard.snapshot import JobSnapshot, Recent, Snapshot
 
 #: the width when the output is no terminal and ``$COLUMNS`` is unset (a pipe, a file)
 PIPE_WIDTH: Final = 160
@@ -99,8 +101,8 @@ def window_words(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def _at_least(recent: dict[str, Any]) -> str:
-    return "" if recent["complete"] else "at least "
+def _at_least(recent: Recent) -> str:
+    return "" if recent.complete else "at least "
 
 
 def _bar(done: int, leased: int, total: int, width: int = 20) -> str:
@@ -142,92 +144,94 @@ WORKER_COLUMNS: Final = (
 )
 
 
-def render_job(doc: dict[str, Any], job_id: str, width: int = PIPE_WIDTH) -> list[str]:
+def _workers_said(job: JobSnapshot) -> str:
+    """How many workers are live (heartbeating within the timeout) of those registered: a
+    silent one is not counted live, and with every one silent there is no live count."""
+    live = job.live_workers - job.silent_workers
+    if job.all_silent:
+        return (
+            f"no worker heartbeating ({job.silent_workers} silent of "
+            f"{job.registered_workers} workers)"
+        )
+    return f"{live} live of {job.registered_workers} workers"
+
+
+def render_job(snap: Snapshot, job_id: str, width: int = PIPE_WIDTH) -> list[str]:
     """The lines of one job's overview, datasets, checkpoints and workers, ``width`` wide."""
-    (job,) = (j for j in doc["jobs"] if j["job_id"] == job_id)
-    (m,) = (x for x in doc["metrics"]["jobs"] if x["job_id"] == job_id)
-    counts = m["workers"]
-    recent = m["recent"]
+    job = snap.find(job_id)
+    counts = job.counts
+    recent = job.recent
     stale = counts["stale"]
     lines = [
-        f"job {job_id!r} ({job['state']}): membership generation "
-        f"{job['membership_generation']}, "
-        f"{job['live_workers']} live of {job['registered_workers']} workers; "
-        f"epoch {job['epoch']}",
+        f"job {job_id!r} ({job.state}): membership generation {job.generation}, "
+        f"{_workers_said(job)}; epoch {job.epoch}",
         f"  workers: {counts['training']} training, {counts['checkpointing']} checkpointing, "
-        f"{counts['idle']} idle; {_at_least(recent)}{recent['failed']} failed and "
-        f"{recent['left']} left in the last {window_words(recent['window_s'])} (membership "
+        f"{counts['idle']} idle; {_at_least(recent)}{recent.failed} failed and "
+        f"{recent.left} left in the last {window_words(recent.window_s)} (membership "
         "events)"
         + (
-            f", {stale} silent past the job's {job['heartbeat_timeout_s']:g}s timeout"
-            if stale
-            else ""
+            f", {stale} silent past the job's {job.heartbeat_timeout_s:g}s timeout" if stale else ""
         ),
     ]
-    b = m["barrier"]
-    if b["releases"]:
+    b = job.barrier
+    if b.releases:
         lines.append(
-            f"  barrier release latency: p50 {_num(b['p50_ms'], 2)} ms, p99 "
-            f"{_num(b['p99_ms'], 2)} ms, max {_num(b['max_ms'], 2)} ms "
-            f"(newest {b['releases']} releases)"
+            f"  barrier release latency: p50 {_num(b.p50_ms, 2)} ms, p99 "
+            f"{_num(b.p99_ms, 2)} ms, max {_num(b.max_ms, 2)} ms "
+            f"(newest {b.releases} releases)"
         )
     else:
         lines.append("  barrier release latency: no releases recorded")
-    rate = doc["metrics"]["redis"]["commands_per_s"]
+    rate = snap.redis_rate.commands_per_s
     lines.append(
-        f"  lease grants so far: {m['lease_grants_total']}; Redis: "
+        f"  lease grants so far: {job.lease_grants_total}; Redis: "
         + ("-" if rate is None else f"{rate:.0f}")
         + " commands/s (whole server)"
     )
-    if "progress" in job:
-        lines.append(_training_line(job))
+    lines.append(_training_line(job))
     lines = [part for line in lines for part in _wrap(line, width)]
-    datasets = [d for d in doc["datasets"] if d["job_id"] == job_id]
     lines.append("")
-    if datasets:
+    if job.datasets:
         rows = []
-        for d in datasets:
-            p = d["progress"]
-            pct = 100 * p["done"] / p["total"] if p["total"] else 0.0
-            progress = f"{_bar(p['done'], p['leased'], p['total'])} {pct:5.1f}%" + (
-                "" if p["initialized"] else "  (epoch not started)"
+        for d in job.datasets:
+            p = d.progress
+            pct = 100 * p.done / p.total if p.total else 0.0
+            progress = f"{_bar(p.done, p.leased, p.total)} {pct:5.1f}%" + (
+                "" if p.initialized else "  (epoch not started)"
             )
-            rows.append([plain(d["name"]), str(d["epoch"]), str(p["done"]), str(p["leased"]),
-                         str(p["todo"]), str(p["total"]), str(p["steals"]), progress])  # fmt: skip
+            rows.append([plain(d.params.name), str(d.epoch), str(p.done), str(p.leased),
+                         str(p.todo), str(p.total), str(p.steals), progress])  # fmt: skip
         lines += table(DATASET_COLUMNS, rows, width)
     else:
         lines.append("no datasets registered")
-    checkpoints = [c for c in doc["checkpoints"] if c["job_id"] == job_id]
     lines.append("")
-    if checkpoints:
+    if job.checkpoints:
         rows = []
-        for c in checkpoints:
+        for c in job.checkpoints:
             ranks = (
-                str(c["ranks_saved"]) if c["world_size"] is None
-                else f"{c['ranks_saved']}/{c['world_size']}"
-            )  # fmt: skip
-            note = f"aborted by {c['culprit']}: {c['reason']}" if c["state"] == "aborted" else ""
-            epoch = "-" if c["epoch"] is None else str(c["epoch"])
-            rows.append([epoch, str(c["step"]), str(c.get("run", 0)), c["state"],
-                         _bytes(c["bytes"]), ranks, _num(c["mb_s"]), plain(note)])  # fmt: skip
+                str(c.ranks_saved) if c.world_size is None else f"{c.ranks_saved}/{c.world_size}"
+            )
+            note = f"aborted by {c.culprit}: {c.reason}" if c.state == "aborted" else ""
+            epoch = "-" if c.id.epoch is None else str(c.id.epoch)
+            rows.append([epoch, str(c.id.step), str(c.id.run), c.state, _bytes(c.nbytes), ranks,
+                         _num(c.mb_s), plain(note)])  # fmt: skip
         lines += table(CHECKPOINT_COLUMNS, rows, width)
         lines += _wrap(f"(MB/s = {MB_S_DEFINITION})", width)
     else:
         lines.append("no checkpoints recorded")
-    workers = [w for w in doc["workers"] if w["job_id"] == job_id]
     lines.append("")
     rows = []
-    for w in workers:
-        seen = "-" if w["last_seen_s"] is None else f"{w['last_seen_s']:.1f}s"
-        shard = ", ".join(f"{s['dataset']}#{s['shard_id']}" for s in w["shards"])
-        rows.append([plain(w["worker_id"]), w["status"], seen, plain(w["host"] or "-"),
-                     plain(w["address"] or "-"), str(w["gpu_count"]), plain(shard)])  # fmt: skip
+    for w in job.workers:
+        seen = "-" if w.last_seen_s is None else f"{w.last_seen_s:.1f}s"
+        shard = ", ".join(f"{s.dataset}#{s.shard_id}" for s in w.shards)
+        rows.append([plain(w.worker_id), str(w.status), seen, plain(w.host or "-"),
+                     plain(w.address or "-"), str(w.gpu_count), plain(shard)])  # fmt: skip
     if rows:
         lines += table(WORKER_COLUMNS, rows, width)
-    page = doc["page"]
-    if page["total"] > len(doc["workers"]):
-        lines.append(f"... {page['total'] - len(doc['workers'])} more workers not shown")
-    if any(w["stale"] for w in workers):
+    shown = sum(len(j.workers) for j in snap.jobs)
+    if snap.page.total > shown:
+        lines.append(f"... {snap.page.total - shown} more workers not shown")
+    if any(w.stale for w in job.workers):
         lines += _wrap(
             "(stale: no heartbeat for longer than the job's timeout; not yet reaped)", width
         )
@@ -244,19 +248,24 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m"
 
 
-def _training_line(job: dict[str, Any]) -> str:
-    """The job's samples/s, its epoch's ETA and its slowest worker, in one line."""
-    p = job["progress"]
-    rate = p["samples_per_s"]
-    eta, left = p["eta_s"], p["epoch_remaining_samples"]
-    line = "  training: " + ("-" if rate is None else f"{rate:.1f}") + " samples/s"
+def _training_line(job: JobSnapshot) -> str:
+    """The job's samples/s, its epoch's ETA and its slowest worker, in one line; with every
+    live worker silent, or nothing read within the rate's window, no rate and no ETA."""
+    p = job.training
+    rate, eta, left = p.samples_per_s, p.eta_s, p.epoch_remaining_samples
+    if job.all_silent:
+        line = "  training: no rate (no worker heartbeating)"
+    elif rate is None:
+        line = "  training: no rate (no recent data)"
+    else:
+        line = f"  training: {rate:.1f} samples/s"
     if eta == 0:
-        line += f", epoch {job['epoch']} done"
+        line += f", epoch {job.epoch} done"
     elif eta is not None:
-        line += f", epoch {job['epoch']} ETA {_duration(eta)} ({left} samples left)"
-    if p["slowest_worker"] is not None:
-        line += f"; slowest {p['slowest_worker']}"
-    return line + f"; {p['samples_trained']} samples trained"
+        line += f", epoch {job.epoch} ETA {_duration(eta)} ({left} samples left)"
+    if p.slowest_worker is not None:
+        line += f"; slowest {p.slowest_worker}"
+    return line + f"; {p.samples_trained} samples trained"
 
 
 def plain(text: str) -> str:
@@ -268,11 +277,11 @@ def plain(text: str) -> str:
     return "".join(c if c == "\n" or c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def render(doc: dict[str, Any], width: int | None = None) -> str:
-    """The whole document as text: each job in turn, fitted to ``width`` (default
+def render(snap: Snapshot, width: int | None = None) -> str:
+    """The whole snapshot as text: each job in turn, fitted to ``width`` (default
     ``width_now()``), safe for a terminal (``plain``)."""
     width = width_now() if width is None else width
-    blocks = ["\n".join(render_job(doc, j["job_id"], width)) for j in doc["jobs"]]
+    blocks = ["\n".join(render_job(snap, j.job_id, width)) for j in snap.jobs]
     if not blocks:
         return "no strata jobs in this Redis"
     return plain("\n\n".join(blocks))
