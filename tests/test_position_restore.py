@@ -15,8 +15,8 @@ import redis
 
 import strata_redis
 from strata_redis import ShardManager
-from strata_redis.data import leases as leases_module
 from strata_redis.data import position
+from strata_redis.data.record import epoch_record
 from strata_redis.keys import Keys
 from strata_redis.server import RedisServer
 
@@ -150,7 +150,7 @@ def test_a_closed_epoch_is_restored_from_a_checkpoint(redis_url: str, raw: redis
     leases = job.leases("ds", 0, "w1")
     progress = leases.progress()
     assert (progress.done, progress.leased, progress.todo) == (20, 0, 20)
-    assert leases_module.epoch_record(job.context, params, 0) == (done, offsets)
+    assert epoch_record(job.context, params, 0) == (done, offsets)
     got = []
     for lease in leases:
         got.append((lease.shard_id, lease.start))

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from strata_redis.data.leases import LeaseTotals
+from strata_redis.data.record import LeaseTotals
 from strata_redis.data.sharding import DatasetParams
 
 #: samples/s are the deltas of the samples trained over at most this many seconds

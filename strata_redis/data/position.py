@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from ..context import JobContext
-from .leases import epoch_keys
+from .record import epoch_keys
 from .sharding import DatasetParams
 
 __all__ = ["POSITION_PART", "Position", "merge_positions", "restore_position"]

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..context import JobContext
 from ..validate import check_int
-from .leases import done_count, done_shards, epoch_record
 from .position import Position
+from .record import done_count, done_shards, epoch_record
 from .sharding import DatasetParams
 from .walks import WALKS, Batch
 

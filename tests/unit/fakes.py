@@ -34,7 +34,7 @@ from strata_redis.checkpoint.manifest import (
     encode_metadata,
 )
 from strata_redis.coordination.rendezvous import Round
-from strata_redis.data import leases as leases_module
+from strata_redis.data import record as record_module
 from strata_redis.data.leases import Lease
 from strata_redis.data.sharding import DatasetParams
 from strata_redis.errors import (
@@ -285,11 +285,11 @@ class FakeHost:
     def retry(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self.retried.append(getattr(fn, "__name__", repr(fn)))
         pool = self.pool
-        if fn is leases_module.epoch_record:
+        if fn is record_module.epoch_record:
             return pool.record()
-        if fn is leases_module.done_shards:
+        if fn is record_module.done_shards:
             return set(pool.done)
-        if fn is leases_module.done_count:
+        if fn is record_module.done_count:
             return len(pool.done)
         return fn(*args, **kwargs)
 
