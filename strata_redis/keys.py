@@ -190,8 +190,15 @@ class Keys:
 
     @property
     def epoch(self) -> str:
-        """STRING the job's epoch: +1 per release of the epoch barrier; never expires."""
+        """STRING the job's epoch: +1 per release of the epoch barrier, set back by a resume
+        (``restore_epoch.lua``; both ``coordination/epochs.py``'s); never expires."""
         return f"{self.base}:epoch"
+
+    @property
+    def epoch_restored(self) -> str:
+        """STRING the round that last put the job's epoch back from a checkpoint
+        (``coordination/epochs.py``: ``restore_epoch.lua`` sets the epoch once per round)."""
+        return f"{self.base}:epoch_restored"
 
     @property
     def barrier_latency(self) -> str:
