@@ -37,7 +37,7 @@ from typing import Any
 import redis
 
 import strata_redis
-from strata_redis.data.leases import epoch_keys
+from strata_redis.data.record import epoch_keys
 from strata_redis.server import RedisServer
 
 HERE = Path(__file__).resolve().parent

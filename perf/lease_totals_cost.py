@@ -23,7 +23,8 @@ import redis
 
 import strata_redis
 from strata_redis import scripts, status
-from strata_redis.data.leases import CANDIDATES, lease_totals, new_grant
+from strata_redis.data.leases import CANDIDATES, new_grant
+from strata_redis.data.record import lease_totals
 from strata_redis.server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent

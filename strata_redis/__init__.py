@@ -12,7 +12,8 @@ from .coordination.latency import BarrierLatency
 from .coordination.registry import WorkerInfo
 from .coordination.rendezvous import Rendezvous, Round
 from .coordination.workers import Worker
-from .data.leases import EpochProgress, Lease, ShardLeases
+from .data.leases import Lease, ShardLeases
+from .data.record import EpochProgress
 from .data.sharding import DatasetParams, Shard
 from .data.stream import ShardStream
 from .errors import (

@@ -46,7 +46,7 @@ from .checkpoint.ids import CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
 from .coordination.rendezvous import Rendezvous
-from .data.leases import keep_whole
+from .data.record import keep_whole
 from .data.sharding import DatasetParams
 from .errors import StrataError
 from .job import Job, connect

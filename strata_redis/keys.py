@@ -190,8 +190,15 @@ class Keys:
 
     @property
     def epoch(self) -> str:
-        """STRING the job's epoch: +1 per release of the epoch barrier; never expires."""
+        """STRING the job's epoch: +1 per release of the epoch barrier, set back by a resume
+        (``restore_epoch.lua``; both ``coordination/epochs.py``'s); never expires."""
         return f"{self.base}:epoch"
+
+    @property
+    def epoch_restored(self) -> str:
+        """STRING the round that last put the job's epoch back from a checkpoint
+        (``coordination/epochs.py``: ``restore_epoch.lua`` sets the epoch once per round)."""
+        return f"{self.base}:epoch_restored"
 
     @property
     def barrier_latency(self) -> str:
@@ -272,14 +279,14 @@ class Keys:
 
     def epochs_kept_whole(self, dataset: str) -> str:
         """STRING how many finished epochs of a dataset before the newest keep their
-        per-shard record (``leases.keep_whole``; missing: 0, an epoch is closed into its
+        per-shard record (``record.keep_whole``; missing: 0, an epoch is closed into its
         summary when the next epoch's pool is built)."""
         return f"{self.base}:epochs_kept_whole:{dataset}"
 
     def lease_totals(self, dataset: str) -> str:
         """HASH a dataset's lease counts over the job's life, never reset at a new epoch
         (written only by ``acquire_shard.lua`` and ``release_shard.lua``, read through
-        ``data/leases.py``): ``steals`` (grants from the shared pool, as the epoch meta's
+        ``data/record.py``): ``steals`` (grants from the shared pool, as the epoch meta's
         ``steals``), ``samples`` (samples trained: a completion counts its shard's samples
         from its lease's start, a hand-back with an offset the part taken), ``w:<worker>``
         (those samples by worker: one field per worker that trained any, bounded by the
@@ -424,7 +431,7 @@ class LeaseKeys:
 
     def record(self, segment: int) -> str:
         """STRING the exactly-once completion record of shards ``[segment * 65535, (segment
-        + 1) * 65535)`` (``leases.RECORD_SEGMENT``), a ``BITFIELD`` of 96 bits per shard: the
+        + 1) * 65535)`` (``record.RECORD_SEGMENT``), a ``BITFIELD`` of 96 bits per shard: the
         fencing token of the completion (i64, bit ``96 * (shard % 65535)``), then the
         completer's index in ``workers`` (u32; 0 with token 0: restored from a
         checkpoint, or not done). 12 bytes per shard, created whole (zeros, 768 KiB) by the

@@ -1,9 +1,12 @@
 """Resume: a fresh round puts the job's data position back to its newest verified checkpoint.
 
 In a rendezvous round where every member is new (the whole job launched or relaunched),
-each member reads the newest committed checkpoint whose parts verify, and every dataset's
-epoch record is rebuilt from the data positions the ranks saved in it (``restore_position``:
-once per round, whoever sends it first; the others' calls are no-ops). A dataset is restored
+each member reads the newest committed checkpoint whose parts verify; the job's epoch is put
+back to the checkpoint's (``restore_epoch``, coordination's), then every dataset's epoch
+record is rebuilt from the data positions the ranks saved in it (``restore_position``,
+data's). Each is once per round, whoever sends it first; the others' calls are no-ops. The
+epoch goes first: a member that dies between the two leaves the pools to the others'
+restores, never a rebuilt pool under an epoch that was not put back. A dataset is restored
 before its first walk in the round — also one registered after the round closed, so a member
 that begins to lease can never have its pool rebuilt under it by a later member. Without a
 checkpoint, the job starts from epoch 0 with every shard to do.
@@ -24,7 +27,7 @@ from .checkpoint.ids import CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
 from .context import JobContext
-from .coordination.epochs import current_epoch, set_epoch
+from .coordination.epochs import current_epoch, restore_epoch
 from .coordination.rendezvous import Round
 from .data.datasets import list_datasets
 from .data.position import POSITION_PART, Position, decode_positions, merge_positions
@@ -124,15 +127,14 @@ class Resume:
         # the epochs the job went past this one: their pools are dropped
         self._later = max(0, retry(current_epoch, ctx) - self.epoch) + 1
         self._restored: set[str] = set()
+        self._epoch_restored = False
 
     def restore_all(self) -> int:
-        """Put back every registered dataset's position (or, with none, the epoch).
-        Returns the job's epoch."""
-        datasets = self._retry(list_datasets, self.context)
-        for params in datasets:
+        """Put back the job's epoch, then every registered dataset's position. Returns the
+        job's epoch."""
+        self._restore_epoch()
+        for params in self._retry(list_datasets, self.context):
             self.restore(params)
-        if not datasets:
-            self._retry(set_epoch, self.context, self.epoch)
         log.info("worker %r: resumed at epoch %d from %s", self._worker_id, self.epoch,
                  f"checkpoint {self.info.id}" if self.info else "the start")  # fmt: skip
         return self.epoch
@@ -142,6 +144,7 @@ class Resume:
         call of any member of the round)."""
         if params.name in self._restored:
             return
+        self._restore_epoch()
         done, offsets = merge_positions(p for p in self._saved if p.dataset == params.name)
         if self.info is not None:
             self.positions[params.name] = (self.epoch, done, offsets)
@@ -150,3 +153,9 @@ class Resume:
             mark=self.round, later_epochs=self._later,
         )  # fmt: skip
         self._restored.add(params.name)
+
+    def _restore_epoch(self) -> None:
+        """Put the job's epoch back to the checkpoint's, once per round (before any pool)."""
+        if not self._epoch_restored:
+            self._retry(restore_epoch, self.context, self.epoch, self.round)
+            self._epoch_restored = True

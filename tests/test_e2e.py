@@ -20,8 +20,8 @@ import redis
 
 import strata_redis
 from strata_redis.checkpoint.ids import CheckpointId
-from strata_redis.data.leases import keep_whole
 from strata_redis.data.position import POSITION_PART, decode_positions
+from strata_redis.data.record import keep_whole
 from strata_redis.data.sharding import assignment
 from strata_redis.server import RedisServer
 

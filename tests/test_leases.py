@@ -13,6 +13,7 @@ import redis
 import strata_redis
 from strata_redis import ShardManager
 from strata_redis.data import leases as leases_module
+from strata_redis.data.record import done_count, done_shards, epoch_keys, epoch_record, keep_whole
 
 from .conftest import decoding_client
 from .procs import join_all, kill9, spawn
@@ -457,15 +458,15 @@ def test_a_finished_epoch_closes_into_its_summary_when_the_next_begins(
     k = la.keys
     assert raw.exists(k.done)
     job.leases("ds", 1, "a").prepare()  # the next epoch's pool closes this one
-    closed = leases_module.epoch_keys(job.context, params, 0)
+    closed = epoch_keys(job.context, params, 0)
     assert closed[0] == k.meta and raw.exists(k.meta) and not any(map(raw.exists, closed[1:]))
     assert 0 < raw.ttl(k.meta) <= leases_module.RECORD_TTL_S
     progress = la.progress()
     assert (progress.done, progress.leased, progress.todo, progress.finished) == (20, 0, 0, True)
     assert la.completed_by() == before
-    assert leases_module.done_count(job.context, params, 0) == 20
-    assert leases_module.done_shards(job.context, params, 0) == set(range(20))
-    assert leases_module.epoch_record(job.context, params, 0) == (set(range(20)), {})
+    assert done_count(job.context, params, 0) == 20
+    assert done_shards(job.context, params, 0) == set(range(20))
+    assert epoch_record(job.context, params, 0) == (set(range(20)), {})
     assert la.completions() == {}
     assert job.leases("ds", 0, "a").acquire() is None  # a closed epoch leases nothing
     # exactly-once holds across the close: a retry of a completion records nothing, any
@@ -506,13 +507,13 @@ def test_closing_an_epoch_the_job_is_past_even_when_shards_were_dropped(
 def test_keep_whole_keeps_earlier_records(job: strata_redis.Job, raw: redis.Redis) -> None:
     ShardManager(job).register_dataset_params("ds", 50, 10)
     job.register_worker("a", heartbeat_interval=None)
-    leases_module.keep_whole(job.context, "ds", 1)
+    keep_whole(job.context, "ds", 1)
     for epoch in range(3):
         drain(job, "ds", epoch, ["a"])
     assert sorted(job.leases("ds", 1, "a").completions()) == list(range(5))  # kept whole
     assert job.leases("ds", 0, "a").completions() == {}  # closed by epoch 2's pool
     with pytest.raises(ValueError, match="epochs"):
-        leases_module.keep_whole(job.context, "ds", -1)
+        keep_whole(job.context, "ds", -1)
 
 
 def test_nine_finished_epochs_cost_about_what_three_do(

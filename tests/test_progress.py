@@ -19,7 +19,7 @@ from strata_redis.coordination.lifecycle import delete_job
 from strata_redis.dashboard import DashboardState, create_app
 from strata_redis.dashboard.app import schema_text
 from strata_redis.dashboard.document import document
-from strata_redis.data.leases import lease_totals
+from strata_redis.data.record import lease_totals
 from strata_redis.storage import LocalStorage
 
 from .conftest import decoding_client

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 import strata_redis
+from strata_redis.coordination.epochs import restore_epoch
 from strata_redis.coordination.rendezvous import Round
+from strata_redis.data.position import restore_position
 from strata_redis.errors import LeaseLostError
 from strata_redis.resume import Resume
 
@@ -52,3 +54,35 @@ def test_a_late_registered_dataset_is_restored_before_its_first_walk(
     else:  # the hazard the restore-before-walk removes: the pool is rebuilt under a
         with pytest.raises(LeaseLostError):
             lease.complete()
+
+
+def test_the_epoch_is_put_back_once_per_restoring_round(
+    job: strata_redis.Job, tmp_path: Path
+) -> None:
+    """The job's epoch is coordination's (``restore_epoch``): the first member of a round
+    puts it back, and a member resuming late never moves back an epoch the round has moved
+    on since; the next resuming round puts it back again."""
+    for worker in ("a", "b"):
+        job.register_worker(worker, heartbeat_interval=None)
+    job.client.set(job.keys.epoch, 5)  # the job's epoch before the relaunch
+    assert _resume(job, tmp_path, "a").restore_all() == 0  # no checkpoint: from the start
+    assert job.current_epoch() == 0
+    job.client.incr(job.keys.epoch)  # the round's epoch barrier released meanwhile
+    _resume(job, tmp_path, "b").restore_all()  # the other member, resuming later
+    assert job.current_epoch() == 1
+    assert restore_epoch(job.context, 3, mark=2)  # the next fresh round
+    assert not restore_epoch(job.context, 4, mark=2)
+    assert job.current_epoch() == 3
+
+
+def test_a_pool_restore_leaves_the_epoch_to_coordination(
+    job: strata_redis.Job, tmp_path: Path
+) -> None:
+    job.register_worker("a", heartbeat_interval=None)
+    params = strata_redis.ShardManager(job).register_dataset_params("ds", 40, 10, True, 7)
+    job.client.set(job.keys.epoch, 2)
+    assert restore_position(job.context, params, 0, {0}, {}, workers=["a"], mark=1, later_epochs=3)
+    assert job.current_epoch() == 2  # the data script wrote no epoch
+    resume = _resume(job, tmp_path, "a")
+    resume.restore(params)  # the composition: the epoch first, then the pool (mark 1: done)
+    assert job.current_epoch() == 0

@@ -20,7 +20,7 @@ import strata_redis
 from strata_redis import ShardManager
 from strata_redis.dashboard.document import document
 from strata_redis.dashboard.state import DashboardState
-from strata_redis.data.leases import epoch_keys
+from strata_redis.data.record import epoch_keys
 from strata_redis.keys import LeaseKeys
 from strata_redis.server import RedisServer
 from strata_redis.status import Status

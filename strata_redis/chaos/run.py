@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import strata_redis
-from strata_redis.data.leases import keep_whole
 from strata_redis.data.position import POSITION_PART, decode_positions
+from strata_redis.data.record import keep_whole
 from strata_redis.keys import Keys
 from strata_redis.status import GUARDS, GUARDS_ENV
 

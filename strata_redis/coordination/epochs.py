@@ -1,4 +1,6 @@
-"""Epochs: ``advance_epoch`` is a barrier over every live worker plus an atomic counter."""
+"""Epochs: ``advance_epoch`` is a barrier over every live worker plus an atomic counter; a
+resume puts the counter back to a checkpoint's epoch (``restore_epoch``). The job's epoch is
+this module's: only the epoch barrier's release and ``restore_epoch.lua`` write it."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any, Final
 from ..connection import Replies, run_read, take_reply
 from ..context import JobContext
 from ..keys import Keys
+from ..validate import check_int
 from .barrier import LIVE, RESERVED_PREFIX, Barrier
 
 #: the barrier behind ``advance_epoch`` (a reserved name: user barriers cannot take it).
@@ -64,7 +67,26 @@ def take_epoch(replies: Replies) -> int:
     return int(take_reply(replies) or 0)
 
 
-def set_epoch(ctx: JobContext, epoch: int) -> None:
-    """Put the job's epoch back to ``epoch`` (a restore from a checkpoint with no dataset
-    to restore: ``restore_position`` sets it otherwise)."""
-    ctx.client.set(ctx.keys.epoch, epoch)
+def restore_epoch(ctx: JobContext, epoch: int, mark: int) -> bool:
+    """Put the job's epoch back to a checkpoint's ``epoch``, once per ``mark``.
+
+    Every member of a resuming round calls it with the round's number as ``mark`` before it
+    puts any dataset's lease pool back (``data/position.py``): the first call sets the epoch,
+    the others change nothing, so a member that resumes late never moves back an epoch the
+    round has moved on since.
+
+    Args:
+        ctx: the job.
+        epoch: the checkpoint's epoch (0 to start over).
+        mark: the restoring round.
+
+    Returns:
+        Whether this call set the epoch.
+    """
+    check_int("epoch", epoch, low=0, high=2**31)
+    check_int("mark", mark, low=0, high=2**63 - 1)
+    (applied,) = ctx.scripts.run(
+        "restore_epoch", [ctx.keys.epoch, ctx.keys.epoch_restored], [epoch, mark],
+        {"job_id": ctx.job_id},
+    )  # fmt: skip
+    return bool(int(applied))

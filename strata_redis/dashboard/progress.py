@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from strata_redis.data.leases import LeaseTotals
+from strata_redis.data.record import LeaseTotals
 from strata_redis.data.sharding import DatasetParams
 
 from .snapshot import CommittedCheckpoint, DatasetTraining, ShardCounts, Training, WorkerRate

@@ -19,7 +19,7 @@ reads is bounded by what the page shows, never by a job's history:
   read at most every ``DISTRIBUTION_EVERY_S`` seconds and only for datasets of at most
   ``DISTRIBUTION_MAX_SHARDS`` shards, so no read holds Redis for more than a few
   milliseconds;
-- training progress: each dataset's lifetime lease counts (``leases.LeaseTotals``: samples
+- training progress: each dataset's lifetime lease counts (``record.LeaseTotals``: samples
   trained, by live worker, and steals; one ``HMGET`` bounded by the live workers); the
   samples/s of the job and of each worker are the deltas of those counts between documents
   (``progress.py``: the reader keeps a few points per job), so the first document has none;
@@ -91,8 +91,8 @@ from strata_redis.dashboard.snapshot import (
     WorkerRow,
     WorkerShards,
 )
-from strata_redis.data import datasets, leases
-from strata_redis.data.leases import EpochProgress, LeaseHolder, LeaseTotals
+from strata_redis.data import datasets, record
+from strata_redis.data.record import EpochProgress, LeaseHolder, LeaseTotals
 from strata_redis.data.sharding import DatasetParams
 from strata_redis.errors import JobNotFoundError
 from strata_redis.validate import check_id
@@ -340,7 +340,7 @@ class _JobRead:
         latency.queue_latencies(pipe, job, LATENCIES_READ, self._latency_tail.after)
         index.queue_newest_steps(pipe, job, CHECKPOINTS_READ)
         records.queue_save_records(pipe, job, RECORDS_READ, self._record_tail.after)
-        leases.queue_lease_grants(pipe, job)
+        record.queue_lease_grants(pipe, job)
         registry.queue_failures(pipe, job)
         records.queue_totals(pipe, job)
         lifecycle.queue_record(pipe, job)
@@ -359,7 +359,7 @@ class _JobRead:
         self.committed_steps = index.take_newest_steps(replies)
         saves = records.take_save_records(replies)
         self.records = self._record_tail.take(saves)
-        self.fence = leases.take_lease_grants(replies)
+        self.fence = record.take_lease_grants(replies)
         self.failures = registry.take_failures(replies)
         self.totals = records.take_totals(replies)
         self.record = lifecycle.take_record(replies)
@@ -405,15 +405,15 @@ class _JobRead:
         registry.queue_worker_infos(pipe, job, self._page)
         live = sorted(self.beats)
         for params in self.dataset_params:
-            leases.queue_progress(pipe, job, params.name, self.epoch)
-            leases.queue_lease_totals(pipe, job, params.name, live)
+            record.queue_progress(pipe, job, params.name, self.epoch)
+            record.queue_lease_totals(pipe, job, params.name, live)
             small = params.num_shards <= DISTRIBUTION_MAX_SHARDS
             key = (job, params.name, self.epoch)
             kept = state.caches.completed(key) if small else None
             if small:  # both reads return at most num_shards values
-                leases.queue_holders(pipe, job, params.name, self.epoch)
+                record.queue_holders(pipe, job, params.name, self.epoch)
                 if kept is None:
-                    leases.queue_completed_by(pipe, job, params.name, self.epoch)
+                    record.queue_completed_by(pipe, job, params.name, self.epoch)
             self._details.append((params, small, key, kept))
         record_steps = {r.checkpoint for _, r in self.records}
         self._uncached = []
@@ -437,13 +437,13 @@ class _JobRead:
         self.info = registry.take_worker_infos(replies, self._page, self.status, self.beats, now_ms)
         live = sorted(self.beats)
         for params, small, key, kept in self._details:
-            counts = leases.take_progress(replies, params.num_shards)
+            counts = record.take_progress(replies, params.num_shards)
             self.progress[params.name] = _shard_counts(counts)
-            self.lease_totals[params.name] = leases.take_lease_totals(replies, live)
+            self.lease_totals[params.name] = record.take_lease_totals(replies, live)
             if small:
-                holders = leases.take_holders(replies)
+                holders = record.take_holders(replies)
                 if kept is None:
-                    kept = leases.take_completed_by(replies)
+                    kept = record.take_completed_by(replies)
                     state.caches.keep_completed(key, kept)
                 self.holders[params.name] = holders
                 self.distribution[params.name] = _distribution(holders, kept)

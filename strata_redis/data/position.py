@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from ..context import JobContext
-from .leases import epoch_keys
+from .record import epoch_keys
 from .sharding import DatasetParams
 
 __all__ = ["POSITION_PART", "Position", "merge_positions", "restore_position"]
@@ -131,10 +131,12 @@ def restore_position(
 ) -> bool:
     """Put ``params``' lease pool for ``epoch`` back to a checkpoint's position, once per mark.
 
-    The job's epoch becomes ``epoch``; the pools of the ``later_epochs`` epochs after it are
-    deleted. In chunks of ``RESTORE_CHUNK`` entries: every caller with the same inputs cuts
-    the same chunks and the script applies only the next one, so members of the restoring
-    round can call it together, and one that dies half-way leaves the rest to the others.
+    The pools of the ``later_epochs`` epochs after it are deleted. The job's epoch is not
+    this module's: the caller puts it back first (``coordination.epochs.restore_epoch``, with
+    the same mark; ``resume.py`` composes the two). In chunks of ``RESTORE_CHUNK`` entries:
+    every caller with the same inputs cuts the same chunks and the script applies only the
+    next one, so members of the restoring round can call it together, and one that dies
+    half-way leaves the rest to the others.
 
     Args:
         ctx: the job.
@@ -182,7 +184,7 @@ def restore_chunks(
     partial = np.array(sorted(offsets.items()), dtype=np.int64).reshape(-1, 2)
     k = ctx.keys
     own = epoch_keys(ctx, params, epoch)
-    keys = [k.restores, k.epoch, *own[:6], *own[6:]]
+    keys = [k.restores, *own]
     for e in range(epoch + 1, epoch + later_epochs + 1):
         keys += epoch_keys(ctx, params, e)
     sections = (done_ids, partial)
@@ -196,7 +198,7 @@ def restore_chunks(
             section[max(0, low - start) : max(0, high - start)]
             for section, start in zip(sections, bounds[:-1].tolist(), strict=True)
         ]
-        args: list[Any] = [f"restored:{params.name}", mark, epoch, params.num_shards, c, count]
+        args: list[Any] = [f"restored:{params.name}", mark, params.num_shards, c, count]
         args += [len(parts[0]), *parts[0].tolist()]
         args += [len(parts[1]), *parts[1].ravel().tolist()]
         return args

@@ -3,10 +3,13 @@
 A stream holds where its walk stands (the data position checkpoints save, the batches
 handed out and not yet consumed); the walk itself — which shards, in which batches — is one
 of the walks in ``data/walks/`` (``leases``, ``lockstep``, ``static``), picked from a table.
-A walk runs for a *host*: the process that owns the worker and its round (the orchestrator
-is one). The host gives the walk what it needs (``StreamHost``: the job, the worker, the
-round, the lease TTL, a flag read for the per-batch check, the retry policy, status
-changes, the position it resumed from) and nothing else.
+A walk sees three narrow things (``data/walks/base.py``), never the stream: the epoch it walks
+(``WalkSpec``), the stream as its ``Ledger`` (what each batch holds, when a shard's batches
+are all out) and the *host*: the process that owns the worker and its round (the
+orchestrator is one). The host gives the walk what it needs (``WalkHost``: the job, the
+worker, the round, the lease TTL, a flag read for the per-batch check, the retry policy) and
+the stream a little more (``StreamHost``: status changes, the epoch a walk begins, the
+position it resumed from), and nothing else.
 
 **A data position is never dropped.** The position a fresh round resumed from is in every
 member's model, and stays in every position the stream gives until the shards it had
@@ -21,54 +24,22 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Protocol
 
-from ..context import JobContext
 from ..validate import check_int
-from .leases import done_count, done_shards, epoch_record
 from .position import Position
+from .record import done_count, done_shards, epoch_record
 from .sharding import DatasetParams
-from .walks import WALKS, Batch
-
-if TYPE_CHECKING:
-    from ..coordination.rendezvous import Round
+from .walks import WALKS, Batch, LockstepWalk, WalkHost, WalkSpec
 
 __all__ = ["MODES", "ShardStream", "StreamHost"]
-
-T = TypeVar("T")
 
 #: what ``mode`` may be
 MODES = ("leases", "static")
 
 
-class StreamHost(Protocol):
-    """What a walk needs of the process running it."""
-
-    @property
-    def context(self) -> JobContext:
-        """The job."""
-
-    @property
-    def worker_id(self) -> str:
-        """This worker."""
-
-    @property
-    def round(self) -> Round:
-        """The rendezvous round this worker is in now."""
-
-    @property
-    def lease_ttl(self) -> float:
-        """Seconds a shard lease lasts without renewal."""
-
-    def interrupted(self) -> bool:
-        """The per-batch check, a flag read with no round trip: the round broke or the
-        worker is out (then ``guard`` acts on it)."""
-
-    def guard(self) -> None:
-        """Leave a broken round (rendezvous again) or raise why the worker cannot go on."""
-
-    def retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call ``fn``, retrying while Redis is unreachable."""
+class StreamHost(WalkHost, Protocol):
+    """What a stream needs of the process running it: what its walks need, and more."""
 
     def set_status(self, status: str) -> None:
         """Record the worker's status (``training``, ``idle``), best effort."""
@@ -115,7 +86,7 @@ class ShardStream:
             had (fewer than ``world_size * batch_size`` repeats in all).
 
     Attributes:
-        quota: with ``lockstep``, the batches each member gets in the current epoch.
+        walk: the walk's name (``data/walks/``): ``lockstep``, or ``mode``.
     """
 
     def __init__(
@@ -149,9 +120,7 @@ class ShardStream:
         self.wait_for_others = wait_for_others and not lockstep
         self.lockstep = lockstep
         self.drop_last = drop_last
-        self.quota: int | None = None  # lockstep: this epoch's batches per rank
-        self.quota_met = False
-        self.taken: dict[tuple[int, int], int] = {}  # lockstep: (epoch, round) -> samples
+        self._walk = WALKS[self.walk]()  # made once: a walk's state lasts between iterations
         #: shard -> samples already trained when the walk began (restored offsets)
         self.starts: dict[int, int] = {}
         self._position: Position | None = None
@@ -163,6 +132,12 @@ class ShardStream:
 
     def __repr__(self) -> str:
         return f"ShardStream({self.params.name!r}, batch_size={self.batch_size})"
+
+    @property
+    def quota(self) -> int | None:
+        """With ``lockstep``, the batches each member gets in the current epoch (None before
+        the first walk, or without ``lockstep``)."""
+        return self._walk.quota if isinstance(self._walk, LockstepWalk) else None
 
     @property
     def position(self) -> Position | None:
@@ -188,8 +163,12 @@ class ShardStream:
         self._position, self._round = position, host.round.number
         self._pending.clear()
         self._finishers.clear()
+        spec = WalkSpec(
+            params, epoch, self.batch_size, frozenset(done), dict(self.starts),
+            wait_for_others=self.wait_for_others, drop_last=self.drop_last,
+        )  # fmt: skip
         host.set_status("training")
-        yield from WALKS[self.walk](self, host, position)
+        yield from self._walk(spec, self, host)
         host.set_status("idle")
 
     def _carried(self, epoch: int) -> dict[int, int]:
@@ -230,7 +209,7 @@ class ShardStream:
         """Batches handed out and not yet reported consumed."""
         return sum(1 for entry in self._pending if isinstance(entry, list))
 
-    # -- the walks' bookkeeping ---------------------------------------------------------------
+    # -- the walks' ledger (walks/base.py: Ledger) ---------------------------------------------
     def trained_before(self, shard: int) -> None:
         """A shard's offset as the epoch's record had it when the walk began (a restored
         position, a finished walk's hand-back) is in the model already: the position holds
@@ -245,7 +224,10 @@ class ShardStream:
     def dropped(self, shard: int) -> None:
         """This walk's part of ``shard`` is not in its position after all (its lease was
         taken back: the new holder trains it again): the position keeps only the resumed
-        offset it carries (already in the model), if any."""
+        offset it carries (already in the model), if any. (With ``track_consumption``, the
+        position moves only as the batches handed out are consumed: nothing to drop.)"""
+        if self.track_consumption:
+            return
         position = self._position
         assert position is not None
         floor = self._carried(position.epoch).get(shard, 0)
@@ -312,7 +294,8 @@ class ShardStream:
         others' last shards (``wait_for_others=False``): a round change at the epoch barrier
         must not let the epoch advance with a dead member's shards undone. 0 otherwise."""
         position = self._position
-        if self.wait_for_others or position is None or self.quota_met:
+        quota_met = isinstance(self._walk, LockstepWalk) and self._walk.quota_met
+        if self.wait_for_others or position is None or quota_met:
             return 0
         done = self.host.retry(done_count, self.host.context, self.params, position.epoch)
         return max(0, self.params.num_shards - done)

@@ -1,10 +1,12 @@
 """Fakes at the project's own seams, for the unit tier.
 
 - ``MemoryStorage``: a ``Storage`` (``storage/base.py``) in a dict, with a switch to fail writes.
-- ``FakeHost``: a ``StreamHost`` (``data/stream.py``): the walks' whole view of the process
-  that runs them. Its ``retry`` is the seam the walks call Redis through: the reads of the
-  epoch's record (``epoch_record``, ``done_shards``, ``done_count``) are answered from the
-  fake lease pool.
+- ``FakeHost``: a ``StreamHost`` (``data/stream.py``; a walk sees its ``WalkHost`` part,
+  ``data/walks/base.py``): the walks' whole view of the process that runs them. Its
+  ``retry`` is the seam the stream calls Redis through: the reads of the epoch's record
+  (``epoch_record``, ``done_shards``, ``done_count``) are answered from the fake lease pool.
+- ``RecordingLedger``: a walk's ``Ledger`` (``data/walks/base.py``) that records what the
+  walk reports, to drive a walk without a stream.
 - ``LeasePool`` and ``FakeShardLeases``: the lease protocol a walk drives (acquire,
   complete, release, wait, keep the record), in memory, shared by the ranks of one test.
 - ``CommitGroup`` and ``FakeProtocol``: the commit protocol's side the save pipeline drives
@@ -34,7 +36,7 @@ from strata_redis.checkpoint.manifest import (
     encode_metadata,
 )
 from strata_redis.coordination.rendezvous import Round
-from strata_redis.data import leases as leases_module
+from strata_redis.data import record as record_module
 from strata_redis.data.leases import Lease
 from strata_redis.data.sharding import DatasetParams
 from strata_redis.errors import (
@@ -285,11 +287,11 @@ class FakeHost:
     def retry(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self.retried.append(getattr(fn, "__name__", repr(fn)))
         pool = self.pool
-        if fn is leases_module.epoch_record:
+        if fn is record_module.epoch_record:
             return pool.record()
-        if fn is leases_module.done_shards:
+        if fn is record_module.done_shards:
             return set(pool.done)
-        if fn is leases_module.done_count:
+        if fn is record_module.done_count:
             return len(pool.done)
         return fn(*args, **kwargs)
 
@@ -305,6 +307,45 @@ class FakeHost:
     def break_round(self, culprit: str = "w9") -> None:
         """The round broke (a member failed): the next check raises."""
         self.broken = RoundBrokenError.because(JOB, self.round_number, culprit, "failed")
+
+
+class RecordingLedger:
+    """A walk's ``Ledger`` (``data/walks/base.py``) that records what the walk reports:
+    ``calls`` as (method, argument). A shard's completion runs at its end, or, with
+    ``hold``, only when the walk calls ``finish_now`` (as a stream's whose trainer has not
+    consumed the shard's last batch yet)."""
+
+    def __init__(self, *, hold: bool = False) -> None:
+        self.hold = hold
+        self.calls: list[tuple[str, Any]] = []
+        self.held: dict[int, Callable[[], None]] = {}
+
+    def trained_before(self, shard: int) -> None:
+        self.calls.append(("trained_before", shard))
+
+    def handed(self, pieces: list[tuple[int, int]]) -> None:
+        self.calls.append(("handed", list(pieces)))
+
+    def dropped(self, shard: int) -> None:
+        self.calls.append(("dropped", shard))
+
+    def shard_end(self, shard: int, finish: Callable[[], None]) -> None:
+        self.calls.append(("shard_end", shard))
+        if self.hold:
+            self.held[shard] = finish
+        else:
+            finish()
+
+    def finish_now(self) -> bool:
+        held, self.held = list(self.held.values()), {}
+        for finish in held:
+            finish()
+        self.calls.append(("finish_now", bool(held)))
+        return bool(held)
+
+    def of(self, method: str) -> list[Any]:
+        """The arguments of every call of ``method``, in order."""
+        return [arg for name, arg in self.calls if name == method]
 
 
 # -- the commit protocol ----------------------------------------------------------------------

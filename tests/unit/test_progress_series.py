@@ -19,7 +19,7 @@ from strata_redis.coordination.registry import MembershipEvent
 from strata_redis.dashboard import series
 from strata_redis.dashboard.progress import TrainedHistory, training
 from strata_redis.dashboard.snapshot import ShardCounts
-from strata_redis.data.leases import LeaseTotals
+from strata_redis.data.record import LeaseTotals
 from strata_redis.data.sharding import DatasetParams
 
 from .fakes import RecordingPipe

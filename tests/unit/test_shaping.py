@@ -17,7 +17,7 @@ from strata_redis.dashboard.document import document
 from strata_redis.dashboard.metrics import render_metrics
 from strata_redis.dashboard.progress import RATE_STEP_S, RATE_WINDOW_S, TrainedHistory, training
 from strata_redis.dashboard.snapshot import ShardCounts, Training
-from strata_redis.data.leases import LeaseTotals
+from strata_redis.data.record import LeaseTotals
 from strata_redis.data.sharding import DatasetParams
 
 from .documents import JOB, snapshot

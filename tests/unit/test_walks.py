@@ -6,19 +6,25 @@ themselves are the process tier's: tests/test_leases.py, tests/test_lockstep.py.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterator
 from itertools import zip_longest
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from strata_redis.data import walks as walks_package
 from strata_redis.data.sharding import DatasetParams, assignment
 from strata_redis.data.stream import ShardStream
+from strata_redis.data.walks import LockstepWalk, WalkSpec
+from strata_redis.data.walks.leases import leases_walk
 from strata_redis.data.walks.lockstep import agree_quota
+from strata_redis.data.walks.static import static_walk
 from strata_redis.errors import EpochUnfinishedError, RoundBrokenError
 
-from .fakes import FakeHost, LeasePool, fake_context, use_pool
+from .fakes import FakeHost, LeasePool, RecordingLedger, fake_context, use_pool
 
 # 11 shards of 10 samples, the last of 3; batches of 4 cut shards unevenly
 TOTAL, PER, BATCH = 103, 10, 4
@@ -339,7 +345,7 @@ def test_lockstep_ranks_get_the_same_full_batches(
     seen = samples([b for batches in out for b in batches])
     assert max(seen.values()) == 1  # none twice
     assert TOTAL - len(seen) == TOTAL - quota * per_round < per_round  # dropped: under a round
-    assert all(s.quota_met for s in streams) and pool.kept == 3
+    assert all(s.undone() == 0 for s in streams) and pool.kept == 3  # the quota was met
 
 
 def test_lockstep_pads_instead_of_dropping(
@@ -365,37 +371,25 @@ def test_lockstep_hands_back_what_its_quota_does_not_need(
     assert pool.completed and not any(prefetch for _, _, prefetch in pool.completed)
 
 
-def test_the_first_member_fixes_the_quota(
-    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_first_member_fixes_the_quota(params: DatasetParams) -> None:
     pool = LeasePool(params)
     ctx = fake_context()
     members = ("w0", "w1")
-    first = ShardStream(FakeHost(pool, "w0", members, ctx), params, BATCH, lockstep=True)
-    late = ShardStream(FakeHost(pool, "w1", members, ctx), params, BATCH, lockstep=True)
-    from strata_redis.data.position import Position
-
-    assert agree_quota(first, first.host, Position("d", 0, params.num_shards)) == 12
+    first, late = FakeHost(pool, "w0", members, ctx), FakeHost(pool, "w1", members, ctx)
+    assert agree_quota(WalkSpec(params, 0, BATCH), first) == 12
     # the late member's record has shards done already: it still gets the agreed quota
-    done = Position("d", 0, params.num_shards, base={0, 1, 2, 3, 4})
-    assert agree_quota(late, late.host, done) == 12
-    padded = ShardStream(FakeHost(pool, "w0", members, ctx), params, BATCH, lockstep=True,
-                         drop_last=False)  # fmt: skip
-    assert agree_quota(padded, padded.host, done) == -(-(TOTAL - 5 * PER) // (2 * BATCH))
+    done = frozenset({0, 1, 2, 3, 4})
+    assert agree_quota(WalkSpec(params, 0, BATCH, done), late) == 12
+    padded = WalkSpec(params, 0, BATCH, done, drop_last=False)
+    assert agree_quota(padded, first) == -(-(TOTAL - 5 * PER) // (2 * BATCH))
     key = ctx.keys.lease_keys("d", 0).lockstep
     assert ctx.client.hgetall(key) == {"1": "12", "1:pad": "7"}
     assert ctx.client.ttl(key) > 0
 
 
 def test_quota_counts_restored_offsets_as_trained(params: DatasetParams) -> None:
-    from strata_redis.data.position import Position
-
-    pool = LeasePool(params)
-    stream = ShardStream(FakeHost(pool), params, BATCH, lockstep=True)
-    stream.starts = {0: 9}  # 9 samples of shard 0 restored
-    assert agree_quota(stream, stream.host, Position("d", 0, params.num_shards)) == (
-        (TOTAL - 9) // BATCH
-    )
+    spec = WalkSpec(params, 0, BATCH, starts={0: 9})  # 9 samples of shard 0 restored
+    assert agree_quota(spec, FakeHost(LeasePool(params))) == (TOTAL - 9) // BATCH
 
 
 def test_lockstep_ends_when_the_round_changes(
@@ -451,3 +445,124 @@ def test_a_resumed_position_is_carried_until_its_shards_are_done(
     stream.dropped(1)
     assert stream.position.partial[1] == 3  # the resumed offset, not dropped
     assert stream._carried(1) == {}  # another epoch carries nothing: the resumed one is over
+
+
+# -- the walks through their narrow interface (data/walks/base.py), no stream -----------------
+def test_leases_walk_reports_each_batch_and_shard_end_to_its_ledger(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = LeasePool(params, offsets={1: 6})
+    use_pool(monkeypatch, pool)
+    ledger = RecordingLedger()
+    batches = list(leases_walk(WalkSpec(params, 0, BATCH), ledger, FakeHost(pool)))
+    assert ledger.calls[:6] == [
+        ("trained_before", 0), ("handed", [(0, 4)]), ("handed", [(0, 8)]),
+        ("handed", [(0, 10)]), ("shard_end", 0), ("trained_before", 1),
+    ]  # fmt: skip
+    assert ledger.of("handed")[3:5] == [[(1, 10)], [(2, 4)]]  # shard 1 from its offset, 6
+    assert ledger.of("shard_end") == list(range(params.num_shards))
+    assert sum(map(len, batches)) == TOTAL - 6 and pool.kept == 1
+    assert not ledger.of("dropped")
+
+
+def test_leases_walk_reports_a_lease_taken_back_as_dropped(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = LeasePool(params)
+    use_pool(monkeypatch, pool)
+    ledger = RecordingLedger()
+    it = leases_walk(WalkSpec(params, 0, BATCH), ledger, FakeHost(pool))
+    next(it)
+    pool.take_back(0)
+    list(it)
+    assert ledger.of("dropped") == [0]
+    # its end is reported once: when this walk leased it again and trained it whole
+    assert ledger.of("shard_end").count(0) == 1 and ledger.of("shard_end")[-1] == 0
+
+
+def test_leases_walk_runs_held_completions_before_it_waits(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the epoch's tail nothing can be leased while this walk's own completions wait for
+    the trainer: the walk runs them (``finish_now``) instead of waiting on itself."""
+    pool = LeasePool(params)
+    use_pool(monkeypatch, pool)
+    ledger = RecordingLedger(hold=True)
+    list(leases_walk(WalkSpec(params, 0, BATCH), ledger, FakeHost(pool)))
+    assert ledger.of("finish_now") == [True, False]
+    assert pool.done == set(range(params.num_shards)) and pool.waits == 0 and pool.kept == 1
+
+
+def test_leases_walk_without_waiting_ends_when_others_hold_the_rest(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = LeasePool(params)
+    use_pool(monkeypatch, pool)
+    other = leases_walk(WalkSpec(params, 0, BATCH), RecordingLedger(), FakeHost(pool, "w1"))
+    next(other)  # w1 holds shard 0
+    ledger = RecordingLedger()
+    spec = WalkSpec(params, 0, BATCH, wait_for_others=False)
+    list(leases_walk(spec, ledger, FakeHost(pool)))
+    assert pool.waits == 0 and pool.kept == 0  # not drained: nothing kept
+    assert ledger.of("shard_end") == list(range(1, params.num_shards))
+
+
+def test_static_walk_reads_the_done_shards_and_offsets_from_its_spec(
+    params: DatasetParams,
+) -> None:
+    members = ("a", "b")
+    plan = assignment(params, list(members))
+    mine = [s.shard_id for s in plan.shards("a", 0)]
+    skip, start = mine[0], mine[1]
+    ledger = RecordingLedger()
+    spec = WalkSpec(params, 0, BATCH, frozenset({skip}), {start: 7})
+    batches = list(static_walk(spec, ledger, FakeHost(LeasePool(params), "a", members)))
+    assert ledger.of("shard_end") == mine[1:] == ledger.of("trained_before")
+    first = ledger.of("handed")[0]
+    assert first == [(start, 10)]  # from its offset: samples 7..9 of a shard of 10
+    assert batches[0].tolist() == params.shard(start, 0).indices()[7:].tolist()
+
+
+def test_lockstep_walk_keeps_its_quota_and_takings_between_walks(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk again in the same (epoch, round) takes only what is left of its quota: the
+    walk's own state, not the stream's."""
+    pool = LeasePool(params)
+    use_pool(monkeypatch, pool)
+    host, walk = FakeHost(pool), LockstepWalk()
+    assert walk.quota is None and not walk.quota_met
+    first = walk(WalkSpec(params, 0, BATCH), RecordingLedger(), host)
+    next(first), next(first)
+    first.close()  # the loop left the walk: its lease goes back
+    quota = TOTAL // BATCH
+    # a lease counts whole once taken (shard 0's ten samples, its end still in the carry)
+    assert walk.quota == quota and walk.taken == {(0, 1): PER} and not walk.quota_met
+    again = list(walk(WalkSpec(params, 0, BATCH), RecordingLedger(), host))
+    assert len(again) == (quota * BATCH - PER) // BATCH and walk.quota_met
+    assert walk.taken == {(0, 1): quota * BATCH}
+
+
+def test_a_tracked_stream_keeps_consumed_batches_of_a_lease_taken_back(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``track_consumption`` the position moves only as batches are consumed: a lease
+    taken back drops nothing the trainer already took."""
+    pool = LeasePool(params)
+    use_pool(monkeypatch, pool)
+    stream = ShardStream(FakeHost(pool), params, BATCH, track_consumption=True)
+    it = iter(stream)
+    next(it)
+    stream.consumed(1)
+    pool.take_back(0)
+    next(it)  # the walk sees the lease gone and goes on with shard 1
+    assert stream.position is not None and stream.position.partial[0] == 4
+
+
+def test_no_walk_imports_the_stream() -> None:
+    """The stream imports the walks, never the other way (not even for annotations)."""
+    walks = Path(walks_package.__file__).parent
+    for path in sorted(walks.glob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"^\s*(from|import)\s+\S*stream\b", text, re.M), path
+        assert "ShardStream" not in text and "StreamHost" not in text, path

@@ -1,9 +1,12 @@
 """The walks of an epoch, one module each, behind one table: which shards a worker trains,
 in which batches.
 
-A walk is a generator ``walk(stream, host, position)``: it yields batches (numpy arrays of
-sample indices) and tells the stream what each batch holds (``stream.handed``) and when a
-shard's batches are all out (``stream.shard_end``); the stream keeps the data position.
+A walk is called as ``walk(spec, ledger, host)`` (``base.py``): it reads the epoch it walks
+(``WalkSpec``), yields batches (numpy arrays of sample indices) and reports what each holds
+to the ledger (``Ledger.handed``), and when a shard's batches are all out
+(``Ledger.shard_end``); the stream that runs it keeps the data position and is never seen
+by the walk. ``WALKS`` makes a stream's walk once, so a walk's state between iterations
+(lockstep's quota) is its own.
 
 - ``leases``: fenced shard leases, own shards first, then others' unstarted ones; every
   shard once per epoch whoever fails (``leases.py``);
@@ -14,27 +17,25 @@ shard's batches are all out (``stream.shard_end``); the stream keeps the data po
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Final
 
-from ..sharding import I64Array
+from .base import Batch, Ledger, Walk, WalkHost, WalkSpec
 from .leases import leases_walk
-from .lockstep import lockstep_walk
+from .lockstep import LockstepWalk
 from .static import static_walk
 
-if TYPE_CHECKING:
-    from ...data.position import Position
-    from ..stream import ShardStream, StreamHost
+__all__ = ["WALKS", "Batch", "Ledger", "LockstepWalk", "Walk", "WalkHost", "WalkSpec"]
 
-__all__ = ["WALKS", "Batch", "Walk"]
 
-#: one batch: sample indices in the epoch's order
-Batch = I64Array
-#: a walk: ``walk(stream, host, position)`` yields the stream's batches of one epoch
-Walk = Callable[["ShardStream", "StreamHost", "Position"], Iterator[Batch]]
+def _stateless(walk: Walk) -> Callable[[], Walk]:
+    """A walk that keeps nothing between iterations: the same function for every stream."""
+    return lambda: walk
 
-WALKS: Final[dict[str, Walk]] = {
-    "leases": leases_walk,
-    "lockstep": lockstep_walk,
-    "static": static_walk,
+
+#: walk name -> a new walk for a stream (made once per stream)
+WALKS: Final[dict[str, Callable[[], Walk]]] = {
+    "leases": _stateless(leases_walk),
+    "lockstep": LockstepWalk,
+    "static": _stateless(static_walk),
 }

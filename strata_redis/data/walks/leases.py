@@ -9,15 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from ...errors import LeaseLostError
 from ..leases import Lease, ShardLeases
-from ..sharding import I64Array
-
-if TYPE_CHECKING:
-    from ..position import Position
-    from ..stream import ShardStream, StreamHost
+from .base import Batch, Ledger, WalkHost, WalkSpec
 
 __all__ = ["completer", "leases_walk"]
 
@@ -25,7 +20,7 @@ log = logging.getLogger("strata_redis.data")
 
 
 def completer(
-    host: StreamHost, leases: ShardLeases, lease: Lease, *, prefetch: bool = True
+    host: WalkHost, leases: ShardLeases, lease: Lease, *, prefetch: bool = True
 ) -> Callable[[], None]:
     """The completion of ``lease``, to run once its last batch is consumed (``prefetch``:
     it also leases the next shard in the same round trip)."""
@@ -39,41 +34,38 @@ def completer(
     return complete
 
 
-def leases_walk(stream: ShardStream, host: StreamHost, position: Position) -> Iterator[I64Array]:
+def leases_walk(spec: WalkSpec, ledger: Ledger, host: WalkHost) -> Iterator[Batch]:
     """Lease, train, complete, until the epoch is done (or, without ``wait_for_others``,
     until nothing can be leased now)."""
-    size, tracking = stream.batch_size, stream.track_consumption
-    leases = ShardLeases(
-        host.context, stream.params, position.epoch, host.worker_id, ttl=host.lease_ttl
-    )
+    size = spec.batch_size
+    leases = ShardLeases(host.context, spec.params, spec.epoch, host.worker_id, ttl=host.lease_ttl)
     with leases.draining():
         last_id = "$"
         while True:
             host.guard()
             lease = host.retry(leases.acquire)
             if lease is None:
-                if stream.finish_now():  # the tail: complete what was handed out, again
+                if ledger.finish_now():  # the tail: complete what was handed out, again
                     continue
                 if leases.drained:
                     host.retry(leases.keep_record)
                     return
-                if not stream.wait_for_others:
+                if not spec.wait_for_others:
                     return  # the rest is held by others: they finish it before the barrier
                 last_id = host.retry(leases.wait_for_work, last_id)
                 continue
             shard = lease.shard_id
             indices = lease.indices()
-            stream.trained_before(shard)
+            ledger.trained_before(shard)
             for offset in range(lease.start, len(indices), size):
                 if lease.lost or host.interrupted():
                     host.guard()
                     if lease.lost is not None:
                         break  # taken back: whoever has it now trains it
                 batch = indices[offset : offset + size]
-                stream.handed([(shard, offset + len(batch))])
+                ledger.handed([(shard, offset + len(batch))])
                 yield batch
             if lease.lost is not None:
-                if not tracking:
-                    stream.dropped(shard)
+                ledger.dropped(shard)
                 continue
-            stream.shard_end(shard, completer(host, leases, lease))
+            ledger.shard_end(shard, completer(host, leases, lease))
