@@ -25,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
@@ -55,6 +56,7 @@ from .errors import (
     RoundBrokenError,
     StrataError,
 )
+from .launch import hosts_warning, start_line
 from .outage import ride_out
 from .resume import Resume
 from .storage import Storage, open_storage
@@ -276,10 +278,26 @@ class TrainingOrchestrator:
                     # joined a running job (relaunched under its id, or in a dead member's
                     # place) mid-epoch: its loop counts from 0, the others' are far on
                     self._retry(self._rounds.line_up, self.round.number, self._job_epoch)
+            self._announce(job_id is None and not isinstance(coordinator_url, HasContext))
         except BaseException:
             self.close()
             raise
         self.worker.on_generation = self._watch.on_generation
+
+    def _announce(self, defaulted: bool) -> None:
+        """Log the loop's line at start (``launch.start_line``), and warn when a job id this
+        process derived (``defaulted``: none was given) has live workers on other hosts."""
+        log.info(
+            "%s",
+            start_line(
+                self.context, self.worker_id, self.rank, self.world_size, self.storage,
+                epoch=self._job_epoch, resumed=self.resumed, fresh=self.round.fresh,
+            ),
+        )  # fmt: skip
+        if defaulted and self.job_id == identity.derived_job():
+            warning = self._retry(hosts_warning, self.context, socket.gethostname())
+            if warning is not None:
+                log.warning("%s", warning)
 
     def __repr__(self) -> str:
         r = self.round
@@ -543,6 +561,36 @@ class TrainingOrchestrator:
         )
 
     # -- epochs ---------------------------------------------------------------------------
+    def epochs(self, count: int) -> Iterator[int]:
+        """The job's epochs from where it is up to ``count - 1``: the loop's outer iterator.
+
+        ::
+
+            for epoch in orchestrator.epochs(2):
+                for step, batch in enumerate(shard_info):
+                    ...
+                orchestrator.advance_epoch()
+
+        A fresh job yields 0 and 1; relaunched after a resume in epoch 1 it yields 1 only,
+        so the loop trains the epochs it names, however often it is relaunched (``for epoch
+        in range(2)`` would train two more after a resume, and a checkpoint's epoch would be
+        the loop's, not the job's: a warning says so). A body that does not end with
+        ``advance_epoch()`` has it called for it (the epochs still meet at the barrier).
+
+        Args:
+            count: how many epochs the job trains in all (``0 <= count <= 2**53``).
+
+        Yields:
+            The job's epoch (``orchestrator.epoch``), each once.
+        """
+        check_int("count", count, low=0, high=MAX_NUMBER)
+        epoch = self._job_epoch
+        while epoch < count:
+            yield epoch
+            if self._job_epoch <= epoch:  # the body did not advance: advance for it
+                self.advance_epoch()
+            epoch = self._job_epoch
+
     def advance_epoch(self) -> int:
         """Meet the round's other members, then move the job to the next epoch.
 
