@@ -12,6 +12,10 @@ The seeds' loop runs as written::
                 orchestrator.save_checkpoint(step=step, epoch=epoch)
         orchestrator.advance_epoch()
 
+``for epoch in orchestrator.epochs(2):`` is the resume-correct form of its outer loop (the
+job's epochs from where the job is; ``range(2)`` relaunched after a resume trains two more).
+The constructor logs one line saying who the loop is (``launch.start_line``).
+
 It registers the worker (heartbeats in the background), joins the elastic rendezvous, and,
 in a round where every member is new (a whole-job start or restart), puts the data position
 back to the newest verified checkpoint. Its batches come from fenced shard leases, one Redis
@@ -110,9 +114,11 @@ class TrainingOrchestrator:
             torchrun's rank (``gpu-a-rank-3``, the same after a restart of the rank), else
             the host name and the pid (``gpu-a-pid-4242``).
         job_id: the job; default ``$STRATA_JOB_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``,
-            else one derived from the user, the main script and the working directory
-            (``<script>-<8 hex>``: a relaunch of the same command reproduces it;
-            ``identity.job_id``): the same as every other entry point of the process takes
+            else one derived from the main script's content and its arguments
+            (``<script>-<8 hex>``: every process of the command derives it wherever it runs,
+            a relaunch reproduces it, other arguments do not; ``identity.job_id``; a WARNING
+            when such a job has live workers on other hosts, ``launch.hosts_warning``): the
+            same as every other entry point of the process takes
             (a ``ShardManager(url)`` made before it registers in this job). With a ``Job`` or
             context as ``coordinator_url``: its job.
         checkpoint_path: where checkpoints go (a ``Storage``, URL or path); None reads the

@@ -634,3 +634,29 @@ def test_the_readme_loop_relaunched_after_a_resume_trains_the_epochs_it_names(
         )  # the job trained the two epochs the loop names, and no more
     finally:
         job.close()
+
+
+def test_epochs_runs_from_the_jobs_epoch_and_advances_a_body_that_did_not(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """``epochs(n)`` yields the job's epochs up to ``n - 1``; a body that does not call
+    ``advance_epoch()`` gets it called; a job already past ``n - 1`` yields nothing."""
+    strata_redis.ShardManager(redis_url, job_id="epochs").register_dataset_params(
+        "ds", 40, 10, False, 0
+    )
+    kwargs: dict[str, Any] = {"job_id": "epochs", "checkpoint_path": str(tmp_path),
+                              "last_call": 0.1}  # fmt: skip
+    with strata_redis.TrainingOrchestrator(redis_url, **kwargs) as orch:
+        shards = orch.get_shards("ds", batch_size=10)
+        seen = []
+        for epoch in orch.epochs(2):
+            seen.append((epoch, sum(len(b) for b in shards)))
+        assert seen == [(0, 40), (1, 40)] and orch.epoch == 2
+        assert list(orch.epochs(2)) == [] and orch.epoch == 2
+        with pytest.raises(ValueError, match="count"):
+            list(orch.epochs(-1))
+        explicit = []
+        for epoch in orch.epochs(3):
+            explicit.append(epoch)
+            orch.advance_epoch()  # written out, as in the README: advanced once, not twice
+        assert explicit == [2] and orch.epoch == 3
