@@ -99,7 +99,7 @@ def train(args: argparse.Namespace, worker_id: str | None) -> None:
         print(f"{worker_id}: round {orch.round.number}, rank {orch.rank} of {orch.world_size}, "
               f"epoch {orch.epoch}, resumed from "
               f"{resumed.step if resumed else 'nothing'}", flush=True)  # fmt: skip
-        for epoch in range(orch.epoch, args.epochs):
+        for epoch in orch.epochs(args.epochs):
             sampler.set_epoch(epoch)
             step = 0
             # leases give ranks unequal batch counts (stealing): Join keeps DDP's all-reduces

@@ -3,5 +3,5 @@
 # private redis-server). Extra arguments go to `strata demo`, e.g. --workers 6.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --demo  # the package alone: what the demo needs
 exec .venv/bin/strata demo "$@"

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Set everything up on a fresh Debian/Ubuntu machine: a redis-server binary (from PATH, else
 # apt-get), with --browser Chromium and chromedriver for the dashboard's browser test
-# (apt-get), a virtual environment in .venv, and strata-redis with its dev and docs extras in
-# it (docs: what `mkdocs build --strict` needs, which scripts/test.sh runs).
+# (apt-get), a virtual environment in .venv, and strata-redis in it: with --demo the package
+# alone (what `strata demo` needs: scripts/demo.sh), else with its dev and docs extras (the
+# test suite, and what `mkdocs build --strict` needs: scripts/test.sh).
+#
+# apt-get runs through scripts/apt.sh: a package lock held by another process is waited for
+# (up to STRATA_APT_LOCK_WAIT seconds, 120 by default), a missing privilege said as such.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/apt.sh
+. scripts/apt.sh
 
 say() { echo "setup: $*" >&2; }
-as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
 find_redis() {
   [ -n "${STRATA_REDIS_SERVER:-}" ] && [ -x "$STRATA_REDIS_SERVER" ] && return 0
@@ -18,12 +23,21 @@ find_redis() {
   return 1
 }
 
+BROWSER=0 TORCH=0 PROMETHEUS=0 DEMO=0
+for arg in "$@"; do
+  case "$arg" in
+    --browser) BROWSER=1 ;;
+    --torch) TORCH=1 ;;
+    --prometheus) PROMETHEUS=1 ;;
+    --demo) DEMO=1 ;;
+    *) say "unknown option $arg (known: --demo, --browser, --torch, --prometheus)"; exit 2 ;;
+  esac
+done
+
 if ! find_redis; then
   if command -v apt-get >/dev/null; then
     say "no redis-server found: installing Debian's redis-server package"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null \
-      || { say "apt-get install redis-server failed: run it as root (or with sudo), then retry"; exit 1; }
+    apt_install redis-server || exit 1
   else
     say "no redis-server found and no apt-get: install Redis 7 yourself (macOS: brew install redis;"
     say "Fedora: dnf install redis) or set STRATA_REDIS_SERVER=/path/to/redis-server"
@@ -31,24 +45,13 @@ if ! find_redis; then
   fi
 fi
 
-BROWSER=0 TORCH=0 PROMETHEUS=0
-for arg in "$@"; do
-  case "$arg" in
-    --browser) BROWSER=1 ;;
-    --torch) TORCH=1 ;;
-    --prometheus) PROMETHEUS=1 ;;
-    *) say "unknown option $arg (known: --browser, --torch, --prometheus)"; exit 2 ;;
-  esac
-done
 
 # The dashboard's browser test drives Debian's headless Chromium through its chromedriver:
 # `setup.sh --browser` (what scripts/test.sh runs) installs them; the demo does not need them.
 if [ "$BROWSER" = 1 ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
   if command -v apt-get >/dev/null; then
     say "no /usr/bin/chromium or /usr/bin/chromedriver: installing Debian's chromium and chromium-driver"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null \
-      || { say "apt-get install chromium chromium-driver failed: run it as root (or with sudo), then retry"; exit 1; }
+    apt_install chromium chromium-driver || exit 1
   else
     say "no /usr/bin/chromium and no apt-get: the dashboard's browser test will fail until"
     say "Chromium and its chromedriver are installed at /usr/bin/chromium and /usr/bin/chromedriver"
@@ -62,9 +65,7 @@ fi
 if [ "$PROMETHEUS" = 1 ] && { [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; }; then
   if command -v apt-get >/dev/null; then
     say "no /usr/bin/prometheus or /usr/bin/promtool: installing Debian's prometheus"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null \
-      || { say "apt-get install prometheus failed: run it as root (or with sudo), then retry"; exit 1; }
+    apt_install prometheus || exit 1
   else
     say "no /usr/bin/prometheus and no apt-get: tests/test_prometheus.py will fail until"
     say "prometheus and promtool are installed at /usr/bin (https://prometheus.io/download/)"
@@ -82,7 +83,7 @@ if [ ! -x .venv/bin/python ]; then
     rm -rf .venv
     if command -v apt-get >/dev/null; then
       say "python venv support missing: installing python3-venv"
-      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      apt_install python3-venv || exit 1
     fi
     "$PY" -m venv .venv
   fi
@@ -93,6 +94,13 @@ fi
 if [ "$TORCH" = 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   say "installing torch==${STRATA_TORCH_VERSION:=2.13.0} into .venv (strata_redis.torch's tests)"
   .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$STRATA_TORCH_VERSION"
+fi
+if [ "$DEMO" = 1 ]; then
+  # the demo runs on the package's own dependencies (redis, hiredis, numpy, orjson): no
+  # extras, and no pip cache kept in the environment
+  say "installing strata-redis into .venv (the demo's needs only; scripts/test.sh adds the rest)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir -e .
+  exit 0
 fi
 EXTRAS=dev,docs
 [ "$TORCH" = 1 ] && EXTRAS=dev,docs,torch

@@ -8,14 +8,22 @@ What a training script gets when it names none of them (``TrainingOrchestrator()
 - **replace**: a registration of the id whose holder looks alive is taken over only when
   torchrun says the process is a restart (``TORCHELASTIC_RESTART_COUNT`` > 0); a stale one
   (its heartbeat past the timeout, or its process gone on this host) always is.
-- **job id**: ``$STRATA_JOB_ID``, else torchrun's run id (``TORCHELASTIC_RUN_ID``, unless it
-  is torchrun's shared default ``none``), else ``<script>-<8 hex>``: a digest of the user,
-  the main script's absolute path and the working directory, which a relaunch of the same
-  command reproduces (so it resumes) and another script or directory does not. Every entry
-  point that is given no job id takes this one (``connect``, ``Job``, ``ShardManager``,
-  ``CheckpointManager``, ``TrainingOrchestrator``: ``context.JobContext``), so the parts of
-  one script meet in one job; it is derived once per process (a later ``os.chdir`` does
-  not change it).
+- **job id**: ``$STRATA_JOB_ID``, else torchrun's run id (``TORCHELASTIC_RUN_ID``, unless
+  torchrun made it up: its shared default ``none``, or the random UUID it gives a
+  ``--standalone`` or single-node launch, new at every launch), else ``<script>-<8 hex>``: a
+  digest of the main script's *content* and its arguments (``sys.argv[1:]``). Every process
+  of one launch shares both wherever it runs (another directory, another checkout path,
+  another user, another host), so copies of one command meet in one job, a relaunch resumes
+  it, and a sweep (the same script with other arguments) gets a job per run. With no script
+  file (``python -c``, a notebook) the digest is of the user, the working directory and the
+  arguments. What it cannot tell apart: two runs of the same script and arguments meant as
+  separate (a sweep through environment variables) share one job, and hosts whose copies
+  of the script differ (or whose arguments name host-specific paths) get a job each: give
+  such runs ``STRATA_JOB_ID``. ``TrainingOrchestrator`` warns when a derived job has live
+  workers on more than one host (``launch.py``). Every entry point that is given no job id
+  takes this one (``connect``, ``Job``, ``ShardManager``, ``CheckpointManager``,
+  ``TrainingOrchestrator``: ``context.JobContext``), so the parts of one script meet in one
+  job; it is derived once per process (a later ``os.chdir`` does not change it).
 - **checkpoint directory**: ``$XDG_DATA_HOME/strata_redis/checkpoints``, else
   ``~/.local/share/strata_redis/checkpoints``: per user and persistent, never the system
   temp dir.
@@ -34,17 +42,21 @@ import re
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .validate import check_id
 
 __all__ = [
+    "AGENTS_SUFFIX",
     "JOB_ENV",
     "RESTART_ENV",
     "RUN_ID_ENV",
     "TORCHRUN_DEFAULT_RUN_ID",
+    "agents_job",
     "checkpoint_dir",
+    "chosen_run_id",
+    "derived_job",
     "host_name",
     "job_id",
     "restarted",
@@ -61,12 +73,17 @@ RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 #: the run id torchrun sets when ``--rdzv-id`` is not given: shared by every such launch
 TORCHRUN_DEFAULT_RUN_ID = "none"
+#: what a torchrun agents' job id adds to the run id (``--rdzv-backend strata``): the agents'
+#: rendezvous is a job of its own, never the trainers' (whose default job is the run id)
+AGENTS_SUFFIX = ".agents"
 #: characters of the host name kept in a worker id
 HOST_CHARS = 64
 #: characters of the script name kept in a derived job id
 SCRIPT_CHARS = 40
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: the random run id torchrun makes up for a --standalone or single-node launch (uuid4)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _said: set[tuple[str, str]] = set()
 _said_lock = threading.RLock()
 #: this process's derived job id, once derived (``job_id``)
@@ -149,22 +166,27 @@ def restarted(environ: Mapping[str, str] | None = None) -> bool:
 def job_id(
     environ: Mapping[str, str] | None = None,
     *,
-    argv0: str | None = None,
+    script: str | None = None,
+    args: Sequence[str] | None = None,
     cwd: str | None = None,
     user: str | None = None,
 ) -> str:
-    """The job id of a script that names none: ``$STRATA_JOB_ID``, else torchrun's run id,
-    else ``<script>-<8 hex>`` derived from the launch (logged once at INFO).
+    """The job id of a script that names none: ``$STRATA_JOB_ID``, else torchrun's run id
+    (unless torchrun made it up), else ``<script>-<8 hex>`` derived from the launch (logged
+    once at INFO; see the module doc for why).
 
-    The derived id is a digest of the user, the main script's absolute path and the working
-    directory: a relaunch of the same command in the same directory reproduces it (and so
-    resumes the run), another script or directory gets another job.
+    The derived id digests the main script's content and its arguments: every process of
+    one launch derives the same one wherever it runs, a relaunch of the same command
+    reproduces it (and so resumes the run), another script or other arguments do not.
 
     Args:
         environ: the variables to read; default ``os.environ``.
-        argv0: the main script (default ``sys.argv[0]``).
-        cwd: the working directory (default: this process's).
-        user: the user name (default: this process's).
+        script: the main script's path (default: ``__main__.__file__``, else
+            ``sys.argv[0]``), relative paths against ``cwd``.
+        args: its arguments (default ``sys.argv[1:]``).
+        cwd: the working directory (default: this process's); in the digest only when
+            there is no script file to read.
+        user: the user name (default: this process's); as ``cwd``.
 
     Raises:
         ValueError: ``STRATA_JOB_ID`` or ``TORCHELASTIC_RUN_ID`` is not a valid job id.
@@ -174,37 +196,89 @@ def job_id(
     if given:
         return check_id(JOB_ENV, given, job=True)
     run = env.get(RUN_ID_ENV, "").strip()
-    if run and run != TORCHRUN_DEFAULT_RUN_ID:
+    if chosen_run_id(run):
         derived = check_id(RUN_ID_ENV, run, job=True)
         if _first_time("job", derived):
             log.info(
                 "job id %r (torchrun's %s; set %s to choose one)", derived, RUN_ID_ENV, JOB_ENV
             )
         return derived
-    if argv0 is None and cwd is None and user is None:
+    if script is None and args is None and cwd is None and user is None:
         global _launch_job
         with _said_lock:  # this process's launch: derived once, whatever changes later
             if _launch_job is None:
-                _launch_job = _derive_job_id(None, None, None)
+                _launch_job = _derive_job_id(None, None, None, None)
             return _launch_job
-    return _derive_job_id(argv0, cwd, user)
+    return _derive_job_id(script, args, cwd, user)
 
 
-def _derive_job_id(argv0: str | None, cwd: str | None, user: str | None) -> str:
+def agents_job(run_id: str) -> str:
+    """The job of torchrun's agents on ``--rdzv-backend strata`` for run ``run_id``:
+    ``<run_id>.agents``, so the trainers' default job (the run id itself) never meets the
+    agents' rendezvous.
+
+    Raises:
+        ValueError: the result is not a valid job id (too long, braces).
+    """
+    return check_id("--rdzv-id", run_id + AGENTS_SUFFIX, job=True)
+
+
+def chosen_run_id(run: str) -> bool:
+    """Whether torchrun's run id ``run`` was chosen for the launch (``--rdzv-id``), rather
+    than made up by torchrun: empty, its shared default ``none``, or the random UUID it
+    gives a ``--standalone`` or single-node launch (a new one at every launch, so a job named
+    by it would never be resumed)."""
+    return bool(run) and run != TORCHRUN_DEFAULT_RUN_ID and _UUID.fullmatch(run) is None
+
+
+def derived_job() -> str | None:
+    """This process's derived job id (``job_id`` with no arguments), if its default job id
+    was derived rather than chosen (``STRATA_JOB_ID``, torchrun's ``--rdzv-id``); else None."""
+    with _said_lock:
+        return _launch_job
+
+
+def _main_script() -> str:
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if isinstance(main, str) and main:
+        return main
+    return sys.argv[0] if sys.argv else ""
+
+
+def _derive_job_id(
+    script: str | None, args: Sequence[str] | None, cwd: str | None, user: str | None
+) -> str:
     """``<script>-<8 hex>`` from the launch (``job_id``), logged once."""
-    script = (sys.argv[0] if sys.argv else "") if argv0 is None else argv0
+    script = _main_script() if script is None else script
+    args = list(sys.argv[1:] if args is None else args)
     where = os.getcwd() if cwd is None else cwd
-    who = _user() if user is None else user
     named = script not in ("", "-", "-c", "-m")
     main = os.path.abspath(os.path.join(where, script)) if named else script
-    digest = hashlib.sha256("\0".join((who, main, where)).encode()).hexdigest()[:8]
+    content: bytes | None = None
+    if named:
+        try:
+            with open(main, "rb") as f:
+                content = f.read()
+        except OSError:  # not a file (an interpreter's own stand-in): the launch's place
+            content = None
+    h = hashlib.sha256()
+    if content is not None:
+        h.update(b"content\0" + hashlib.sha256(content).digest())
+        source = f"the content of the script {main!r} and its arguments {args!r}"
+    else:
+        who = _user() if user is None else user
+        h.update("\0".join(("place", who, where, main)).encode())
+        source = f"the user, the directory {where!r} and the arguments {args!r} (no script file)"
+    for arg in args:
+        h.update(b"\0" + arg.encode("utf-8", "surrogateescape"))
+    digest = h.hexdigest()[:8]
     stem = _UNSAFE.sub("-", Path(main).stem if named else "").strip("-.")[:SCRIPT_CHARS]
     derived = check_id("job_id", f"{stem.strip('-.') or 'train'}-{digest}", job=True)
     if _first_time("job", derived):
         log.info(
-            "job id %r (derived from the user, the script %r and the directory %r: a relaunch "
-            "of the same command resumes it; set %s or pass job_id= to choose one)",
-            derived, main, where, JOB_ENV,
+            "job id %r (derived from %s: every process of this command meets in it, wherever "
+            "it runs, and a relaunch resumes it; set %s or pass job_id= to choose one)",
+            derived, source, JOB_ENV,
         )  # fmt: skip
     return derived
 

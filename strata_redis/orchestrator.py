@@ -12,6 +12,10 @@ The seeds' loop runs as written::
                 orchestrator.save_checkpoint(step=step, epoch=epoch)
         orchestrator.advance_epoch()
 
+``for epoch in orchestrator.epochs(2):`` is the resume-correct form of its outer loop (the
+job's epochs from where the job is; ``range(2)`` relaunched after a resume trains two more).
+The constructor logs one line saying who the loop is (``launch.start_line``).
+
 It registers the worker (heartbeats in the background), joins the elastic rendezvous, and,
 in a round where every member is new (a whole-job start or restart), puts the data position
 back to the newest verified checkpoint. Its batches come from fenced shard leases, one Redis
@@ -25,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
@@ -55,6 +60,7 @@ from .errors import (
     RoundBrokenError,
     StrataError,
 )
+from .launch import hosts_warning, start_line
 from .outage import ride_out
 from .resume import Resume
 from .storage import Storage, open_storage
@@ -108,9 +114,11 @@ class TrainingOrchestrator:
             torchrun's rank (``gpu-a-rank-3``, the same after a restart of the rank), else
             the host name and the pid (``gpu-a-pid-4242``).
         job_id: the job; default ``$STRATA_JOB_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``,
-            else one derived from the user, the main script and the working directory
-            (``<script>-<8 hex>``: a relaunch of the same command reproduces it;
-            ``identity.job_id``): the same as every other entry point of the process takes
+            else one derived from the main script's content and its arguments
+            (``<script>-<8 hex>``: every process of the command derives it wherever it runs,
+            a relaunch reproduces it, other arguments do not; ``identity.job_id``; a WARNING
+            when such a job has live workers on other hosts, ``launch.hosts_warning``): the
+            same as every other entry point of the process takes
             (a ``ShardManager(url)`` made before it registers in this job). With a ``Job`` or
             context as ``coordinator_url``: its job.
         checkpoint_path: where checkpoints go (a ``Storage``, URL or path); None reads the
@@ -276,10 +284,26 @@ class TrainingOrchestrator:
                     # joined a running job (relaunched under its id, or in a dead member's
                     # place) mid-epoch: its loop counts from 0, the others' are far on
                     self._retry(self._rounds.line_up, self.round.number, self._job_epoch)
+            self._announce(job_id is None and not isinstance(coordinator_url, HasContext))
         except BaseException:
             self.close()
             raise
         self.worker.on_generation = self._watch.on_generation
+
+    def _announce(self, defaulted: bool) -> None:
+        """Log the loop's line at start (``launch.start_line``), and warn when a job id this
+        process derived (``defaulted``: none was given) has live workers on other hosts."""
+        log.info(
+            "%s",
+            start_line(
+                self.context, self.worker_id, self.rank, self.world_size, self.storage,
+                epoch=self._job_epoch, resumed=self.resumed, fresh=self.round.fresh,
+            ),
+        )  # fmt: skip
+        if defaulted and self.job_id == identity.derived_job():
+            warning = self._retry(hosts_warning, self.context, socket.gethostname())
+            if warning is not None:
+                log.warning("%s", warning)
 
     def __repr__(self) -> str:
         r = self.round
@@ -543,6 +567,36 @@ class TrainingOrchestrator:
         )
 
     # -- epochs ---------------------------------------------------------------------------
+    def epochs(self, count: int) -> Iterator[int]:
+        """The job's epochs from where it is up to ``count - 1``: the loop's outer iterator.
+
+        ::
+
+            for epoch in orchestrator.epochs(2):
+                for step, batch in enumerate(shard_info):
+                    ...
+                orchestrator.advance_epoch()
+
+        A fresh job yields 0 and 1; relaunched after a resume in epoch 1 it yields 1 only,
+        so the loop trains the epochs it names, however often it is relaunched (``for epoch
+        in range(2)`` would train two more after a resume, and a checkpoint's epoch would be
+        the loop's, not the job's: a warning says so). A body that does not end with
+        ``advance_epoch()`` has it called for it (the epochs still meet at the barrier).
+
+        Args:
+            count: how many epochs the job trains in all (``0 <= count <= 2**53``).
+
+        Yields:
+            The job's epoch (``orchestrator.epoch``), each once.
+        """
+        check_int("count", count, low=0, high=MAX_NUMBER)
+        epoch = self._job_epoch
+        while epoch < count:
+            yield epoch
+            if self._job_epoch <= epoch:  # the body did not advance: advance for it
+                self.advance_epoch()
+            epoch = self._job_epoch
+
     def advance_epoch(self) -> int:
         """Meet the round's other members, then move the job to the next epoch.
 

@@ -6,7 +6,6 @@ Redis: two copies of the README loop side by side, a duplicate live id, torchrun
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
@@ -73,24 +72,45 @@ def test_restart_count_says_whether_to_replace() -> None:
 
 
 def test_job_id_given_then_torchrun_then_derived_from_the_launch(tmp_path: Path) -> None:
-    launch: dict[str, Any] = {"argv0": "train.py", "cwd": str(tmp_path), "user": "ada"}
+    (tmp_path / "train.py").write_text("print('train')\n")
+    launch: dict[str, Any] = {"script": "train.py", "args": [], "cwd": str(tmp_path), "user": "ada"}
     assert identity.job_id({"STRATA_JOB_ID": "run-7", "TORCHELASTIC_RUN_ID": "r"}) == "run-7"
     assert identity.job_id({"TORCHELASTIC_RUN_ID": "elastic-9"}, **launch) == "elastic-9"
     derived = identity.job_id({}, **launch)
     assert re.fullmatch(r"train-[0-9a-f]{8}", derived), derived
-    # torchrun's default run id is shared by every launch without --rdzv-id: not a job id
+    # torchrun's made-up run ids name no job: its shared default, and the random UUID of a
+    # --standalone or single-node launch (new at every launch: a relaunch would not resume)
     assert identity.job_id({"TORCHELASTIC_RUN_ID": "none"}, **launch) == derived
-    # a relaunch reproduces it (the script by relative or absolute path); nothing else does
-    assert identity.job_id({}, **{**launch, "argv0": str(tmp_path / "train.py")}) == derived
+    standalone = {"TORCHELASTIC_RUN_ID": "0b7d9c1e-5f7a-4c3e-9d2a-8e1f6a4b3c2d"}
+    assert identity.job_id(standalone, **launch) == derived
+    assert not identity.chosen_run_id("none") and identity.chosen_run_id("my-job")
+    # a relaunch reproduces it (the script by relative or absolute path)
+    assert identity.job_id({}, **{**launch, "script": str(tmp_path / "train.py")}) == derived
+    # so does a copy of the script elsewhere, run from elsewhere by someone else
+    other = tmp_path / "checkout-b"
+    other.mkdir()
+    (other / "train.py").write_text("print('train')\n")
+    copy = {"script": str(other / "train.py"), "args": [], "cwd": "/", "user": "grace"}
+    assert identity.job_id({}, **copy) == derived
+    # another script, other arguments (a sweep), another content: another job
+    (tmp_path / "eval.py").write_text("print('eval')\n")
+    (other / "changed.py").write_text("print('train')  # changed\n")
     others = [
-        identity.job_id({}, **{**launch, "user": "grace"}),
-        identity.job_id({}, **{**launch, "cwd": str(tmp_path / "elsewhere")}),
-        identity.job_id({}, **{**launch, "argv0": "eval.py"}),
+        identity.job_id({}, **{**launch, "script": "eval.py"}),
+        identity.job_id({}, **{**launch, "args": ["--lr", "0.1"]}),
+        identity.job_id({}, **{**launch, "args": ["--lr", "0.01"]}),
+        identity.job_id({}, **{**launch, "args": ["--lr 0.1"]}),
+        identity.job_id({}, **{**copy, "script": str(other / "changed.py")}),
     ]
-    assert len({derived, *others}) == 4
-    assert others[2].startswith("eval-")
-    assert re.fullmatch(r"train-[0-9a-f]{8}", identity.job_id({}, **{**launch, "argv0": "-c"}))
-    assert identity.job_id({}, **{**launch, "argv0": "my {odd} script.py"}).startswith(
+    assert len({derived, *others}) == 6, others
+    assert others[0].startswith("eval-")
+    # no script file (python -c): the user, the directory and the arguments
+    c = {**launch, "script": "-c"}
+    assert re.fullmatch(r"train-[0-9a-f]{8}", identity.job_id({}, **c))
+    assert identity.job_id({}, **{**c, "user": "grace"}) != identity.job_id({}, **c)
+    assert identity.job_id({}, **{**c, "args": ["x"]}) != identity.job_id({}, **c)
+    (tmp_path / "my {odd} script.py").write_text("")
+    assert identity.job_id({}, **{**launch, "script": "my {odd} script.py"}).startswith(
         "my-odd-script-"
     )
     with pytest.raises(ValueError, match="STRATA_JOB_ID"):
@@ -99,10 +119,20 @@ def test_job_id_given_then_torchrun_then_derived_from_the_launch(tmp_path: Path)
         identity.job_id({"TORCHELASTIC_RUN_ID": "a}b"})
 
 
+def test_the_agents_job_is_not_the_run_id() -> None:
+    assert (
+        identity.agents_job("my-job")
+        == "my-job.agents"
+        != identity.job_id({"TORCHELASTIC_RUN_ID": "my-job"})
+    )
+    with pytest.raises(ValueError, match="--rdzv-id"):
+        identity.agents_job("x" * 300)
+
+
 def test_derived_ids_are_logged_once_at_info(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    launch: dict[str, Any] = {"argv0": "once.py", "cwd": str(tmp_path), "user": "ada"}
+    launch: dict[str, Any] = {"script": "once.py", "args": [], "cwd": str(tmp_path), "user": "a"}
     with caplog.at_level(logging.INFO, logger="strata_redis.identity"):
         wids = {identity.worker_id({}, host="log-once", pid=4242) for _ in range(3)}
         jobs = {identity.job_id({}, **launch) for _ in range(3)}
@@ -225,13 +255,18 @@ def _batches(log: Path) -> list[tuple[int, list[int]]]:
 
 
 def _readme_loop() -> str:
-    """The README's training loop, recording each batch it trains (one line added)."""
+    """The README's training loop, recording each batch it trains (one line added), and
+    dying at once (``os._exit``) before the batch of ``$STOP_AT`` (``"<epoch> <step>"``),
+    its checkpoints in flight committed first: a crash after a checkpoint."""
     examples = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
     (loop,) = [e for e in examples if "orchestrator.advance_epoch()" in e and "epoch in" in e]
     anchor = "        time.sleep(0.1)\n"
     assert "TrainingOrchestrator(coordinator_url=REDIS)" in loop and anchor in loop, loop
     record = (
-        f"{anchor}        open(os.environ['SAMPLES_LOG'], 'a').write("
+        f"{anchor}        if os.environ.get('STOP_AT') == f'{{epoch}} {{step}}':\n"
+        "            orchestrator.wait_for_checkpoints(60)\n"
+        "            os._exit(3)\n"
+        "        open(os.environ['SAMPLES_LOG'], 'a').write("
         "f\"{epoch} {' '.join(map(str, batch.tolist()))}\\n\")\n"
     )
     return loop.replace(anchor, record)
@@ -257,7 +292,7 @@ def test_two_readme_loops_side_by_side_both_train(redis_url: str, tmp_path: Path
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
 
-    job = identity.job_id({}, argv0=str(script), cwd=str(tmp_path), user=getpass.getuser())
+    job = identity.job_id({}, script=str(script), args=[])
     assert re.fullmatch(r"train-[0-9a-f]{8}", job)
     client = strata_redis.connect(redis_url, job_id=job)
     try:
@@ -280,8 +315,9 @@ def test_two_readme_loops_side_by_side_both_train(redis_url: str, tmp_path: Path
     ckpts = tmp_path / "home" / ".local" / "share" / "strata_redis" / "checkpoints" / job
     assert sorted(p.name for p in (ckpts / "checkpoints").iterdir()), "no checkpoint saved"
     for _, err in outs:
-        assert err.count("strata_redis/checkpoints") == 1, err
-        assert "per-user default" in err
+        warned = [line for line in err.splitlines() if "strata_redis/checkpoints" in line
+                  and line.startswith("WARNING")]  # fmt: skip
+        assert len(warned) == 1 and "per-user default" in warned[0], err
 
 
 def test_a_duplicate_live_id_is_refused_and_the_holder_keeps_training(
@@ -397,7 +433,7 @@ def test_shard_manager_then_orchestrator_share_the_default_job(
         env=_env(redis_url, tmp_path), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    job = identity.job_id({}, argv0=str(script), cwd=str(tmp_path), user=getpass.getuser())
+    job = identity.job_id({}, script=str(script), args=[str(elsewhere)])
     assert proc.stdout.split() == [job]
     # chosen once, said once, with why
     told = [
@@ -409,3 +445,218 @@ def test_shard_manager_then_orchestrator_share_the_default_job(
         assert list_jobs(client.client) == [job]
     finally:
         client.close()
+
+
+# -- one job per launch, wherever it runs (issue 36, 1 and 2) ----------------------------------
+
+#: the loop's start line, as the README's logging.basicConfig prints it
+START = re.compile(
+    r"^INFO:strata_redis\.orchestrator:job '(?P<job>[^']+)', worker '(?P<worker>[^']+)': "
+    r"rank (?P<rank>\d+) of (?P<world>\d+); checkpoints go to (?P<where>\S+); (?P<how>.*)$",
+    re.M,
+)
+
+
+def _start_line(err: str) -> dict[str, str]:
+    (line,) = [m.groupdict() for m in START.finditer(err)]
+    return line
+
+
+def _run_loops(
+    redis_url: str, tmp_path: Path, launches: list[tuple[Path, Path, list[str]]]
+) -> list[str]:
+    """Start the README loop once per (script, directory, arguments), 0.2 s apart; wait for
+    all; each must exit 0. Returns their stderr."""
+    procs = []
+    for n, (script, cwd, args) in enumerate(launches):
+        env = _env(redis_url, tmp_path, SAMPLES_LOG=str(tmp_path / f"{n}.log"))
+        procs.append(
+            subprocess.Popen([sys.executable, str(script), *args], cwd=cwd, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )  # fmt: skip
+        time.sleep(0.2)  # within the first round's 3 s last call (see the test above)
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    return [err for _, err in outs]
+
+
+def test_copies_of_one_script_in_two_directories_are_one_job(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Two copies of the README loop, at two paths, each started from its own directory (two
+    checkouts, as on two hosts): one job of two workers, each epoch's samples split between
+    them, none twice; each process's first line names that job and its rank of 2.
+
+    Before the fix the job id digested the script's path and the directory: two one-worker
+    jobs, each training the whole dataset."""
+    launches = []
+    for name in ("checkout-a", "elsewhere/checkout-b"):
+        home = tmp_path / name
+        home.mkdir(parents=True)
+        (home / "train.py").write_text(_readme_loop())
+        launches.append((home / "train.py", home, []))
+    errs = _run_loops(redis_url, tmp_path, launches)
+    job = identity.job_id({}, script=str(launches[0][0]), args=[])
+    client = strata_redis.connect(redis_url, job_id=job)
+    try:
+        assert list_jobs(client.client) == [job]
+        assert len(client.workers()) == 2
+    finally:
+        client.close()
+    lines = [_start_line(err) for err in errs]
+    assert {line["job"] for line in lines} == {job}
+    assert sorted((line["rank"], line["world"]) for line in lines) == [("0", "2"), ("1", "2")]
+    assert all(line["how"] == "fresh: no checkpoint to resume from, epoch 0" for line in lines)
+    assert all(line["where"].endswith(f"/strata_redis/checkpoints/{job}/checkpoints/")
+               for line in lines)  # fmt: skip
+    logs = [_batches(tmp_path / f"{n}.log") for n in range(2)]
+    for epoch in (0, 1):
+        mine = [Counter(s for e, b in log if e == epoch for s in b) for log in logs]
+        assert all(mine), f"epoch {epoch}: a worker trained nothing"
+        assert mine[0] + mine[1] == Counter(range(640)), f"epoch {epoch}: not each sample once"
+
+
+def test_a_sweep_over_arguments_is_a_job_per_run(redis_url: str, tmp_path: Path) -> None:
+    """The same script started twice with other arguments (a sweep, meant as two runs): two
+    jobs, each training every sample of each epoch, and each process's first line says
+    ``rank 0 of 1`` in its own job."""
+    script = tmp_path / "train.py"
+    script.write_text(_readme_loop())
+    sweep = [["--lr", "0.1"], ["--lr", "0.01"]]
+    errs = _run_loops(redis_url, tmp_path, [(script, tmp_path, args) for args in sweep])
+    jobs = [identity.job_id({}, script=str(script), args=args) for args in sweep]
+    assert len(set(jobs)) == 2
+    client = strata_redis.connect(redis_url, job_id=jobs[0])
+    try:
+        assert list_jobs(client.client) == sorted(jobs)
+    finally:
+        client.close()
+    lines = [_start_line(err) for err in errs]
+    assert [(line["job"], line["rank"], line["world"]) for line in lines] == [
+        (job, "0", "1") for job in jobs
+    ]
+    for n in range(2):
+        log = _batches(tmp_path / f"{n}.log")
+        for epoch in (0, 1):
+            assert Counter(s for e, b in log if e == epoch for s in b) == Counter(range(640))
+
+
+#: the loop's constructor, no more: its first lines (INFO and up) on stderr
+HELLO = """
+import logging, os
+import strata_redis
+
+logging.basicConfig(level=logging.INFO)
+strata_redis.TrainingOrchestrator(os.environ["STRATA_REDIS_URL"], last_call=0.1).close()
+"""
+
+
+def test_a_derived_job_with_workers_on_another_host_is_said_loudly(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A derived job id meets every host that runs the same script and arguments, and
+    cannot tell whether that is meant: a process whose derived job has a live worker on
+    another host warns, naming the hosts and STRATA_JOB_ID; a chosen id does not."""
+    script = tmp_path / "hello.py"
+    script.write_text(HELLO)
+    job = identity.job_id({}, script=str(script), args=[])
+    there = strata_redis.connect(redis_url, job_id=job)
+    other = there.register_worker(worker_id="gpu-b-pid-7", host="gpu-b")  # heartbeating
+    try:
+        run = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, env=_env(redis_url, tmp_path),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert _start_line(run.stderr)["job"] == job
+        (warned,) = [line for line in run.stderr.splitlines() if line.startswith("WARNING")
+                     and "other hosts" in line]  # fmt: skip
+        assert f"job {job!r} was derived" in warned and "(gpu-b)" in warned, warned
+        assert "Set STRATA_JOB_ID" in warned, warned
+
+        chosen = strata_redis.connect(redis_url, job_id="chosen")
+        chosen.register_worker(worker_id="gpu-b-pid-8", host="gpu-b")
+        run = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path,
+            env=_env(redis_url, tmp_path, STRATA_JOB_ID="chosen"),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert _start_line(run.stderr)["job"] == "chosen"
+        assert "other hosts" not in run.stderr, run.stderr
+        chosen.close()
+    finally:
+        other.deregister()
+        there.close()
+
+
+# -- the README loop resumes as written (issue 36, 2) ------------------------------------------
+
+
+def test_the_readme_loop_relaunched_after_a_resume_trains_the_epochs_it_names(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The README loop dies in epoch 1 right after its checkpoint at step 0 committed; the
+    same command relaunched resumes from it and trains the rest of epoch 1, and no epoch
+    more: the loop names two. Its first line says where it resumed from.
+
+    Before ``orchestrator.epochs(2)`` the README's ``range(2)`` relaunched trained two more
+    epochs (the job's 1 and 2), recorded as the loop's 0 and 1, and only warned."""
+    script = tmp_path / "train.py"
+    script.write_text(_readme_loop())
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    env = _env(redis_url, tmp_path, SAMPLES_LOG=str(first_log), STOP_AT="1 1")
+    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert first.returncode == 3, first.stderr  # the crash, after step 0 of epoch 1 committed
+    assert _start_line(first.stderr)["how"] == "fresh: no checkpoint to resume from, epoch 0"
+    env = _env(redis_url, tmp_path, SAMPLES_LOG=str(second_log))
+    second = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    line = _start_line(second.stderr)
+    assert (line["rank"], line["world"]) == ("0", "1")
+    assert line["how"] == "resumed from checkpoint epoch_1_step_0 (run 0) at epoch 1", line
+    assert "is not the job's epoch" not in second.stderr
+
+    before, after = _batches(first_log), _batches(second_log)
+    assert Counter(s for e, b in before if e == 0 for s in b) == Counter(range(640))
+    assert {e for e, _ in after} == {1}, sorted({e for e, _ in after})  # epoch 1 only
+    # epoch 1: the batch the checkpoint holds, then the rest after the relaunch, each once
+    epoch1 = Counter(s for e, b in before if e == 1 for s in b)
+    assert sum(epoch1.values()) == 32  # (step 0: one batch of 32)
+    assert epoch1 + Counter(s for _, b in after for s in b) == Counter(range(640))
+    job = strata_redis.connect(redis_url, job_id=identity.job_id({}, script=str(script), args=[]))
+    try:
+        assert (
+            job.current_epoch() == 2
+        )  # the job trained the two epochs the loop names, and no more
+    finally:
+        job.close()
+
+
+def test_epochs_runs_from_the_jobs_epoch_and_advances_a_body_that_did_not(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """``epochs(n)`` yields the job's epochs up to ``n - 1``; a body that does not call
+    ``advance_epoch()`` gets it called; a job already past ``n - 1`` yields nothing."""
+    strata_redis.ShardManager(redis_url, job_id="epochs").register_dataset_params(
+        "ds", 40, 10, False, 0
+    )
+    kwargs: dict[str, Any] = {"job_id": "epochs", "checkpoint_path": str(tmp_path),
+                              "last_call": 0.1}  # fmt: skip
+    with strata_redis.TrainingOrchestrator(redis_url, **kwargs) as orch:
+        shards = orch.get_shards("ds", batch_size=10)
+        seen = []
+        for epoch in orch.epochs(2):
+            seen.append((epoch, sum(len(b) for b in shards)))
+        assert seen == [(0, 40), (1, 40)] and orch.epoch == 2
+        assert list(orch.epochs(2)) == [] and orch.epoch == 2
+        with pytest.raises(ValueError, match="count"):
+            list(orch.epochs(-1))
+        explicit = []
+        for epoch in orch.epochs(3):
+            explicit.append(epoch)
+            orch.advance_epoch()  # written out, as in the README: advanced once, not twice
+        assert explicit == [2] and orch.epoch == 3

@@ -67,8 +67,10 @@ def _torchrun(
     backend: str = "strata",
     conf: str = "last_call_timeout=1,join_timeout=40",
     max_restarts: int = 0,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    env = {**(os.environ if env is None else env), "GLOO_SOCKET_IFNAME": "lo",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
     script = tmp / "script.py"
     script.write_text(script_text)
     args = [
@@ -111,7 +113,7 @@ def test_torchrun_one_node_two_procs(redis_url: str, tmp_path: Path) -> None:
     assert all(r["world"] == 2 and r["WORLD_SIZE"] == "2" for r in results)
     assert all(r["sum"] == 3.0 for r in results)  # 1 + 2
     assert all(r["MASTER_ADDR"] == "127.0.0.1" for r in results)
-    k = Keys("job1")
+    k = Keys("job1.agents")  # the agents' own job (identity.agents_job)
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         state = client.hgetall(k.rendezvous)
         assert state["round"] == "1" and state["state"] == "closed"
@@ -129,7 +131,7 @@ def test_torchrun_two_agents_one_round(redis_url: str, tmp_path: Path) -> None:
     results = _results(tmp_path)
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert all(r["world"] == 2 and r["sum"] == 3.0 for r in results)
-    k = Keys("job2")
+    k = Keys("job2.agents")
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         state = client.hgetall(k.rendezvous)
         assert state["round"] == "1" and state["world_size"] == "2"
@@ -328,16 +330,85 @@ def test_torchrun_agent_after_the_job_ended_does_not_train(redis_url: str, tmp_p
     out, _ = late.communicate(timeout=60)
     assert late.returncode != 0, out[-4000:]
     assert "RendezvousClosedError" in out, out[-4000:]
-    assert "rendezvous of job 'ended' is closed" in out, out[-4000:]
+    assert "rendezvous of job 'ended.agents' is closed" in out, out[-4000:]
     assert _results(tmp_path) == []  # the script never ran
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        assert client.hget(Keys("ended").rendezvous, "round") == "1"
+        assert client.hget(Keys("ended.agents").rendezvous, "round") == "1"
+
+
+# -- the trainers' default job is not the agents' (issue 36, 1) --------------------------------
+#: a trainer on the default job (torchrun's run id) and the default worker id: it logs
+#: ``START <rank> <restart count> <job>`` once, then ``<restart count> <ids...>`` per batch;
+#: rank 1 raises once, mid-epoch, in the launch's first attempt (torchrun restarts the group)
+DEFAULT_JOB_TRAIN = textwrap.dedent(
+    """
+    import os, sys, time
+    import strata_redis
+
+    out, world = sys.argv[1], int(os.environ["WORLD_SIZE"])
+    rank, restart = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+    url = os.environ["STRATA_TEST_REDIS"]
+    strata_redis.ShardManager(url).register_dataset_params("ds", 240, 20, True, 3)
+    with strata_redis.TrainingOrchestrator(
+        url, min_workers=world, max_workers=world, last_call=0.5, heartbeat_timeout=3.0,
+        checkpoint_path=os.path.join(out, "ckpt"), batch_size=10,
+    ) as orch:
+        with open(os.path.join(out, "starts.log"), "a") as f:
+            f.write(f"START {rank} {restart} {orch.job_id}\\n")
+        log = open(os.path.join(out, f"samples-{os.getpid()}.log"), "a", buffering=1)
+        shards = orch.get_shards("ds")
+        for epoch in orch.epochs(1):
+            for step, batch in enumerate(shards):
+                if rank == "1" and restart == "0" and step == 2:
+                    raise RuntimeError("rank 1 fails once")
+                log.write(f"{restart} {' '.join(map(str, batch.tolist()))}\\n")
+                time.sleep(0.05)
+            orch.advance_epoch()
+    """
+)
+
+
+@pytest.mark.timeout(150)
+def test_trainers_on_the_default_job_finish_once_under_the_strata_backend(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """``torchrun --rdzv-backend strata`` with trainers that name no job: they take the run
+    id as their job, the agents rendezvous in ``<run id>.agents``, and the run finishes once:
+    rank 1 raises once, torchrun restarts the group (``--max-restarts 1``), the restarted
+    trainers train the epoch through and the agent exits 0.
+
+    Before the fix the trainers' orchestrators joined the agents' own rendezvous (both the
+    job ``--rdzv-id``) and timed out there at every restart."""
+    env = {**os.environ, "STRATA_TEST_REDIS": redis_url}
+    env.pop("STRATA_JOB_ID", None)
+    proc = _torchrun(redis_url, "trainers-default", tmp_path, 1, 2,
+                     script_text=DEFAULT_JOB_TRAIN, max_restarts=1, env=env,
+                     conf="last_call_timeout=1,join_timeout=40")  # fmt: skip
+    (out,) = _finish([proc], timeout=120)
+    starts = sorted(line.split()[1:] for line in (tmp_path / "starts.log").read_text().splitlines())
+    # two trainers per attempt, both in the job --rdzv-id names, and one restart
+    assert starts == [
+        ["0", "0", "trainers-default"],
+        ["0", "1", "trainers-default"],
+        ["1", "0", "trainers-default"],
+        ["1", "1", "trainers-default"],
+    ], out[-4000:]
+    batches = [line.split() for f in tmp_path.glob("samples-*.log")
+               for line in f.read_text().splitlines()]  # fmt: skip
+    # the restart trained the epoch through: each sample once (no checkpoint: from the start)
+    again = Counter(int(i) for restart, *ids in batches if restart == "1" for i in ids)
+    assert again == Counter(range(240)), out[-4000:]
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        agents = Keys("trainers-default.agents")
+        assert client.hget(agents.rendezvous, ENDED) == "1"  # torchrun's shutdown ended it
+        # the trainers' own rendezvous: a round per attempt at least
+        assert int(client.hget(Keys("trainers-default").rendezvous, "round") or 0) >= 2
 
 
 # -- shrink, then grow: a data position is never dropped (issue 33, 5) -------------------------
 #: a DDP trainer under torchrun on strata's rendezvous: lockstep batches, DCP checkpoints
 #: every ``save_every`` steps (argv: out, total, per_shard, epochs, save_every, sleep s per
-#: step), in a job of its own (``<--rdzv-id>-trainers``). Each trainer logs ``START <pid>
+#: step), in a job it names (``<--rdzv-id>-trainers``). Each trainer logs ``START <pid>
 #: <agent pid> <round> <rank> <world> <resumed run epoch step>`` once, then ``<round>
 #: <epoch> <step> <ids...>`` per step (``step``: the loop's, from 1, as the checkpoint after
 #: it is numbered)
@@ -350,7 +421,7 @@ ELASTIC_TRAIN = textwrap.dedent(
     import strata_redis, strata_redis.torch as strata_torch
 
     out, total, per_shard, epochs, save_every, sleep = sys.argv[1], *map(float, sys.argv[2:7])
-    job = os.environ["TORCHELASTIC_RUN_ID"] + "-trainers"  # (the agents' job is their own)
+    job = os.environ["TORCHELASTIC_RUN_ID"] + "-trainers"  # (a chosen id works too)
     url = os.environ["STRATA_TEST_REDIS"]
     strata_redis.ShardManager(url, job_id=job).register_dataset_params(
         "points", int(total), int(per_shard), True, 7)

@@ -5,7 +5,9 @@
     torchrun --nnodes 1:4 --nproc-per-node 8 --rdzv-backend strata \\
         --rdzv-endpoint redis://redis-host:6379/0 --rdzv-id my-job train.py
 
-Each torchrun agent is one strata worker of the job ``--rdzv-id`` (registered with
+Each torchrun agent is one strata worker of the job ``<--rdzv-id>.agents``
+(``identity.agents_job``: a job of the agents' own, so trainers whose orchestrators take the
+default job, torchrun's run id, never join the agents' rendezvous; registered with
 ``replace=True``, heartbeating from the agent); ``next_rendezvous`` joins the next strata round
 (``Rendezvous.join``, leaving the previous round when called again after a failure or to admit
 waiting agents). The round's ``RedisStore`` (one hash of the job) is the agents' store, so no
@@ -96,7 +98,8 @@ def _context(params: RendezvousParameters, heartbeat_timeout: float) -> JobConte
             f"{params.run_id!r} would be one job shared by every launch that omits it"
         )
     try:
-        ctx = JobContext(endpoint, params.run_id, heartbeat_timeout=heartbeat_timeout)
+        job = identity.agents_job(params.run_id)
+        ctx = JobContext(endpoint, job, heartbeat_timeout=heartbeat_timeout)
     except (ValueError, TypeError) as exc:
         raise ValueError(
             f"--rdzv-backend strata: bad --rdzv-endpoint or --rdzv-id: {exc}"
@@ -114,7 +117,7 @@ class StrataRendezvousHandler(RendezvousHandler):  # type: ignore[misc]
     """One torchrun agent's view of a strata rendezvous (see the module doc).
 
     Args:
-        ctx: the job (``--rdzv-id``) on the Redis of ``--rdzv-endpoint``.
+        ctx: the agents' job (``<--rdzv-id>.agents``) on the Redis of ``--rdzv-endpoint``.
         rendezvous: the job's rendezvous with this agent's limits.
         worker_id: this agent's strata worker id.
         local_addr: the address trainers reach this host at, if it hosts rank 0
@@ -159,7 +162,8 @@ class StrataRendezvousHandler(RendezvousHandler):  # type: ignore[misc]
         return False
 
     def get_run_id(self) -> str:
-        return self.context.job_id
+        # torchrun's run id (--rdzv-id), not the agents' job it names
+        return self.context.job_id.removesuffix(identity.AGENTS_SUFFIX)
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self.is_closed():
