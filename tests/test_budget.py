@@ -15,7 +15,8 @@ import redis
 
 import strata_redis
 from strata_redis import connection
-from strata_redis.connection import PoolExhaustedError, make_client
+from strata_redis.connection import make_client
+from strata_redis.errors import PoolExhaustedError
 from strata_redis.server import RedisServer
 
 from .procs import wait_for
