@@ -19,7 +19,7 @@ import pytest
 
 import strata_redis
 from strata_redis import status
-from strata_redis.scripts import compiled, sources
+from strata_redis.scripts import PRELUDE, compiled, library, sources
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,3 +156,13 @@ def test_status_codes_are_written_as_numbers_when_scripts_load() -> None:
     for name, code in compiled().items():
         left = re.search(r"\b[SA]\.[A-Z_]+", code)
         assert not left, f"{name}: {left.group(0) if left else ''} not inlined"
+
+
+def test_the_clock_comes_from_the_shared_prelude() -> None:
+    # lua/lib/prelude.lua is joined onto every script's first line: it alone reads TIME
+    shared = library(PRELUDE)
+    assert "--" not in shared, "a comment after code in the prelude would swallow line 1"
+    for name, src in sources().items():
+        code = "\n".join(line.split("--")[0] for line in src.splitlines())
+        assert "redis.call('TIME')" not in code, f"{name}.lua reads TIME: use NOW_MS()/NOW_US()"
+        assert compiled()[name].startswith(status.prelude() + status.inline(shared)), name

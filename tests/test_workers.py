@@ -16,6 +16,8 @@ import pytest
 import redis
 
 import strata_redis
+from strata_redis import scripts
+from strata_redis import status as codes
 from strata_redis.coordination.registry import job_clock
 from strata_redis.server import RedisServer
 
@@ -439,6 +441,26 @@ def test_scripts_reload_after_script_flush(job: strata_redis.Job, raw: redis.Red
     raw.script_flush()
     assert job.reap() == []  # through a pipeline, too
     assert raw.script_exists(job.scripts["reap_workers"].sha) == [True]
+
+
+def test_a_lua_error_names_the_line_of_the_scripts_file(
+    job: strata_redis.Job, raw: redis.Redis
+) -> None:
+    # the era check, the shared prelude (lua/lib/prelude.lua) and the lib/ pieces are joined
+    # onto a script's first line: an error on its third line reads user_script:3
+    src = "-- a contract comment\nlocal now = NOW_MS()\nreturn now + nil\n"
+    code = codes.prelude() + scripts.compose(src) + codes.EPILOGUE
+    keys, args = job.scripts.stamp([], [])
+    with pytest.raises(redis.ResponseError, match=r"user_script:3: attempt to perform arith"):
+        raw.eval(code, len(keys), *keys, *args)
+    # and the prelude itself runs: the clock is Redis' own, in ms (as a tick of the era check)
+    ok = codes.prelude() + scripts.compose("return {S.OK, NOW_MS(), NOW_US()}\n")
+    tick, (code_, ms, us) = raw.eval(ok + codes.EPILOGUE, len(keys), *keys, *args)
+    seconds, micros = raw.time()
+    assert code_ == 0 and tick > 0
+    # (5 s: far above a loaded machine's delay, far below a clock in s or us, x1000 off)
+    assert 0 <= seconds * 1000 + micros // 1000 - ms < 5000
+    assert 0 <= int(us) // 1000 - ms <= 1  # two TIME calls, microseconds apart
 
 
 # -- bad input -------------------------------------------------------------------------------
