@@ -14,8 +14,7 @@ local state = redis.call('HMGET', KEYS[1], 'state', 'world_size', 'leader')
 if state[1] == 'committed' then return {S.STEP_COMMITTED} end
 if state[1] == 'committing' and state[3] ~= ARGV[4] then return {S.STEP_COMMITTING, state[3] or ''} end
 if state[1] == 'aborted' then return {S.OK} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 redis.call('HSET', KEYS[1], 'state', 'aborted', 'culprit', ARGV[4], 'reason', ARGV[5],
   'aborted_ms', now)
 redis.call('HINCRBY', KEYS[4], 'aborted_steps', 1)

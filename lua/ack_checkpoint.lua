@@ -38,8 +38,7 @@ if state[1] == 'committing' then
   end
   return {S.OK, 0}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 if #redis.call('ZRANGEBYLEX', KEYS[4], '[' .. ARGV[1], '+', 'LIMIT', 0, 1) > 0 then
   local newest = redis.call('ZRANGE', KEYS[4], -1, -1)[1]
   local reason = 'superseded: checkpoint ' .. newest .. ' committed first'

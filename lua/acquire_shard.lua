@@ -174,8 +174,7 @@ if pool[2] then  -- closed (init_epoch): nothing of it is leased any more
 end
 local swept = pool[1]
 if not swept then return answer({S.OK, A.NO_POOL}) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 
 local function back_to_pool(shard)
   if redis.call('HDEL', KEYS[3], shard) == 1 then

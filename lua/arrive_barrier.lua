@@ -34,8 +34,7 @@ if not status then return {S.WORKER_NOT_REGISTERED} end
 if status == 'failed' then return {S.WORKER_FAILED} end
 if status == 'left' then return {S.WORKER_LEFT} end
 
-local t = redis.call('TIME')
-local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
+local now_us = NOW_US()
 local ttl = tonumber(ARGV[5])
 
 local function last_id(key)

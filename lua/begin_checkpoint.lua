@@ -24,8 +24,7 @@ local field = 'r:' .. ARGV[6]
 local holder = redis.call('HGET', KEYS[1], field)
 if holder and holder ~= ARGV[7] then return {S.RANK_NOT_HELD, holder} end
 if not state[1] then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = NOW_MS()
   redis.call('HSET', KEYS[1], 'state', 'open', 'world_size', ARGV[5], 'run', ARGV[2],
     'epoch', ARGV[3], 'step', ARGV[4], 'opened_ms', now)
 end

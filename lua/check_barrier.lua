@@ -91,8 +91,7 @@ local n = redis.call('SCARD', KEYS[2])
 if expected == 'live' and n > 0 and n >= redis.call('ZCARD', KEYS[6]) and absent_count(n) <= 0 then
   local counter = '-'
   if NKEYS >= 9 then counter = redis.call('INCR', KEYS[9]) end
-  local t = redis.call('TIME')
-  local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
+  local now_us = NOW_US()
   local first_us = redis.call('HGET', KEYS[1], 'first_us')
   local rec = 'R ' .. g .. ' ' .. now_us .. ' ' .. first_us .. ' ' .. n .. ' ' .. counter
   redis.call('HSET', KEYS[1], 'gen', g + 1, 'r:' .. g, rec)

@@ -30,8 +30,7 @@ if not culprit and ARGV[1] == '1' then
     .. ' of ' .. state[2] .. ' acks'
 end
 if not culprit then return {S.OK, 'open', '', ''} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 redis.call('HSET', KEYS[1], 'state', 'aborted', 'culprit', culprit, 'reason', reason,
   'aborted_ms', now)
 for _ = 1, tonumber(state[2]) do redis.call('RPUSH', KEYS[3], 'aborted') end

@@ -27,7 +27,6 @@ if not member then
 end
 local why = why_gone(k, member)
 redis.call('HSET', R, 'broken_round', ARGV[1], 'broken', member, 'reason', why)
-local t = redis.call('TIME')
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[2], '*', 'type', 'broken', 'round', ARGV[1],
-  'worker', member, 'reason', why, 'ms', tonumber(t[1]) * 1000)
+  'worker', member, 'reason', why, 'ms', NOW_MS())
 return {S.ROUND_BROKEN, member, why}

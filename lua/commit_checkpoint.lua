@@ -16,8 +16,7 @@ if state[1] == 'aborted' then return {S.STEP_ABORTED, state[4] or '', state[5] o
 if state[1] ~= 'committing' or (state[3] ~= ARGV[2] and ARGV[4] ~= '1') then
   return {S.STEP_COMMITTING, state[3] or ''}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 redis.call('HSET', KEYS[1], 'state', 'committed', 'committed_ms', now)
 redis.call('ZADD', KEYS[4], 0, ARGV[1])
 redis.call('HSET', KEYS[5], ARGV[1], ARGV[3])

@@ -7,8 +7,7 @@
 -- KEYS[1] = rendezvous HASH   KEYS[2] = waiting ZSET
 -- ARGV[1] = the job's heartbeat timeout, ms
 -- returns {S.OK, live waiting, round (or false), state (or false), world_size (or false)}
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 local live = redis.call('ZCOUNT', KEYS[2], now - tonumber(ARGV[1]), '+inf')
 local f = redis.call('HMGET', KEYS[1], 'round', 'state', 'world_size')
 return {S.OK, live, f[1], f[2], f[3]}

@@ -10,8 +10,7 @@ if not status then return {S.WORKER_NOT_REGISTERED} end
 if status == 'failed' then return {S.WORKER_FAILED} end
 if status == 'left' then return {S.WORKER_LEFT} end
 if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {S.WORKER_REPLACED} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 redis.call('ZREM', KEYS[1], id)
 redis.call('HSET', KEYS[2], id, 'left')
 local gen = redis.call('INCR', KEYS[4])

@@ -9,8 +9,7 @@
 local r = redis.call('HMGET', KEYS[1], 'state', 'expires_ms')
 if r[1] == 'ended' then return {S.OK, tonumber(r[2])} end
 if ARGV[2] == '1' and redis.call('ZCARD', KEYS[2]) > 0 then return {S.OK, 0} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 local expires = now + tonumber(ARGV[1]) * 1000
 if not r[1] then
   redis.call('HSET', KEYS[1], 'created_ms', now, 'heartbeat_timeout_ms', ARGV[3])

@@ -15,8 +15,7 @@ if status == 'failed' then return {S.WORKER_FAILED} end
 if status == 'left' then return {S.WORKER_LEFT} end
 if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then return {S.WORKER_REPLACED} end
 if G.ANCHORS and not redis.call('ZSCORE', KEYS[1], id) then return LOST(KEYS[1]) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 redis.call('ZADD', KEYS[1], now, id)
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], id, ARGV[3]) end
 return {S.OK, now}

@@ -10,8 +10,7 @@
 --       | {S.STATE_LOST, era marked lost}: live workers and no heartbeats ZSET: it was lost
 --         (G.ANCHORS; heartbeat checks each worker's entry, this the key: one EXISTS)
 local n = math.floor(NARGV / 2)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 local reply = {S.OK, now}
 if n == 0 then return reply end
 local statuses = redis.call('HMGET', KEYS[2], unpack(ARGV, 1, n))

@@ -38,8 +38,7 @@ if NKEYS >= 11 then
         if i <= 11 + UNLINK_NOW then redis.call('UNLINK', KEYS[i])
         else redis.call('EXPIRE', KEYS[i], tonumber(ARGV[4])) end
       end
-      local t = redis.call('TIME')
-      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      local now = NOW_MS()
       redis.call('HDEL', KEYS[5], 'swept', 'cursor', 'sweep_gen', 'sweep_cursor', 'offsets',
         'indexed')
       for k = 0, NKEYS - 12 do  -- KEYS[12..]: every record segment of the epoch
@@ -64,8 +63,7 @@ if G.ANCHORS and not meta[3] then
   end
 end
 if meta[2] or meta[3] then return {S.OK, 1, tonumber(meta[1]), closed} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 redis.call('HSET', KEYS[1], 'num_shards', ARGV[1], 'created_ms', now, 'swept', '-1')
 redis.call('HSETNX', KEYS[1], 'done', 0)
 -- the bitmaps at their size at once, zeros (a string grown by SETBITs past its end is given

@@ -44,8 +44,7 @@ local g, leaving = tonumber(ARGV[3]), tonumber(ARGV[4])
 local min_w, max_w, last_call = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local cap, keep_ms = ARGV[8], tonumber(ARGV[9])
 local R = KEYS[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 
 if redis.call('HGET', R, 'ended') == '1' then return {S.RENDEZVOUS_ENDED} end
 

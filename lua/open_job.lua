@@ -7,8 +7,7 @@
 -- KEYS[1] = job record HASH
 -- ARGV[1] = heartbeat timeout, ms   ARGV[2] = retention once ended, s
 -- returns {0, reopened (1 or 0), the job's heartbeat timeout ms, the end's expires_ms or ''}
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 local r = redis.call('HMGET', KEYS[1], 'state', 'heartbeat_timeout_ms', 'expires_ms')
 if not r[1] then
   redis.call('HSET', KEYS[1], 'created_ms', now, 'state', 'running',

@@ -21,8 +21,7 @@
 -- ARGV[5] = the most a stamped call may wait to run, ms; longer means a stall
 -- ARGV[6] = the longest normal gap between two stamped calls, ms; longer means a stall
 -- returns {0, generation, id...}: the ids newly declared failed
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 local timeout = tonumber(ARGV[1])
 local cutoff = now - timeout
 local r = redis.call('HMGET', KEYS[5], 'last', 'quiet', 'grace')

@@ -20,8 +20,7 @@
 --         'gone' (ARGV[6]) or 'stale' (its heartbeat)
 --       | {5, holder's info JSON or '', its incarnation or '', ms since its last heartbeat}
 --         the id is registered and its holder alive (WORKER_EXISTS)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 local id = ARGV[1]
 local status = redis.call('HGET', KEYS[2], id)
 local live = status and status ~= 'failed' and status ~= 'left'

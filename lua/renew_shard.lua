@@ -11,8 +11,7 @@ if not held then return {S.LEASE_LOST} end
 local token, _, rest = string.match(held, '^(%d+) (%d+) (.*)$')
 if token ~= ARGV[2] then return {S.LEASE_LOST} end
 if G.FENCING and string.match(rest, '^(%S+) ') ~= ARGV[4] then return {S.LEASE_LOST} end
-local t = redis.call('TIME')
-local expires = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
+local expires = NOW_MS() + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], token .. ' ' .. expires .. ' ' .. rest)
 redis.call('ZADD', KEYS[2], expires, ARGV[1])
 return {S.OK, expires}

@@ -62,8 +62,7 @@ if k + 1 < chunks then
   redis.call('HSET', KEYS[1], progress, mark .. ' ' .. (k + 1))
   return {S.OK, 0, k + 1, 1}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 redis.call('HSET', KEYS[2], 'num_shards', ARGV[3], 'created_ms', now, 'swept', '-1')
 redis.call('HSETNX', KEYS[2], 'done', 0)
 redis.call('HSET', KEYS[1], field, mark)

@@ -20,8 +20,7 @@ local f = redis.call('HMGET', R, 'round', 'state', 'broken_round', 'decided_epoc
 if G.ANCHORS and not f[1] and tonumber(ARGV[1]) > 0 then return LOST(R) end
 if f[1] ~= ARGV[1] or f[2] ~= 'closed' or f[3] == ARGV[1] then return {S.OK, 'moved'} end
 if f[4] == ARGV[2] then return {S.OK, f[5]} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = NOW_MS()
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - tonumber(ARGV[5])))
 local waiting = false
 for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, SCAN_STEP - 1)) do

@@ -10,7 +10,6 @@ local cur = redis.call('HMGET', KEYS[1], 'run', 'round')
 if cur[2] == ARGV[1] then return {S.OK, tonumber(cur[1])} end
 local run = tonumber(ARGV[2])
 if cur[1] and tonumber(cur[1]) + 1 > run then run = tonumber(cur[1]) + 1 end
-local t = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'run', string.format('%d', run), 'round', ARGV[1],
-  'started_ms', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  'started_ms', NOW_MS())
 return {S.OK, run}

@@ -85,7 +85,7 @@ def no_era_source(name: str) -> str:
     if not scripts.compiled()[name].startswith(head):
         raise RuntimeError("scripts no longer start with status.prelude(): update this bench")
     # NKEYS/NARGV are the plain counts when no era key and value are appended
-    return "local NKEYS, NARGV = #KEYS, #ARGV " + status.inline(scripts.sources()[name])
+    return "local NKEYS, NARGV = #KEYS, #ARGV " + scripts.body(name)
 
 
 def era_pair(job: strata_redis.Job, worker: Any) -> tuple[Any, Any]:

@@ -29,6 +29,7 @@ from common import make_runner
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.data import ShardLeases
 
 PROCESSES = 4
 RATIOS = [
@@ -65,14 +66,14 @@ def raw_pipelined_ops(loops: int, url: str, tag: str) -> float:
     return time.perf_counter() - start
 
 
-def fresh_epoch(loops: int, url: str, tag: str) -> strata_redis.ShardLeases:
+def fresh_epoch(loops: int, url: str, tag: str) -> ShardLeases:
     """A fresh epoch of ``loops`` shards for one worker, its pool created beforehand."""
     job = strata_redis.connect(url, "bench-leases", heartbeat_timeout=3600)
     worker = f"worker-{tag}"
     job.register_worker(worker, replace=True, heartbeat_interval=None)
     params = ShardManager(job).register_dataset_params(f"bench-{tag}-{loops}", loops, 1)
     epoch = int(job.client.incr("bench:{leases}:epoch"))  # fresh in every process
-    leases = strata_redis.ShardLeases(job.context, params, epoch, worker)
+    leases = ShardLeases(job.context, params, epoch, worker)
     leases.prepare()
     return leases
 

@@ -28,6 +28,8 @@ import uuid
 from common import make_runner
 
 import strata_redis
+from strata_redis.context import JobContext
+from strata_redis.coordination import Worker
 from strata_redis.coordination.rendezvous import Rendezvous
 
 SHARDS, PER_SHARD, BATCH = 64, 1024, 32
@@ -64,9 +66,13 @@ def orchestrator_epoch(loops: int, url: str) -> float:
 
 
 def _join(
-    url: str, job_id: str, worker: strata_redis.Worker, ready: threading.Barrier, done: list[float]
+    url: str,
+    job_id: str,
+    worker: Worker,
+    ready: threading.Barrier,
+    done: list[float],
 ) -> None:
-    ctx = strata_redis.JobContext(url, job_id)
+    ctx = JobContext(url, job_id)
     rdzv = Rendezvous(ctx, min_workers=WORKERS, max_workers=WORKERS, timeout=60)
     ready.wait()
     rdzv.join(worker.worker_id, worker.incarnation)

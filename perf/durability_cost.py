@@ -33,6 +33,7 @@ import redis
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.data import ShardLeases
 from strata_redis.server import RedisServer
 
 #: (label, deployment, durability)
@@ -78,7 +79,7 @@ def handoffs(loops: int, url: str, mode: str) -> float:
     worker = f"w-{tag}"
     job.register_worker(worker, heartbeat_interval=None)
     params = ShardManager(job).register_dataset_params(f"ds-{tag}", loops, 1)
-    leases = strata_redis.ShardLeases(job.context, params, 0, worker)
+    leases = ShardLeases(job.context, params, 0, worker)
     leases.prepare()
     start = time.perf_counter()
     for _ in range(loops):

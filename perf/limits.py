@@ -40,9 +40,11 @@ import redis
 
 import strata_redis
 from strata_redis.connection import hash_items
+from strata_redis.coordination import Rendezvous
 from strata_redis.dashboard.state import DashboardState
 from strata_redis.data.leases import new_grant
 from strata_redis.data.position import restore_position
+from strata_redis.errors import BarrierTimeoutError, RoundBrokenError
 from strata_redis.keys import LeaseKeys
 from strata_redis.server import RedisServer
 from strata_redis.status import Status
@@ -185,7 +187,7 @@ def job_of(url: str, n: int) -> dict[str, float]:
     count = job.barrier("count", n)
     job.scripts.run_many([count.arrive_call(names[0], uuid.uuid4().hex, 1, 600)])
     raw.slowlog_reset()
-    with contextlib.suppress(strata_redis.BarrierTimeoutError):
+    with contextlib.suppress(BarrierTimeoutError):
         count.wait(names[1], timeout=0.5)
     phases["timeout"] = _slowlog_max(raw, "a count barrier timing out")
     strata_redis.ShardManager(job).register_dataset_params("ds", n * 10, 10)
@@ -225,7 +227,7 @@ def _rendezvous_of(job: strata_redis.Job, raw: redis.Redis, names: list[str]) ->
     """A rendezvous round of every worker: joins, the close, a member lost (check_round), the
     survivors' next round (closing early when all are back); the longest command of each."""
     incs = {w: int(i) for w, i in hash_items(raw, job.keys.incarnation).items()}
-    rdzv = strata_redis.Rendezvous(job.context, min_workers=2, max_workers=len(names),
+    rdzv = Rendezvous(job.context, min_workers=2, max_workers=len(names),
                                    last_call=3600)  # fmt: skip
 
     def join_all(members: list[str], guess: int, leaving: int) -> None:
@@ -245,7 +247,7 @@ def _rendezvous_of(job: strata_redis.Job, raw: redis.Redis, names: list[str]) ->
     try:
         rdzv.check(first)
         raise AssertionError("check_round missed the lost member")
-    except strata_redis.RoundBrokenError:
+    except RoundBrokenError:
         pass
     phases["rendezvous_check"] = _slowlog_max(raw, "check_round after a member was lost")
     join_all([names[0], *names[2:]], first.number, first.number)  # closes when all are back

@@ -73,7 +73,7 @@ def main() -> None:
         job.client.set(job.keys.fence, 0)
         name, keys, args_ = worker.heartbeat_call()
         job.scripts.call(name, keys, args_)  # the anchors are noted
-        body = status.inline(scripts.sources()[name])
+        body = scripts.body(name)
         full_keys, full_args = job.scripts.stamp(keys, args_)
         # the old prelude on a job of its own: its clock steps by 8 over 3 anchors (today's by
         # 16 over 4), so on one job either would read the other's ticks as anchors made
@@ -98,7 +98,7 @@ def main() -> None:
             "era, clock, history, anchors": (scripts.compiled()[name], full_keys, full_args),
             "the same, codes as tables": (
                 tables() + re.sub(r"\bG\.[A-Z_]+", "true",
-                                  status.ERA_CHECK + scripts.sources()[name] + "\n"
+                                  status.ERA_CHECK + scripts.body(name, inlined=False) + "\n"
                                   + status.EPILOGUE),
                 full_keys, full_args,
             ),

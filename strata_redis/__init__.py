@@ -1,60 +1,53 @@
-"""strata_redis: coordination for distributed ML training through Redis."""
+"""strata_redis: coordination for distributed ML training through Redis.
 
-from .checkpoint.ids import CheckpointId
+``__all__`` is what a training script and an operator use: the training loop
+(``TrainingOrchestrator``), a job's handle (``connect``, ``Job``), the facades
+(``ShardManager``, ``CheckpointManager``), what they return, the storage backends, and the
+errors worth catching. The rest is one import further:
+
+- ``strata_redis.coordination``: workers, barriers, the rendezvous (``Worker``, ``Barrier``,
+  ``Rendezvous``, ...)
+- ``strata_redis.data``: shard leases and progress (``ShardLeases``, ``EpochProgress``)
+- ``strata_redis.checkpoint``: checkpoint ids, file entries, save records
+- ``strata_redis.errors``: every exception (the tree is drawn there)
+- ``strata_redis.storage``, ``strata_redis.torch``, ``strata_redis.dashboard``,
+  ``strata_redis.testing``
+
+A name that moved out of ``__all__`` still imports from here, with a ``DeprecationWarning``
+naming its new import path (``_MOVED``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
 from .checkpoint.manager import CheckpointManager
-from .checkpoint.manifest import CheckpointInfo, FileEntry
+from .checkpoint.manifest import CheckpointInfo
 from .checkpoint.pipeline import SaveFuture
 from .checkpoint.reader import CheckpointSkippedWarning, LoadedCheckpoint
-from .checkpoint.records import SaveRecord
-from .context import JobContext
-from .coordination.barrier import LIVE, Barrier, BarrierState, Release
-from .coordination.latency import BarrierLatency
-from .coordination.registry import WorkerInfo
-from .coordination.rendezvous import Rendezvous, Round
-from .coordination.workers import Worker
-from .data.leases import Lease, ShardLeases
-from .data.record import EpochProgress
+from .data.leases import Lease
 from .data.sharding import DatasetParams, Shard
 from .data.stream import ShardStream
 from .errors import (
-    BarrierBrokenError,
     BarrierError,
-    BarrierTimeoutError,
-    CheckpointAbortedError,
     CheckpointError,
     CheckpointNotFoundError,
-    DatasetConflictError,
     DatasetError,
-    DatasetNotFoundError,
-    EpochUnfinishedError,
-    JobLayoutError,
     LeaseError,
     LeaseLostError,
     NotReplicatedError,
-    RedisConfigError,
     RedisMemoryFullError,
     RedisUnavailableError,
-    RendezvousEndedError,
     RendezvousError,
-    RendezvousTimeoutError,
-    RestartLimitError,
-    RoundBrokenError,
     StateLostError,
     StateRolledBackError,
-    StepNotForwardError,
     StorageError,
-    StorageExistsError,
-    StorageNotFoundError,
     StrataError,
     WorkerError,
-    WorkerExistsError,
-    WorkerFailedError,
-    WorkerLeftError,
-    WorkerNotRegisteredError,
-    WorkerReplacedError,
 )
 from .job import Job, connect
-from .keys import Keys
 from .orchestrator import TrainingOrchestrator
 from .shard_manager import ShardManager
 from .storage import (
@@ -69,75 +62,76 @@ from .storage import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "LIVE",
-    "Barrier",
-    "BarrierBrokenError",
     "BarrierError",
-    "BarrierLatency",
-    "BarrierState",
-    "BarrierTimeoutError",
-    "CheckpointAbortedError",
     "CheckpointError",
-    "CheckpointId",
     "CheckpointInfo",
     "CheckpointManager",
     "CheckpointNotFoundError",
     "CheckpointSkippedWarning",
-    "DatasetConflictError",
     "DatasetError",
-    "DatasetNotFoundError",
     "DatasetParams",
-    "EpochProgress",
-    "EpochUnfinishedError",
-    "FileEntry",
     "Job",
-    "JobContext",
-    "JobLayoutError",
-    "Keys",
     "Lease",
     "LeaseError",
     "LeaseLostError",
     "LoadedCheckpoint",
     "LocalStorage",
     "NotReplicatedError",
-    "RedisConfigError",
     "RedisMemoryFullError",
     "RedisUnavailableError",
-    "Release",
-    "Rendezvous",
-    "RendezvousEndedError",
     "RendezvousError",
-    "RendezvousTimeoutError",
-    "RestartLimitError",
-    "Round",
-    "RoundBrokenError",
     "S3Storage",
     "SaveFuture",
-    "SaveRecord",
     "Shard",
-    "ShardLeases",
     "ShardManager",
     "ShardStream",
     "StateLostError",
     "StateRolledBackError",
-    "StepNotForwardError",
     "Storage",
     "StorageError",
-    "StorageExistsError",
-    "StorageNotFoundError",
     "StrataError",
     "TrainingOrchestrator",
-    "Worker",
     "WorkerError",
-    "WorkerExistsError",
-    "WorkerFailedError",
-    "WorkerInfo",
-    "WorkerLeftError",
-    "WorkerNotRegisteredError",
-    "WorkerReplacedError",
     "__version__",
     "connect",
     "open_storage",
     "storage_from_env",
     "storage_from_url",
 ]
+
+#: names that were in ``__all__`` before, and the module to import each from now
+_MOVED: dict[str, str] = {
+    **dict.fromkeys(
+        ["LIVE", "Barrier", "BarrierLatency", "BarrierState", "Release", "Rendezvous", "Round",
+         "Worker", "WorkerInfo"],
+        "strata_redis.coordination",
+    ),
+    **dict.fromkeys(["EpochProgress", "ShardLeases"], "strata_redis.data"),
+    **dict.fromkeys(["CheckpointId", "FileEntry", "SaveRecord"], "strata_redis.checkpoint"),
+    "JobContext": "strata_redis.context",
+    "Keys": "strata_redis.keys",
+    **dict.fromkeys(
+        ["BarrierBrokenError", "BarrierTimeoutError", "CheckpointAbortedError",
+         "DatasetConflictError", "DatasetNotFoundError", "EpochUnfinishedError",
+         "JobLayoutError", "RedisConfigError", "RendezvousEndedError", "RendezvousTimeoutError",
+         "RestartLimitError", "RoundBrokenError", "StepNotForwardError", "StorageExistsError",
+         "StorageNotFoundError", "WorkerExistsError", "WorkerFailedError", "WorkerLeftError",
+         "WorkerNotRegisteredError", "WorkerReplacedError"],
+        "strata_redis.errors",
+    ),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved out of ``__all__``: still there, with a warning naming its new path.
+    (Anything else is no attribute: ``from strata_redis import <submodule>`` then imports it.)"""
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"strata_redis.{name} is no longer part of strata_redis' public names: import it "
+        f"from {module} (from {module} import {name})",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)

@@ -35,6 +35,9 @@ from redis.exceptions import MaxConnectionsError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+# (defined with every error; imported from here before)
+from .errors import PoolExhaustedError as PoolExhaustedError
+
 DEFAULT_URL = "redis://localhost:6379/0"
 URL_ENV = "STRATA_REDIS_URL"
 #: connections one client (one ``JobContext`` and every context sharing it) may open. Each
@@ -80,14 +83,6 @@ _CONNECTION_KWARGS = {
 _EXTRA_KWARGS = frozenset({"health_check_interval", "retry_on_timeout"})
 
 
-class PoolExhaustedError(MaxConnectionsError):
-    """Every connection of a pool stayed busy for ``POOL_TIMEOUT``: a limit of this process.
-
-    Redis itself may be fine; raise ``max_connections`` (or wait in fewer threads at once).
-    Subclasses ``redis.exceptions.MaxConnectionsError`` (a ``redis.ConnectionError``).
-    """
-
-
 class StrataPool(redis.BlockingConnectionPool):
     """A blocking connection pool whose exhaustion error names the limit and the fix."""
 
@@ -104,12 +99,9 @@ class StrataPool(redis.BlockingConnectionPool):
         except redis.ConnectionError as exc:
             if str(exc) != "No connection available.":
                 raise
-            raise PoolExhaustedError(
-                f"connection pool limit reached: all {self.max_connections} connections of "
-                f"this process's strata_redis {self.pool_name} pool to "
-                f"{_describe_kwargs(self.connection_kwargs, self.connection_class)} stayed busy "
-                f"for {self.timeout:g}s (each caller blocked in a barrier or checkpoint wait "
-                "holds one); raise max_connections"
+            where = _describe_kwargs(self.connection_kwargs, self.connection_class)
+            raise PoolExhaustedError.after(
+                self.max_connections, self.pool_name, where, self.timeout
             ) from None
 
 

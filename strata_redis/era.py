@@ -60,8 +60,6 @@ from redis.exceptions import MovedError, NoPermissionError, OutOfMemoryError, Re
 from .connection import Replies, take_reply
 from .durability import DEFAULT, REPLICATED, has_waitaof, shortfall, waits
 from .errors import (
-    PARTLY_LOST_MARK,
-    ROLLED_BACK_MARK,
     Context,
     JobLayoutError,
     NotReplicatedError,
@@ -84,6 +82,8 @@ __all__ = [
     "check_eviction",
     "eviction_risk",
     "layout_of",
+    "lost_error",
+    "marked",
     "new_era",
     "queue_era_state",
     "take_era_state",
@@ -102,6 +102,14 @@ DURABLE_SCRIPTS: Final = frozenset(
 )
 #: what separates an era's random id from the layout of the job's state (``new_era``)
 LAYOUT_TAG: Final = ".v"
+#: how a rolled-back era is marked in Redis (``status.ERA_CHECK``):
+#: ``<era>!rolled-back:<clock it held><<clock a process had seen>``, or ``...~<seen>`` when
+#: the clock was not behind but Redis' history at the seen tick is another call's
+ROLLED_BACK_MARK: Final = "!rolled-back:"
+#: how an era is marked in Redis when part of its state is gone (``status.ERA_CHECK``):
+#: ``<era>!lost:<key>`` (an anchor's name, or any key's part after the job's tag:
+#: ``status.ERA_CHECK``'s ``LOST``)
+PARTLY_LOST_MARK: Final = "!lost:"
 #: set to 1 to run on a Redis whose ``maxmemory-policy`` may evict the job's keys
 ALLOW_EVICTION_ENV: Final = "STRATA_ALLOW_EVICTION"
 #: seconds between two checks of ``maxmemory-policy`` by one process (one ``INFO memory``)
@@ -171,6 +179,32 @@ def layout_of(era: str) -> int | None:
     rollback or loss appends (``!...``) are skipped."""
     _, tag, version = era.split("!", 1)[0].rpartition(LAYOUT_TAG)
     return int(version) if tag and version.isdigit() else None
+
+
+def marked(found: str) -> bool:
+    """Whether an era key's value is marked rolled back or partly lost (no longer usable)."""
+    return ROLLED_BACK_MARK in found or PARTLY_LOST_MARK in found
+
+
+def lost_error(job_id: str, era: str, found: str | None) -> StateLostError:
+    """The error for a job whose era is not ``era``: Redis holds ``found`` (None: no era),
+    which may be an era marked rolled back (``StateRolledBackError``, with the clock Redis
+    held and the one a process had seen, read from the mark) or partly lost (naming the key).
+
+    The era key's format is read here only; the error classes format what they are given.
+    """
+    if found and ROLLED_BACK_MARK in found:
+        tail = found.split(ROLLED_BACK_MARK, 1)[1]
+        diverged = "~" in tail
+        low, _, high = tail.partition("~" if diverged else "<")
+        clock, seen = (int(low), int(high)) if low.isdigit() and high.isdigit() else (None, None)
+        return StateRolledBackError.detected(
+            job_id, era, clock, seen, found=found, diverged=diverged
+        )
+    if found and PARTLY_LOST_MARK in found:
+        key = found.split(PARTLY_LOST_MARK, 1)[1] or "?"
+        return StateLostError.partly(job_id, era, found, key)
+    return StateLostError.because(job_id, era, found)
 
 
 class Era:
@@ -255,8 +289,8 @@ class Era:
                     except MovedError as exc:
                         raise _moved(self.job_id, exc) from None
                     era = fresh if old is None else _text(old)
-                    if ROLLED_BACK_MARK in era or PARTLY_LOST_MARK in era:
-                        raise StateLostError.of(self.job_id, "", era)
+                    if marked(era):
+                        raise lost_error(self.job_id, "", era)
                     layout = layout_of(era)
                     if layout != LAYOUT:
                         raise JobLayoutError.made(self.job_id, era, layout, LAYOUT)
@@ -286,7 +320,7 @@ class Era:
 
     def lost(self, found: object) -> StateLostError:
         """The error for a ``STATE_LOST`` reply (``found``: the stored era, "" if none)."""
-        return StateLostError.of(self.job_id, self._value or "", _text(found) or None)
+        return lost_error(self.job_id, self._value or "", _text(found) or None)
 
     def rolled_back(self, clock: object, diverged: bool = False) -> StateRolledBackError:
         """The error for a ``STATE_ROLLED_BACK`` reply (``clock``: the clock Redis held;
@@ -322,7 +356,7 @@ def take_era_state(replies: Replies) -> bool:
     """Whether the job's state is intact, from ``queue_era_state``'s reply: its era exists
     and is not marked rolled back or partly lost."""
     era = _text(take_reply(replies))
-    return bool(era) and ROLLED_BACK_MARK not in era and PARTLY_LOST_MARK not in era
+    return bool(era) and not marked(era)
 
 
 class EraScripts:

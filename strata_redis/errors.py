@@ -31,19 +31,27 @@ The tree::
     ├── StateLostError              .job_id, .era, .found: the job's state in Redis was lost
     │   ├── StateRolledBackError        .clock, .seen: it went back (failover, older snapshot)
     │   └── JobLayoutError              .layout, .expected: written in another layout (version)
+    ├── PoolExhaustedError          every pooled connection of this process stayed busy: a
+    │                                   limit of the process, not of Redis (also a
+    │                                   ``redis.exceptions.MaxConnectionsError``)
     ├── RedisConfigError            Redis is set up so that it could break a guarantee
     ├── NotReplicatedError          .job_id, .operation, .acked, .needed: applied, but no
     │                                   replica confirmed it (``durability="replicated"``)
     ├── StorageError                .backend, .path (never credentials)
     │   ├── StorageNotFoundError        the object does not exist
     │   └── StorageExistsError          a create-only write found the object already there
-    └── CheckpointError             .job_id, .step, .epoch
-        ├── CheckpointAbortedError      a participant's upload failed: it never commits
-        ├── CheckpointNotFoundError     no committed checkpoint verifies
-        └── StepNotForwardError         not after the newest checkpoint (also a ValueError)
+    ├── CheckpointError             .job_id, .step, .epoch
+    │   ├── CheckpointAbortedError      a participant's upload failed: it never commits
+    │   ├── CheckpointNotFoundError     no committed checkpoint verifies
+    │   └── StepNotForwardError         not after the newest checkpoint (also a ValueError)
+    └── PortError                   .host, .port, .in_use: the dashboard cannot listen there
+                                        (also an ``OSError``)
 
 A refusal from a Lua script is a ``Status`` code; ``from_status`` turns it into the
-exception, each class building its own message from the caller's ids (``refused``).
+exception, each class building its own message from the caller's ids (``refused``). This
+module only formats what it is given: what a value in Redis means (the era key's marks of a
+rolled-back or partly lost state) is read by that value's owner (``era.py``), which hands the
+pieces to the class.
 
 Bad arguments raise the builtin ``ValueError``/``TypeError`` naming the argument and the
 value, and errors from redis-py (``redis.exceptions.RedisError``) pass through unwrapped,
@@ -54,11 +62,12 @@ redis-py error it replaces, so handlers written for redis-py's classes still cat
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError
+from redis.exceptions import MaxConnectionsError, OutOfMemoryError
 
 from .status import Status
 
@@ -78,9 +87,12 @@ __all__ = [
     "DatasetNotFoundError",
     "EpochUnfinishedError",
     "JobLayoutError",
+    "JobNotFoundError",
     "LeaseError",
     "LeaseLostError",
     "NotReplicatedError",
+    "PoolExhaustedError",
+    "PortError",
     "RedisConfigError",
     "RedisMemoryFullError",
     "RedisUnavailableError",
@@ -652,44 +664,25 @@ class StateLostError(StrataError):
         )  # fmt: skip
 
     @classmethod
-    def partly(cls, job_id: str, era: str, found: str) -> StateLostError:
-        """Part of the state of ``job_id`` is gone: ``found`` is the era marked
-        ``<era>!lost:<key>`` (an anchor of ``status.ANCHORS``, or a key of a structure)."""
-        what = found.split(PARTLY_LOST_MARK, 1)[1] if PARTLY_LOST_MARK in found else "?"
+    def partly(cls, job_id: str, era: str, found: str, key: str) -> StateLostError:
+        """Part of the state of ``job_id`` is gone: ``found`` is the era key's value, marked
+        lost naming ``key`` (an anchor of ``status.ANCHORS``, or a key of a structure: its
+        part after the job's tag; ``era.lost_error`` reads it from the mark)."""
         return cls(
-            f"part of the state of job {job_id!r} in Redis was lost: its {what} key "
-            f"(strata:{{{job_id}}}:{what}) is gone while its era stands (evicted by a "
+            f"part of the state of job {job_id!r} in Redis was lost: its {key} key "
+            f"(strata:{{{job_id}}}:{key}) is gone while its era stands (evicted by a "
             "maxmemory-policy, expired, or deleted by hand). "
             + _ROLLBACK_REMEDY.format(job=job_id),
             job_id=job_id, era=era, found=found,
         )  # fmt: skip
 
     @classmethod
-    def of(cls, job_id: str, era: str, found: str | None) -> StateLostError:
-        """The error for an era that is not ``era``: Redis holds ``found`` (None: none),
-        which may be ``era`` marked rolled back or partly lost."""
-        if found and ROLLED_BACK_MARK in found:
-            return StateRolledBackError.from_mark(job_id, era, found)
-        if found and PARTLY_LOST_MARK in found:
-            return cls.partly(job_id, era, found)
-        return cls.because(job_id, era, found)
-
-    @classmethod
     def refused(cls, c: Context) -> StateLostError:
-        """A ``STATE_LOST`` reply seen without the era at hand."""
+        """A ``STATE_LOST`` reply seen without the era at hand (the era's owner,
+        ``era.EraScripts``, reads the reply's mark first: this only says what Redis holds)."""
         found = str(c["payload"][0]) if c.get("payload") else ""
-        return cls.of(c.get("job_id", "?"), "?", found or None)
+        return cls.because(c.get("job_id", "?"), "?", found or None)
 
-
-#: how a rolled-back era is marked in Redis (``status.ERA_CHECK``):
-#: ``<era>!rolled-back:<clock it held><<clock a process had seen>``, or ``...~<seen>`` when
-#: the clock was not behind but Redis' history at the seen tick is another call's
-ROLLED_BACK_MARK = "!rolled-back:"
-
-#: how an era is marked in Redis when part of its state is gone (``status.ERA_CHECK``):
-#: ``<era>!lost:<key>`` (an anchor's name, or any key's part after the job's tag:
-#: ``status.ERA_CHECK``'s ``LOST``)
-PARTLY_LOST_MARK = "!lost:"
 
 #: what to do after a rollback, for the messages
 _ROLLBACK_REMEDY = (
@@ -752,18 +745,6 @@ class StateRolledBackError(StateLostError):
         )  # fmt: skip
 
     @classmethod
-    def from_mark(cls, job_id: str, era: str, found: str) -> StateRolledBackError:
-        """The error for an era marked rolled back (``found``: the era key's value)."""
-        clock: int | None = None
-        seen: int | None = None
-        tail = found.split(ROLLED_BACK_MARK, 1)[1] if ROLLED_BACK_MARK in found else ""
-        diverged = "~" in tail
-        low, _, high = tail.partition("~" if diverged else "<")
-        if low.isdigit() and high.isdigit():
-            clock, seen = int(low), int(high)
-        return cls.detected(job_id, era, clock, seen, found=found, diverged=diverged)
-
-    @classmethod
     def refused(cls, c: Context) -> StateRolledBackError:
         """A ``STATE_ROLLED_BACK`` reply seen without the era at hand."""
         clock = int(c["payload"][0]) if c.get("payload") else None
@@ -806,6 +787,25 @@ class JobLayoutError(StateLostError):
             "started again resumes from them)",
             job_id=job_id, era="", found=found, layout=layout, expected=expected,
         )  # fmt: skip
+
+
+class PoolExhaustedError(StrataError, MaxConnectionsError):
+    """Every connection of a pool stayed busy for ``connection.POOL_TIMEOUT``: a limit of this
+    process.
+
+    Redis itself may be fine; raise ``max_connections`` (or wait in fewer threads at once).
+    Subclasses ``redis.exceptions.MaxConnectionsError`` (a ``redis.ConnectionError``).
+    """
+
+    @classmethod
+    def after(cls, limit: int, pool: str, where: str, timeout: float) -> PoolExhaustedError:
+        """All ``limit`` connections of the process's ``pool`` pool to ``where`` (redacted)
+        stayed busy for ``timeout`` seconds."""
+        return cls(
+            f"connection pool limit reached: all {limit} connections of this process's "
+            f"strata_redis {pool} pool to {where} stayed busy for {timeout:g}s (each caller "
+            "blocked in a barrier or checkpoint wait holds one); raise max_connections"
+        )
 
 
 class RedisConfigError(StrataError):
@@ -1014,6 +1014,26 @@ class StepNotForwardError(CheckpointError, ValueError):
             f"committed checkpoint {newest}: checkpoints must go forward",
             job_id=c["job_id"], step=c["step"], epoch=c.get("epoch"), newest=newest,
         )  # fmt: skip
+
+
+class PortError(StrataError, OSError):
+    """The dashboard cannot listen on ``host:port`` (in use, or not allowed).
+
+    Attributes:
+        host, port: where it tried to listen.
+        in_use: the address is already in use (by another server).
+    """
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        self.host = host
+        self.port = port
+        self.in_use = cause.errno == errno.EADDRINUSE
+        shown = f"[{host}]" if ":" in host else host
+        why = "is already in use" if self.in_use else f"cannot be used: {cause.strerror or cause}"
+        super().__init__(cause.errno, f"{shown}:{port} {why}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 #: each refusal a script can return, and the exception it becomes

@@ -89,7 +89,8 @@ class Job:
 
     @property
     def keys(self) -> Keys:
-        """The job's key schema."""
+        """The job's key schema (internal: for reading Redis by hand; it changes with the
+        layout)."""
         return self.context.keys
 
     @property
@@ -99,7 +100,7 @@ class Job:
 
     @property
     def scripts(self) -> EraScripts:
-        """The Lua scripts registered on the client."""
+        """The Lua scripts registered on the client (internal: the features run them)."""
         return self.context.scripts
 
     @property

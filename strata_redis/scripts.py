@@ -4,8 +4,11 @@ Every script lives in ``lua/<name>.lua`` (the wheel carries them as ``strata_red
 and returns a table whose first element is a ``Status`` code: 0 for success, else a refusal
 that ``errors.from_status`` turns into its exception. Each script is loaded with the status
 prelude (``status.prelude()``) in front of its first line and the codes it names (``S.X``,
-``A.X``) written as numbers (``status.inline``), so scripts name codes, not numbers, and with
-the shared pieces of Lua it names (``lua/lib/``, one line each).
+``A.X``) written as numbers (``status.inline``), so scripts name codes, not numbers; then
+the shared prelude every script gets (``lua/lib/prelude.lua``: Redis' clock as ``NOW_MS()``
+and ``NOW_US()``) and the shared pieces of Lua it names (``lua/lib/``, one line each).
+Everything in front of a script's first line is on that line, so the line numbers in a Lua
+error (``user_script:<line>:``) are the file's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ Call = tuple[str, Sequence[str], Sequence[Any]]
 
 #: a script's line naming a shared piece of Lua it needs
 USES = re.compile(r"^-- uses: lib/(\w+)\.lua", re.MULTILINE)
+#: the shared piece every script gets without naming it (``lua/lib/prelude.lua``)
+PRELUDE = "prelude"
 
 
 def lua_dir() -> Path:
@@ -54,18 +59,37 @@ def library(name: str) -> str:
     return " ".join(line for line in lines if line and not line.startswith("--")) + " "
 
 
+def body(name: str, *, inlined: bool = True) -> str:
+    """Script ``name`` as it runs inside the era check (``compose`` of its file)."""
+    return compose(sources()[name], inlined=inlined)
+
+
+def compose(src: str, *, inlined: bool = True) -> str:
+    """A script's file as it runs inside the era check: the shared prelude and the pieces of
+    ``lua/lib/`` it names, on its first line, then the file; codes written as numbers unless
+    ``inlined`` is false (for a benchmark that builds a variant of its own).
+
+    Raises:
+        ValueError: the script names a shared piece twice, or names the prelude (every
+            script has it).
+    """
+    uses = USES.findall(src)
+    if PRELUDE in uses or len(set(uses)) != len(uses):
+        raise ValueError(f"a script names a lib/ piece twice, or the prelude: {uses}")
+    text = "".join(library(lib) for lib in (PRELUDE, *uses)) + src
+    return inline(text) if inlined else text
+
+
 @cache
 def compiled() -> dict[str, str]:
-    """Every script as Redis runs it: the era prelude and the shared pieces it names on a
-    ``-- uses: lib/<name>.lua`` line, then the file (all on its first line: line numbers kept),
-    then the epilogue after its last line (the reply with the job's clock: ``status.py``);
-    status codes written as numbers (``status.inline``)."""
+    """Every script as Redis runs it: the era prelude (``status.prelude``), then ``body``
+    (the shared prelude and the pieces it names on a ``-- uses: lib/<name>.lua`` line, then
+    the file: all in front of its first line, so line numbers are kept), then the epilogue
+    after its last line (the reply with the job's clock: ``status.py``); status codes
+    written as numbers (``status.inline``)."""
     head = prelude()
     return {
-        name: head
-        + inline("".join(library(lib) for lib in USES.findall(src)) + src)
-        + ("" if src.endswith("\n") else "\n")
-        + EPILOGUE
+        name: head + body(name) + ("" if src.endswith("\n") else "\n") + EPILOGUE
         for name, src in sources().items()
     }
 

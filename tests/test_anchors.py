@@ -123,11 +123,11 @@ def test_a_policy_that_evicts_set_while_the_job_runs_stops_it(
             with pytest.raises(strata_redis.StateRolledBackError):
                 leases.acquire()
             return
-        with pytest.raises(strata_redis.RedisConfigError, match="allkeys-lru"):
+        with pytest.raises(strata_redis.errors.RedisConfigError, match="allkeys-lru"):
             leases.acquire()
         # every later call is refused too, not only the one that made the check
         monkeypatch.setattr(era_module, "POLICY_EVERY", 3600.0)
-        with pytest.raises(strata_redis.RedisConfigError, match="allkeys-lru"):
+        with pytest.raises(strata_redis.errors.RedisConfigError, match="allkeys-lru"):
             leases.acquire()
 
 
@@ -139,7 +139,7 @@ def test_the_datasets_hash_is_an_anchor(job: strata_redis.Job, raw: Any, redis_u
     manager.register_dataset_params("ds", 16, 2, False, 0)
     manager.register_dataset_params("other", 16, 2, False, 0)
     assert manager.delete_dataset("other") and manager.delete_dataset("ds")
-    with pytest.raises(strata_redis.DatasetNotFoundError):
+    with pytest.raises(strata_redis.errors.DatasetNotFoundError):
         manager.get_dataset("ds")
     assert manager.list_datasets() == []
     manager.register_dataset_params("ds", 16, 2, False, 0)
@@ -170,7 +170,9 @@ def test_a_deleted_rendezvous_stops_its_members_naming_it(job: strata_redis.Job,
     review and a join that knows the round each stop with ``StateLostError`` naming it (a
     join on a fresh hash would open round 1 again beside the running one: rounds split)."""
     workers = [job.register_worker(f"w{i}", heartbeat_interval=None) for i in range(2)]
-    rdzv = strata_redis.Rendezvous(job.context, min_workers=2, max_workers=2, timeout=5)
+    rdzv = strata_redis.coordination.Rendezvous(
+        job.context, min_workers=2, max_workers=2, timeout=5
+    )
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         rounds = list(pool.map(lambda w: rdzv.join(w.worker_id, w.incarnation), workers))
     assert {r.number for r in rounds} == {1}

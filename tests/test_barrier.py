@@ -241,11 +241,11 @@ def test_killed_participant_breaks_barrier_and_survivors_reset(
 
 
 @pytest.fixture
-def register(job: strata_redis.Job) -> Iterator[Callable[[str], strata_redis.Worker]]:
+def register(job: strata_redis.Job) -> Iterator[Callable[[str], strata_redis.coordination.Worker]]:
     """Register workers of ``job`` with fast heartbeats; stop their threads afterwards."""
-    made: list[strata_redis.Worker] = []
+    made: list[strata_redis.coordination.Worker] = []
 
-    def make(worker_id: str) -> strata_redis.Worker:
+    def make(worker_id: str) -> strata_redis.coordination.Worker:
         made.append(job.register_worker(worker_id, heartbeat_interval=0.2))
         return made[-1]
 
@@ -344,17 +344,17 @@ def test_retried_arrival_counted_once(
 
 def test_unregistered_failed_and_left_workers_refused(job: strata_redis.Job) -> None:
     barrier = job.barrier("refuse", expected=2)
-    with pytest.raises(strata_redis.WorkerNotRegisteredError, match="'ghost'"):
+    with pytest.raises(strata_redis.errors.WorkerNotRegisteredError, match="'ghost'"):
         barrier.wait("ghost", timeout=1)
-    with pytest.raises(strata_redis.WorkerNotRegisteredError, match="'ghost'"):
+    with pytest.raises(strata_redis.errors.WorkerNotRegisteredError, match="'ghost'"):
         barrier.abort("ghost", "no such worker")
     silent = job.register_worker("silent", heartbeat_interval=None)
     left = job.register_worker("left", heartbeat_interval=None)
     left.deregister()
     wait_for(lambda: "silent" in job.reap(), 5, step=0.1)
-    with pytest.raises(strata_redis.WorkerFailedError, match="'silent'"):
+    with pytest.raises(strata_redis.errors.WorkerFailedError, match="'silent'"):
         barrier.wait("silent", timeout=1)
-    with pytest.raises(strata_redis.WorkerLeftError, match="'left'"):
+    with pytest.raises(strata_redis.errors.WorkerLeftError, match="'left'"):
         barrier.wait("left", timeout=1)
     assert barrier.state().arrived == []
     silent.stop_heartbeat()
@@ -428,9 +428,9 @@ def test_abort_wakes_every_waiter_at_once_and_refuses_until_reset(
     errors = [results.get(timeout=5), results.get(timeout=5)]
     assert time.monotonic() - started < 5.0
     for err in errors:
-        assert isinstance(err, strata_redis.BarrierBrokenError)
+        assert isinstance(err, strata_redis.errors.BarrierBrokenError)
         assert (err.culprit, err.reason, err.generation) == ("c", "out of memory", generation)
-    with pytest.raises(strata_redis.BarrierBrokenError, match="aborted it: out of memory"):
+    with pytest.raises(strata_redis.errors.BarrierBrokenError, match="aborted it: out of memory"):
         barrier.wait("c", timeout=5)  # a late arrival does not pass the broken generation
     assert barrier.reset(generation) == generation + 1
     assert barrier.reset(generation) == generation + 1  # every survivor may call it

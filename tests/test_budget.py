@@ -15,7 +15,9 @@ import redis
 
 import strata_redis
 from strata_redis import connection
-from strata_redis.connection import PoolExhaustedError, make_client
+from strata_redis.connection import make_client
+from strata_redis.coordination import Release
+from strata_redis.errors import PoolExhaustedError
 from strata_redis.server import RedisServer
 
 from .procs import wait_for
@@ -58,7 +60,7 @@ def test_300_workers_150_at_one_barrier_in_one_process(
     for thread in threads:
         thread.join(150)
     assert not any(t.is_alive() for t in threads), "waiters still blocked"
-    errors = {k: v for k, v in results.items() if not isinstance(v, strata_redis.Release)}
+    errors = {k: v for k, v in results.items() if not isinstance(v, Release)}
     assert not errors, list(errors.items())[:3]
     assert {r.generation for r in results.values()} == {1}  # type: ignore[attr-defined]
     # heartbeats kept flowing for every worker, waiting or not, for two timeouts more

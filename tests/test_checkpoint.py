@@ -22,7 +22,6 @@ import redis
 
 import strata_redis
 from strata_redis import (
-    CheckpointAbortedError,
     CheckpointError,
     CheckpointManager,
     CheckpointNotFoundError,
@@ -33,6 +32,7 @@ from strata_redis import (
     identity,
 )
 from strata_redis.checkpoint.ids import CheckpointId
+from strata_redis.errors import CheckpointAbortedError
 from strata_redis.server import RedisServer
 from strata_redis.storage.base import TMP_PREFIX
 

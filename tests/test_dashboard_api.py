@@ -25,9 +25,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import strata_redis
 from strata_redis.checkpoint.records import decode_record
+from strata_redis.coordination import Worker
 from strata_redis.coordination.registry import queue_events, take_events
 from strata_redis.dashboard import DashboardState, create_app
 from strata_redis.dashboard.app import COOKIE, schema_text
+from strata_redis.data import ShardLeases
+from strata_redis.errors import CheckpointAbortedError
 from strata_redis.server import RedisServer
 
 from .procs import kill9, spawn, wait_for
@@ -46,8 +49,8 @@ def _doomed_worker(url: str, job_id: str) -> None:
 @dataclass
 class Scenario:
     job: strata_redis.Job
-    workers: list[strata_redis.Worker]
-    leases: strata_redis.ShardLeases
+    workers: list[Worker]
+    leases: ShardLeases
     held: strata_redis.Lease
     ckpt: strata_redis.CheckpointManager
 
@@ -103,7 +106,7 @@ def scenario(redis_url: str, tmp_path: Path) -> Iterator[Scenario]:
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
     broken = strata_redis.CheckpointManager(blocked, redis=job, worker_id="w-02")
-    with pytest.raises(strata_redis.CheckpointAbortedError, match="step 300"):
+    with pytest.raises(CheckpointAbortedError, match="step 300"):
         broken.save(b"x" * 1000, step=300, epoch=0).result()
     broken.close()
     yield Scenario(job, [w1, w2], leases, held, ckpt)

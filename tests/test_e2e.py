@@ -228,7 +228,7 @@ def _advance_worker(url: str, worker_id: str, ckpt: str, out: str) -> None:
         try:
             orch.advance_epoch()
             result = {"error": None}
-        except strata_redis.BarrierTimeoutError as exc:
+        except strata_redis.errors.BarrierTimeoutError as exc:
             result = {"error": type(exc).__name__, "missing": exc.missing, "msg": str(exc)}
         Path(out).write_text(json.dumps(result))
 
@@ -428,7 +428,9 @@ def test_bad_arguments_write_nothing(redis_url: str, raw: redis.Redis, tmp_path:
     with strata_redis.TrainingOrchestrator(
         redis_url, "worker-01", job_id=JOB, checkpoint_path=tmp_path, last_call=0.1
     ) as orch:  # fmt: skip
-        with pytest.raises(strata_redis.DatasetNotFoundError, match="register_dataset_params"):
+        with pytest.raises(
+            strata_redis.errors.DatasetNotFoundError, match="register_dataset_params"
+        ):
             orch.get_shards("nope")
         with pytest.raises(ValueError, match="step"):
             orch.save_checkpoint(step=-1, epoch=0)
@@ -459,20 +461,20 @@ def _concurrently(*calls: Callable[[], Any]) -> list[Any]:
 
 def test_rendezvous_gives_every_member_the_same_round(job: strata_redis.Job) -> None:
     workers = [job.register_worker(f"w{i}", heartbeat_interval=0.5) for i in range(4)]
-    rdzv = strata_redis.Rendezvous(
+    rdzv = strata_redis.coordination.Rendezvous(
         job.context, min_workers=3, max_workers=3, last_call=0.3, timeout=2.0
     )
     results = _concurrently(*[lambda w=w: rdzv.join(w.worker_id, w.incarnation) for w in workers])
-    rounds = [r for r in results if isinstance(r, strata_redis.Round)]
-    late = [r for r in results if not isinstance(r, strata_redis.Round)]
+    rounds = [r for r in results if isinstance(r, strata_redis.coordination.Round)]
+    late = [r for r in results if not isinstance(r, strata_redis.coordination.Round)]
     assert len(rounds) == 3 and len(late) == 1
-    assert isinstance(late[0], strata_redis.RendezvousTimeoutError)  # it waited for round 2
+    assert isinstance(late[0], strata_redis.errors.RendezvousTimeoutError)  # it waited for round 2
     assert sorted(r.rank for r in rounds) == [0, 1, 2]  # dense
     assert {(r.number, r.world_size, r.members) for r in rounds} == {
         (1, 3, rounds[0].members)
     }  # the same for every member
     for worker, result in zip(workers, results, strict=True):
-        if isinstance(result, strata_redis.Round):
+        if isinstance(result, strata_redis.coordination.Round):
             assert result.members[result.rank] == worker.worker_id
     for w in workers:
         w.stop_heartbeat()
@@ -480,8 +482,12 @@ def test_rendezvous_gives_every_member_the_same_round(job: strata_redis.Job) -> 
 
 def test_a_lone_early_worker_cannot_close_a_round(job: strata_redis.Job) -> None:
     worker = job.register_worker("early", heartbeat_interval=0.5)
-    rdzv = strata_redis.Rendezvous(job.context, min_workers=2, last_call=0.1, timeout=1.0)
-    with pytest.raises(strata_redis.RendezvousTimeoutError, match="1 of the min_workers=2") as err:
+    rdzv = strata_redis.coordination.Rendezvous(
+        job.context, min_workers=2, last_call=0.1, timeout=1.0
+    )
+    with pytest.raises(
+        strata_redis.errors.RendezvousTimeoutError, match="1 of the min_workers=2"
+    ) as err:
         rdzv.join("early", worker.incarnation)
     assert err.value.joined == ["early"]
     worker.stop_heartbeat()
@@ -507,7 +513,7 @@ def test_per_step_check_raises_when_a_member_dies(redis_url: str, tmp_path: Path
     next(batches)
     b.worker.stop_heartbeat()  # b goes silent: it will be declared failed
     stopped = time.monotonic()
-    with pytest.raises(strata_redis.RoundBrokenError, match="member 'b' failed") as err:
+    with pytest.raises(strata_redis.errors.RoundBrokenError, match="member 'b' failed") as err:
         for _ in batches:
             time.sleep(0.001)
     # a timeout, or two after a stall (the reaper's grace), + slack for a loop sharing the

@@ -12,6 +12,7 @@ import redis
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.errors import DatasetConflictError
 from strata_redis.server import RedisServer
 
 
@@ -114,7 +115,7 @@ def test_another_shard_count_is_refused(redis_url: str, raw: redis.Redis) -> Non
     ]
     reply = job.scripts.run("init_epoch", keys, [10_000, "", 60, 60], {"job_id": "mismatch"})
     assert [int(x) for x in reply] == [1, 10_000, 0]  # open, nothing closed
-    with pytest.raises(strata_redis.DatasetConflictError, match="different number of shards"):
+    with pytest.raises(DatasetConflictError, match="different number of shards"):
         job.scripts.run(
             "init_epoch", keys, [20, "", 60, 60],
             {"job_id": "mismatch", "dataset": "ds", "epoch": 0, "worker_id": "w"},

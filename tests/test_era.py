@@ -125,7 +125,7 @@ def test_a_flushall_mid_epoch_stops_every_worker_process_with_state_lost(
     procs = [spawn(drain_until_lost, server.url, w, out) for w in ids]
     raw: redis.Redis = redis.Redis.from_url(server.url, decode_responses=True)
     try:
-        lk = strata_redis.Keys(JOB).lease_keys("ds", 0)
+        lk = strata_redis.keys.Keys(JOB).lease_keys("ds", 0)
 
         def completers() -> set[str]:
             return {f[3:] for f in raw.hkeys(lk.meta) if f.startswith("by:")}
@@ -184,7 +184,7 @@ def test_a_lost_dataset_is_a_lost_state_not_an_unregistered_one(
         job.leases("ds", 0, "w")
     # a process that never worked in an era is told the dataset is not registered
     fresh = strata_redis.connect(server.url, JOB)
-    with pytest.raises(strata_redis.DatasetNotFoundError, match="register"):
+    with pytest.raises(strata_redis.errors.DatasetNotFoundError, match="register"):
         fresh.leases("ds", 0, "w")
     fresh.close()
     job.close()
@@ -213,11 +213,11 @@ def test_a_flush_of_the_era_key_alone_is_caught_by_every_script(
 
 
 def test_racing_first_calls_agree_on_one_era(redis_url: str) -> None:
-    contexts = [strata_redis.JobContext(redis_url, JOB) for _ in range(8)]
+    contexts = [strata_redis.context.JobContext(redis_url, JOB) for _ in range(8)]
     start = threading.Barrier(len(contexts))
     eras: list[str] = []
 
-    def first(ctx: strata_redis.JobContext) -> None:
+    def first(ctx: strata_redis.context.JobContext) -> None:
         start.wait()
         eras.append(ctx.era.value())
 
@@ -251,7 +251,7 @@ def test_a_job_made_in_another_layout_is_refused_with_what_to_do(
         lambda: job.register_worker("w", heartbeat_interval=None),
         lambda: strata_redis.ShardManager(job).register_dataset_params("ds", 10, 10),
     ):
-        with pytest.raises(strata_redis.JobLayoutError, match=re.escape(made)) as info:
+        with pytest.raises(strata_redis.errors.JobLayoutError, match=re.escape(made)) as info:
             call()
         assert isinstance(info.value, strata_redis.StateLostError)
         assert f"strata jobs rm {JOB} --yes" in str(info.value)

@@ -11,6 +11,7 @@ import pytest
 
 import strata_redis
 from strata_redis.coordination import workers as workers_mod
+from strata_redis.errors import WorkerFailedError, WorkerLeftError, WorkerReplacedError
 
 from .procs import wait_for
 
@@ -43,9 +44,9 @@ def test_one_call_beats_the_live_and_reports_the_dead_without_reviving_them(
     verdicts = job.heartbeat_workers(ws)
 
     assert verdicts[0] is None and verdicts[4] is None
-    assert isinstance(verdicts[1], strata_redis.WorkerLeftError)
-    assert isinstance(verdicts[2], strata_redis.WorkerFailedError)
-    assert isinstance(verdicts[3], strata_redis.WorkerReplacedError)
+    assert isinstance(verdicts[1], WorkerLeftError)
+    assert isinstance(verdicts[2], WorkerFailedError)
+    assert isinstance(verdicts[3], WorkerReplacedError)
     assert verdicts[2].worker_id == "w2" and verdicts[2].job_id == job.job_id
     after = scores(raw, job, ids)
     assert after["w0"] > 1 and after["w4"] > 1  # recorded on Redis' clock
@@ -55,10 +56,10 @@ def test_one_call_beats_the_live_and_reports_the_dead_without_reviving_them(
                              "w4": "idle"}  # fmt: skip
     assert job.membership_generation() == generation
     # a single heartbeat refuses the same way, and so does a batch of one (sent as one)
-    with pytest.raises(strata_redis.WorkerFailedError):
+    with pytest.raises(WorkerFailedError):
         ws[2].heartbeat()
     (alone,) = job.heartbeat_workers([ws[2]])
-    assert isinstance(alone, strata_redis.WorkerFailedError) and alone.worker_id == "w2"
+    assert isinstance(alone, WorkerFailedError) and alone.worker_id == "w2"
     assert job.heartbeat_workers([ws[0]]) == [None]
     assert raw.zscore(job.keys.heartbeats, "w2") is None
 
@@ -110,7 +111,7 @@ def test_one_thread_beats_every_worker_of_a_process(redis_url: str, job_id: str)
     job.client.zadd(job.keys.heartbeats, {"w5": 0})
     assert job.reap() == ["w5"]
     wait_for(lambda: ws[5].lost is not None, 5)
-    assert lost == [ws[5].lost] and isinstance(lost[0], strata_redis.WorkerFailedError)
+    assert lost == [ws[5].lost] and isinstance(lost[0], WorkerFailedError)
     assert not ws[5].heartbeating
     # one stops its heartbeats: none is sent after stop_heartbeat returns
     ws[6].stop_heartbeat()

@@ -185,7 +185,7 @@ import strata_redis
 cfg = json.loads(sys.argv[1])
 try:
     orch = strata_redis.TrainingOrchestrator(os.environ["STRATA_REDIS_URL"], **cfg["kwargs"])
-except strata_redis.WorkerExistsError as exc:
+except strata_redis.errors.WorkerExistsError as exc:
     print(json.dumps({"error": str(exc), "host": exc.holder_host, "pid": exc.holder_pid}),
           flush=True)
     sys.exit(3)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import pkgutil
 import re
 import shutil
@@ -19,58 +22,30 @@ import pytest
 
 import strata_redis
 from strata_redis import status
-from strata_redis.scripts import compiled, sources
+from strata_redis.scripts import PRELUDE, compiled, library, sources
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: what ``import strata_redis`` offers; a change here is a change of the public API
-PUBLIC = {
-    "LIVE", "Barrier", "BarrierBrokenError", "BarrierError", "BarrierLatency", "BarrierState",
-    "BarrierTimeoutError", "CheckpointAbortedError", "CheckpointError", "CheckpointId",
-    "CheckpointInfo", "CheckpointManager", "CheckpointNotFoundError", "CheckpointSkippedWarning",
-    "DatasetConflictError", "DatasetError", "DatasetNotFoundError", "DatasetParams",
-    "EpochProgress", "EpochUnfinishedError", "FileEntry", "Job", "JobContext", "JobLayoutError",
-    "Keys", "Lease",
-    "LeaseError",
-    "LeaseLostError", "LoadedCheckpoint", "LocalStorage", "NotReplicatedError", "RedisConfigError",
-    "RedisMemoryFullError", "RedisUnavailableError", "Release", "Rendezvous",
-    "RendezvousEndedError",
-    "RendezvousError", "RendezvousTimeoutError", "RestartLimitError", "Round", "RoundBrokenError",
-    "S3Storage", "SaveFuture", "ShardStream", "TrainingOrchestrator",
-    "SaveRecord", "Shard", "ShardLeases", "ShardManager", "StateLostError",
-    "StateRolledBackError", "StepNotForwardError",
-    "Storage",
-    "StorageError", "StorageExistsError", "StorageNotFoundError", "StrataError", "Worker",
-    "WorkerError", "WorkerExistsError", "WorkerFailedError", "WorkerInfo", "WorkerLeftError",
-    "WorkerNotRegisteredError", "WorkerReplacedError", "__version__", "connect", "open_storage",
-    "storage_from_env", "storage_from_url",
-}  # fmt: skip
-
-#: the submodules users may import from (docs/design/architecture.md's layout table lists them)
+#: the import paths users may rely on (docs/design/architecture.md marks the rest internal);
+#: ``strata_redis`` itself is pinned by tests/unit/test_public_names.py
 SUPPORTED = [
-    "checkpoint.ids", "checkpoint.manager", "checkpoint.manifest", "checkpoint.reader", "cli",
-    "connection",
-    "context", "coordination.barrier", "coordination.epochs", "coordination.registry",
-    "coordination.rendezvous", "coordination.workers", "data.leases", "data.position",
-    "data.sharding", "durability", "era", "errors", "identity", "job", "keys", "orchestrator",
-    "outage",
-    "scripts", "server", "shard_manager", "status", "storage", "testing", "validate",
-    "dashboard", "torch",
+    "checkpoint", "context", "coordination", "data", "dashboard", "errors", "storage",
+    "testing", "torch",
 ]  # fmt: skip
-
 
 #: packages that are one layer as a whole (their modules import each other freely)
 WHOLE = ("storage", "dashboard", "torch", "chaos", "cli")
+#: packages whose modules are ordered by a layers contract of their own
+FEATURES = ("checkpoint", "data", "coordination")
 
 
 def _modules() -> set[str]:
-    """Every module of the package, relative to it (subpackages' ``__init__`` excluded)."""
+    """Every module of the package, relative to it (packages' ``__init__`` excluded)."""
     found = set()
     for info in pkgutil.walk_packages(strata_redis.__path__, "strata_redis."):
-        name = info.name.removeprefix("strata_redis.")
-        if not info.ispkg or name in WHOLE:
-            found.add(name)
-    return {m for m in found if m.split(".")[0] not in WHOLE or m in WHOLE}
+        if not info.ispkg:
+            found.add(info.name.removeprefix("strata_redis."))
+    return found
 
 
 def _contracts() -> list[dict[str, Any]]:
@@ -79,9 +54,15 @@ def _contracts() -> list[dict[str, Any]]:
     return contracts
 
 
-def _layers() -> list[list[str]]:
-    (contract,) = [c for c in _contracts() if c["type"] == "layers"]
-    return [[m.strip() for m in layer.split("|")] for layer in contract["layers"]]
+def _layers() -> dict[str, list[list[str]]]:
+    """Each layers contract's container, and its layers (each a list of its modules)."""
+    found: dict[str, list[list[str]]] = {}
+    for c in _contracts():
+        if c["type"] == "layers":
+            (container,) = c["containers"]
+            layers = [[m.strip() for m in re.split(r"[|:]", layer)] for layer in c["layers"]]
+            found[container.removeprefix("strata_redis").lstrip(".")] = layers
+    return found
 
 
 def test_the_layer_contract_holds() -> None:
@@ -114,23 +95,60 @@ def test_tools_and_facades_never_touch_the_key_schema() -> None:
 
 
 def test_every_module_has_exactly_one_layer() -> None:
-    listed = [m for layer in _layers() for m in layer]
-    assert len(listed) == len(set(listed)), "a module is in two layers"
-    assert set(listed) == _modules(), "add new modules to the layers in pyproject.toml"
+    """The root's contract orders its modules and subpackages (each one unit); each feature
+    package's contract orders its own modules."""
+    layers = _layers()
+    assert set(layers) == {"", *FEATURES}, "one layers contract for the root and per feature"
+    modules = _modules()
+    for container, levels in layers.items():
+        listed = [m for level in levels for m in level]
+        assert len(listed) == len(set(listed)), f"{container or 'root'}: a module in two layers"
+        prefix = f"{container}." if container else ""
+        if container:
+            want = {m.removeprefix(prefix) for m in modules if m.startswith(prefix)}
+        else:
+            want = {m.split(".")[0] for m in modules}
+        assert set(listed) == want, (
+            f"add new modules to the layers of {container or 'the root'} in pyproject.toml"
+        )
 
 
-def test_public_names_are_pinned() -> None:
-    assert set(strata_redis.__all__) == PUBLIC
-    for name in PUBLIC:
-        assert hasattr(strata_redis, name), name
+def test_other_packages_import_a_feature_package_through_its_all() -> None:
+    """``<package>.__all__`` is what other packages may import from it: a class or function
+    it names, or an owner module it names (``from ..coordination import registry``)."""
+    for path in (ROOT / "strata_redis").rglob("*.py"):
+        here = path.relative_to(ROOT / "strata_redis").with_suffix("").parts
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = list(here[: len(here) - node.level])
+            target = [*base, *(node.module or "").split(".")] if node.module else base
+            target = [part for part in target if part]
+            if not target or target[0] not in (*FEATURES, "storage") or target[0] == here[0]:
+                continue
+            public = importlib.import_module(f"strata_redis.{target[0]}").__all__
+            for alias in node.names:
+                module = target[1] if len(target) > 1 else alias.name
+                assert module in public or alias.name in public, (
+                    f"{path.name} imports {alias.name} from strata_redis.{'.'.join(target)}: "
+                    f"not in strata_redis.{target[0]}.__all__"
+                )
 
 
 def test_supported_submodules_import_and_are_documented() -> None:
+    """The layout table names every module of the root and every subpackage; the supported
+    import paths (``SUPPORTED``) are marked public there, every other one internal."""
     table = (ROOT / "docs" / "design" / "architecture.md").read_text()
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
     for name in SUPPORTED:
-        __import__(f"strata_redis.{name}")
-        path = name.replace(".", "/") + ("/" if name in WHOLE else ".py")
-        assert f"`{path}`" in table, f"the layout table (docs/design/architecture.md) lacks {path}"
+        if name != "torch" or importlib.util.find_spec("torch") is not None:
+            importlib.import_module(f"strata_redis.{name}")
+    for unit in sorted({m.split(".")[0] for m in _modules()} - {"__main__"}):
+        path = f"`{unit}/`" if (ROOT / "strata_redis" / unit).is_dir() else f"`{unit}.py`"
+        marks = [row[3].strip() for row in rows if path in row[2]]
+        assert marks, f"the layout table (docs/design/architecture.md) lacks {path}"
+        want = "public" if unit in SUPPORTED else "internal"
+        assert marks == [want], f"{path} is {want}: its row says {marks}"
 
 
 def test_no_bare_status_codes_in_python_or_lua() -> None:
@@ -156,3 +174,13 @@ def test_status_codes_are_written_as_numbers_when_scripts_load() -> None:
     for name, code in compiled().items():
         left = re.search(r"\b[SA]\.[A-Z_]+", code)
         assert not left, f"{name}: {left.group(0) if left else ''} not inlined"
+
+
+def test_the_clock_comes_from_the_shared_prelude() -> None:
+    # lua/lib/prelude.lua is joined onto every script's first line: it alone reads TIME
+    shared = library(PRELUDE)
+    assert "--" not in shared, "a comment after code in the prelude would swallow line 1"
+    for name, src in sources().items():
+        code = "\n".join(line.split("--")[0] for line in src.splitlines())
+        assert "redis.call('TIME')" not in code, f"{name}.lua reads TIME: use NOW_MS()/NOW_US()"
+        assert compiled()[name].startswith(status.prelude() + status.inline(shared)), name

@@ -14,6 +14,13 @@ import strata_redis
 from strata_redis import ShardManager
 from strata_redis.data import leases as leases_module
 from strata_redis.data.record import done_count, done_shards, epoch_keys, epoch_record, keep_whole
+from strata_redis.errors import (
+    DatasetConflictError,
+    DatasetNotFoundError,
+    WorkerFailedError,
+    WorkerLeftError,
+    WorkerNotRegisteredError,
+)
 
 from .conftest import decoding_client
 from .procs import join_all, kill9, spawn
@@ -223,11 +230,11 @@ def test_own_shards_first_then_steal(job: strata_redis.Job) -> None:
 
 def test_only_live_workers_lease(job: strata_redis.Job) -> None:
     ShardManager(job).register_dataset_params("ds", 100, 10)
-    with pytest.raises(strata_redis.WorkerNotRegisteredError):
+    with pytest.raises(WorkerNotRegisteredError):
         job.leases("ds", 0, "ghost").acquire()
     w = job.register_worker("w", heartbeat_interval=None)
     w.deregister()
-    with pytest.raises(strata_redis.WorkerLeftError):
+    with pytest.raises(WorkerLeftError):
         job.leases("ds", 0, "w").acquire()
 
 
@@ -312,7 +319,7 @@ def test_worker_failed_mid_loop_keeps_its_completion_and_stops_leasing(
     job.client.zadd(job.keys.heartbeats, {"w": 0})
     assert job.reap() == ["w"]
     assert lease.complete() is True  # its lease was not yet taken back: the record stands
-    with pytest.raises(strata_redis.WorkerFailedError):
+    with pytest.raises(WorkerFailedError):
         next(loop)
     assert job.leases("ds", 0, "x").completions() == {lease.shard_id: ("w", lease.token)}
 
@@ -334,7 +341,7 @@ def test_register_dataset_like_the_seeds(job: strata_redis.Job, raw: redis.Redis
         )
         == params
     )  # the same again: a no-op
-    with pytest.raises(strata_redis.DatasetConflictError, match="replace=True"):
+    with pytest.raises(DatasetConflictError, match="replace=True"):
         sm.register_dataset_params("imagenet-1k", 1281167, 5000, True, 42)
     assert sm.get_dataset("imagenet-1k") == params
     sm.register_dataset_params("imagenet-1k", 1281167, 5000, True, 42, replace=True)
@@ -343,7 +350,7 @@ def test_register_dataset_like_the_seeds(job: strata_redis.Job, raw: redis.Redis
     # and the field "" that keeps the HASH standing (an anchor: register_dataset.lua)
     assert sorted(raw.hkeys(job.keys.datasets)) == ["", "imagenet-1k"]
     assert sm.delete_dataset("imagenet-1k") and not sm.delete_dataset("imagenet-1k")
-    with pytest.raises(strata_redis.DatasetNotFoundError, match="imagenet-1k"):
+    with pytest.raises(DatasetNotFoundError, match="imagenet-1k"):
         sm.get_dataset("imagenet-1k")
 
 
@@ -353,7 +360,7 @@ def test_seed_example_shard_for_worker(job: strata_redis.Job) -> None:
     job.register_worker("worker-01", heartbeat_interval=None)
     shards = sm.get_shard_for_worker("imagenet-1k", "worker-01", 0)
     assert len(shards) == 129 and shards[-1].stop - shards[-1].start in (10000, 1167)
-    with pytest.raises(strata_redis.WorkerNotRegisteredError):
+    with pytest.raises(WorkerNotRegisteredError):
         sm.get_shard_for_worker("imagenet-1k", "worker-99", 0)
 
 
@@ -397,7 +404,7 @@ def test_fewer_shards_than_workers_is_allowed(job: strata_redis.Job) -> None:
 def test_bad_lease_arguments(job: strata_redis.Job, raw: redis.Redis) -> None:
     ShardManager(job).register_dataset_params("ds", 100, 10)
     before = sorted(raw.keys("*"))
-    with pytest.raises(strata_redis.DatasetNotFoundError):
+    with pytest.raises(DatasetNotFoundError):
         job.leases("nope", 0, "w")
     with pytest.raises(ValueError, match="epoch"):
         job.leases("ds", -1, "w")

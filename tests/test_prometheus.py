@@ -27,6 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 import strata_redis
+from strata_redis.errors import CheckpointAbortedError
 from strata_redis.server import RedisServer
 
 from .procs import wait_for
@@ -85,7 +86,7 @@ def dashboard(redis_factory: Any, tmp_path: Path) -> Iterator[Dashboard]:
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
     broken = strata_redis.CheckpointManager(blocked, redis=job, worker_id="w-01")
-    with pytest.raises(strata_redis.CheckpointAbortedError):
+    with pytest.raises(CheckpointAbortedError):
         broken.save(b"x" * 1000, step=20, epoch=0).result()
     broken.close()
     code = (

@@ -11,13 +11,19 @@ from typing import Any
 import pytest
 
 import strata_redis
+from strata_redis.coordination import Rendezvous, Round, Worker
+from strata_redis.errors import RoundBrokenError
 from strata_redis.scripts import check
 from strata_redis.status import Status
 
 pytestmark = pytest.mark.both_backends
 
 
-def _join(rdzv: strata_redis.Rendezvous, worker: strata_redis.Worker, leaving: int = 0) -> Any:
+def _join(
+    rdzv: Rendezvous,
+    worker: Worker,
+    leaving: int = 0,
+) -> Any:
     """One call of the join script for ``worker`` (following a moved round): its payload,
     or the error its status code maps to."""
     guess = rdzv.current_round()
@@ -29,17 +35,17 @@ def _join(rdzv: strata_redis.Rendezvous, worker: strata_redis.Worker, leaving: i
         return check(reply, {"job_id": rdzv.context.job_id, "worker_id": worker.worker_id})
 
 
-def _workers(job: strata_redis.Job, n: int, prefix: str = "w") -> list[strata_redis.Worker]:
+def _workers(job: strata_redis.Job, n: int, prefix: str = "w") -> list[Worker]:
     return [job.register_worker(f"{prefix}{i:03d}", heartbeat_interval=None) for i in range(n)]
 
 
-def _round_of(rdzv: strata_redis.Rendezvous, worker: strata_redis.Worker) -> strata_redis.Round:
+def _round_of(rdzv: Rendezvous, worker: Worker) -> Round:
     return rdzv.join(worker.worker_id, worker.incarnation)
 
 
 def test_a_round_closes_with_dense_ranks_in_arrival_order(job: strata_redis.Job) -> None:
     workers = _workers(job, 5)
-    rdzv = strata_redis.Rendezvous(job.context, min_workers=5, max_workers=5, timeout=5)
+    rdzv = Rendezvous(job.context, min_workers=5, max_workers=5, timeout=5)
     for w in workers[:4]:
         assert _join(rdzv, w)[0] == "joining"
     closed = _join(rdzv, workers[4])
@@ -53,15 +59,13 @@ def test_a_round_closes_with_dense_ranks_in_arrival_order(job: strata_redis.Job)
 
 def test_survivors_close_the_next_round_as_soon_as_all_are_back(job: strata_redis.Job) -> None:
     workers = _workers(job, 6)
-    rdzv = strata_redis.Rendezvous(
-        job.context, min_workers=2, max_workers=6, last_call=600, timeout=5
-    )
+    rdzv = Rendezvous(job.context, min_workers=2, max_workers=6, last_call=600, timeout=5)
     for w in workers:
         _join(rdzv, w)
     first = _round_of(rdzv, workers[0])
     assert first.world_size == 6
     workers[2].leave()
-    with pytest.raises(strata_redis.RoundBrokenError) as err:
+    with pytest.raises(RoundBrokenError) as err:
         rdzv.check(first)
     assert (err.value.culprit, err.value.reason) == ("w002", "left")
     survivors = [w for w in workers if w.worker_id != "w002"]
@@ -79,7 +83,7 @@ def test_survivors_close_the_next_round_as_soon_as_all_are_back(job: strata_redi
 
 def test_a_member_lost_while_the_round_joins_is_dropped(job: strata_redis.Job) -> None:
     workers = _workers(job, 4)
-    rdzv = strata_redis.Rendezvous(job.context, min_workers=3, max_workers=3, timeout=5)
+    rdzv = Rendezvous(job.context, min_workers=3, max_workers=3, timeout=5)
     assert _join(rdzv, workers[0])[0] == "joining"
     assert _join(rdzv, workers[1])[0] == "joining"
     workers[0].leave()
@@ -93,13 +97,13 @@ def test_a_late_arrival_waits_then_breaks_a_round_that_lost_a_member(
     job: strata_redis.Job,
 ) -> None:
     workers = _workers(job, 4)
-    rdzv = strata_redis.Rendezvous(job.context, min_workers=3, max_workers=3, timeout=5)
+    rdzv = Rendezvous(job.context, min_workers=3, max_workers=3, timeout=5)
     for w in workers[:3]:
         _join(rdzv, w)
     assert _join(rdzv, workers[3])[0] == "waiting"  # round 1 runs whole
     first = _round_of(rdzv, workers[0])
     workers[1].leave()
-    with pytest.raises(strata_redis.RoundBrokenError):
+    with pytest.raises(RoundBrokenError):
         rdzv.check(first)  # a member's heartbeat thread saw the loss first
     reply = _join(rdzv, workers[3])  # it sees the round broken: round 2 opens with it
     assert reply[:3] == ["joining", 2, 1]
@@ -112,7 +116,7 @@ def test_a_loss_whose_event_was_trimmed_is_still_found(redis_url: str, job_id: s
     job = strata_redis.connect(redis_url, job_id, events_cap=100)
     try:
         workers = _workers(job, 3)
-        rdzv = strata_redis.Rendezvous(job.context, min_workers=3, max_workers=3, timeout=5)
+        rdzv = Rendezvous(job.context, min_workers=3, max_workers=3, timeout=5)
         for w in workers:
             _join(rdzv, w)
         first = _round_of(rdzv, workers[0])
@@ -120,7 +124,7 @@ def test_a_loss_whose_event_was_trimmed_is_still_found(redis_url: str, job_id: s
         workers[1].leave()
         _workers(job, 300, prefix="other")
         assert job.client.xlen(job.keys.events) < 300  # trimmed
-        with pytest.raises(strata_redis.RoundBrokenError) as err:
+        with pytest.raises(RoundBrokenError) as err:
             rdzv.check(first)
         assert err.value.culprit == "w001"
         # and while a round joins: w000 leaves, its event trimmed, before w002 joins
@@ -134,7 +138,7 @@ def test_a_loss_whose_event_was_trimmed_is_still_found(redis_url: str, job_id: s
 
 def test_review_grows_a_round_for_a_live_waiting_worker(job: strata_redis.Job) -> None:
     workers = _workers(job, 3)
-    quick = strata_redis.Rendezvous(job.context, min_workers=2, max_workers=4, last_call=0.001)
+    quick = Rendezvous(job.context, min_workers=2, max_workers=4, last_call=0.001)
     for w in workers[:2]:
         _join(quick, w)
     time.sleep(0.01)  # the last call (1 ms) passes
@@ -144,9 +148,7 @@ def test_review_grows_a_round_for_a_live_waiting_worker(job: strata_redis.Job) -
     assert quick.review(first, epoch=1) is False  # it grows: w002 waits
     assert quick.review(first, epoch=1) is False  # decided once, the same for every member
     assert quick.current_round() == 2
-    patient = strata_redis.Rendezvous(
-        job.context, min_workers=2, max_workers=4, last_call=600, timeout=5
-    )
+    patient = Rendezvous(job.context, min_workers=2, max_workers=4, last_call=600, timeout=5)
     replies = [_join(patient, w) for w in workers]
     assert [r[0] for r in replies] == ["joining", "joining", "closed"]  # all in: no last call
     second = _round_of(patient, workers[2])
@@ -156,7 +158,7 @@ def test_review_grows_a_round_for_a_live_waiting_worker(job: strata_redis.Job) -
 
 def test_a_member_replaced_while_the_round_joins_is_in_it_once(job: strata_redis.Job) -> None:
     workers = _workers(job, 3)
-    rdzv = strata_redis.Rendezvous(job.context, min_workers=3, max_workers=3, timeout=5)
+    rdzv = Rendezvous(job.context, min_workers=3, max_workers=3, timeout=5)
     _join(rdzv, workers[0])
     _join(rdzv, workers[1])
     again = job.register_worker("w001", heartbeat_interval=None, replace=True)

@@ -20,6 +20,8 @@ import pytest
 import redis
 
 import strata_redis
+from strata_redis.errors import RedisConfigError
+from strata_redis.keys import Keys
 from strata_redis.server import RedisServer
 
 from .procs import CTX, join_all, spawn, wait_for
@@ -136,7 +138,7 @@ def test_three_workers_stop_on_a_rollback_and_train_no_shard_twice(
     procs = [spawn(train_epochs, server.url, str(tmp_path), w, 4, out) for w in ids]
     raw = redis.Redis.from_url(server.url, decode_responses=True)
     try:
-        keys = strata_redis.Keys(JOB)
+        keys = Keys(JOB)
         meta = keys.lease_keys("ds", 0).meta
 
         def done() -> int:
@@ -223,7 +225,7 @@ def test_a_redis_that_may_evict_the_jobs_keys_is_refused(
 ) -> None:  # fmt: skip
     server = redis_factory(extra=["--maxmemory", "200mb", "--maxmemory-policy", policy])
     monkeypatch.delenv("STRATA_ALLOW_EVICTION", raising=False)
-    with pytest.raises(strata_redis.RedisConfigError) as info:
+    with pytest.raises(RedisConfigError) as info:
         _job(server.url)
     assert info.value.setting == "maxmemory-policy" and info.value.value == policy
     assert policy in str(info.value) and "STRATA_ALLOW_EVICTION=1" in str(info.value)

@@ -18,9 +18,11 @@ import redis
 
 import strata_redis
 from strata_redis import ShardManager
+from strata_redis.coordination import Barrier, Rendezvous
 from strata_redis.dashboard.document import document
 from strata_redis.dashboard.state import DashboardState
 from strata_redis.data.record import epoch_keys
+from strata_redis.errors import BarrierTimeoutError, RoundBrokenError
 from strata_redis.keys import LeaseKeys
 from strata_redis.server import RedisServer
 from strata_redis.status import Status
@@ -60,7 +62,7 @@ def _registered(job: strata_redis.Job, n: int) -> list[str]:
     return names
 
 
-def _arrive(job: strata_redis.Job, barrier: strata_redis.Barrier, worker: str) -> str:
+def _arrive(job: strata_redis.Job, barrier: Barrier, worker: str) -> str:
     """One arrival without waiting; the outcome it got ("" while the generation is open)."""
     ((_, _gen, _index, _now, outcome, *_),) = job.scripts.run_many(
         [barrier.arrive_call(worker, uuid.uuid4().hex, 1, 600)]
@@ -98,7 +100,7 @@ def test_a_live_barrier_of_20000_workers_releases_without_scanning_them(
         count = job.barrier(f"count{i}", n)
         _arrive(job, count, names[0])
         raw.slowlog_reset()
-        with pytest.raises(strata_redis.BarrierTimeoutError) as caught:
+        with pytest.raises(BarrierTimeoutError) as caught:
             count.wait(names[1], timeout=0.5)
         timeouts.append(_longest_ms(raw))
         assert caught.value.missing_count == n - 2 and len(caught.value.missing) == 100
@@ -313,7 +315,7 @@ def test_a_rendezvous_of_20000_workers_and_its_reads_are_bounded(
     workers = [job.register_worker(f"w{i:05d}", heartbeat_interval=None) for i in range(n)]
     raw.slowlog_reset()
 
-    def join_all(rdzv: strata_redis.Rendezvous, members: list[Any], leaving: int) -> list[str]:
+    def join_all(rdzv: Rendezvous, members: list[Any], leaving: int) -> list[str]:
         kinds, guess = [], rdzv.current_round()
         for w in members:
             reply = rdzv.join_step(w.worker_id, w.incarnation, guess, leaving)
@@ -325,16 +327,16 @@ def test_a_rendezvous_of_20000_workers_and_its_reads_are_bounded(
             guess = int(reply[2])
         return kinds
 
-    rdzv = strata_redis.Rendezvous(job.context, min_workers=n, max_workers=n, timeout=60)
+    rdzv = Rendezvous(job.context, min_workers=n, max_workers=n, timeout=60)
     assert join_all(rdzv, workers, 0) == ["joining"] * (n - 1) + ["closed"]
     first = rdzv.join(workers[5].worker_id, workers[5].incarnation)
     assert (first.world_size, first.rank) == (n, 5)
     assert first.members == tuple(w.worker_id for w in workers)  # read in pages
     workers[123].leave()
-    with pytest.raises(strata_redis.RoundBrokenError, match="w00123"):
+    with pytest.raises(RoundBrokenError, match="w00123"):
         rdzv.check(first)
     survivors = workers[:123] + workers[124:]
-    again = strata_redis.Rendezvous(job.context, min_workers=2, max_workers=n, last_call=600)
+    again = Rendezvous(job.context, min_workers=2, max_workers=n, last_call=600)
     # the round closes when the last survivor is back (no last-call wait), not before
     assert join_all(again, survivors, 1) == ["joining"] * (n - 2) + ["closed"]
     second = again.join(workers[124].worker_id, workers[124].incarnation)

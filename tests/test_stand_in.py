@@ -13,6 +13,7 @@ import pytest
 
 import strata_redis
 import strata_redis.testing
+from strata_redis.errors import WorkerFailedError
 
 
 @pytest.fixture(params=["redis-server", "fakeredis"])
@@ -44,7 +45,7 @@ def test_registry_contract(any_job: strata_redis.Job) -> None:
     assert any_job.reap() == []
     assert [(w.worker_id, w.status) for w in any_job.workers()] == [("a", "failed"), ("b", "left")]
     assert any_job.membership_generation() == 4
-    with pytest.raises(strata_redis.WorkerFailedError):
+    with pytest.raises(WorkerFailedError):
         a.heartbeat()
     assert any_job.register_worker("a", heartbeat_interval=None).incarnation == 5
 

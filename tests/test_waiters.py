@@ -10,6 +10,7 @@ from pathlib import Path
 import redis
 
 import strata_redis
+from strata_redis.coordination import Release
 from strata_redis.coordination.barrier import WATCHERS
 from strata_redis.coordination.waiters import release_pops
 
@@ -50,8 +51,8 @@ def test_many_waiters_share_one_blocked_connection(redis_url: str, raw: redis.Re
     job.register_worker("last", heartbeat_interval=None)
     release = barrier.wait("last")
     wait_for(lambda: len(results) == n, 60, why=lambda: len(results))
-    assert all(isinstance(r, strata_redis.Release) for r in results), [
-        r for r in results if not isinstance(r, strata_redis.Release)
+    assert all(isinstance(r, Release) for r in results), [
+        r for r in results if not isinstance(r, Release)
     ][:3]
     assert {r.generation for r in results} == {release.generation}  # type: ignore[attr-defined]
     wait_for(lambda: pops._thread is None, 30)  # the shared thread ends when nobody waits
@@ -63,7 +64,7 @@ def _process_waiters(url: str, count: int, tag: str, out: str) -> None:
     results = _wait_all(job, [f"{tag}-{i}" for i in range(count)], 2 * count + 1)
     deadline = 120.0
     wait_for(lambda: len(results) == count, deadline)
-    ok = sum(isinstance(r, strata_redis.Release) for r in results)
+    ok = sum(isinstance(r, Release) for r in results)
     Path(out).write_text(f"{ok} {len({getattr(r, 'generation', -1) for r in results})}")
     job.close()
 

@@ -16,7 +16,16 @@ import pytest
 import redis
 
 import strata_redis
+from strata_redis import scripts
+from strata_redis import status as codes
+from strata_redis.coordination import Worker
 from strata_redis.coordination.registry import job_clock
+from strata_redis.errors import (
+    WorkerExistsError,
+    WorkerFailedError,
+    WorkerLeftError,
+    WorkerReplacedError,
+)
 from strata_redis.server import RedisServer
 
 from .procs import CTX, join_all, kill9, spawn, wait_for
@@ -96,7 +105,7 @@ def test_register_heartbeat_deregister_list(job: strata_redis.Job, raw: redis.Re
     assert job.live_workers() == []
     assert job.membership_generation() == 2
     assert [e["type"] for e in job.events()] == ["join", "leave"]
-    with pytest.raises(strata_redis.WorkerLeftError, match="worker-01"):
+    with pytest.raises(WorkerLeftError, match="worker-01"):
         w.heartbeat()
 
 
@@ -132,7 +141,7 @@ def test_generation_moves_once_per_join_leave_failure(job: strata_redis.Job) -> 
 
 def test_live_id_refused_unless_replace(job: strata_redis.Job) -> None:
     old = job.register_worker("w", heartbeat_interval=None)
-    with pytest.raises(strata_redis.WorkerExistsError, match="replace=True") as info:
+    with pytest.raises(WorkerExistsError, match="replace=True") as info:
         job.register_worker("w", heartbeat_interval=None)
     assert info.value.worker_id == "w" and info.value.job_id == job.job_id
     host = socket.gethostname()  # recorded with the pid when no host is given
@@ -142,7 +151,7 @@ def test_live_id_refused_unless_replace(job: strata_redis.Job) -> None:
     assert (listed.host, listed.pid, listed.status) == (host, os.getpid(), "idle")
     new = job.register_worker("w", replace=True, heartbeat_interval=None)
     assert new.incarnation > old.incarnation
-    with pytest.raises(strata_redis.WorkerReplacedError):
+    with pytest.raises(WorkerReplacedError):
         old.heartbeat()
     new.heartbeat()
     assert job.events()[-1]["type"] == "replace"
@@ -188,7 +197,7 @@ def test_a_holder_registered_before_pids_were_recorded_is_named_as_unknown(
 ) -> None:
     job.register_worker("w", host="gpu-a", heartbeat_interval=None)
     job.client.hset(job.keys.info, "w", orjson.dumps({"host": "gpu-a", "gpu_count": 0}))
-    with pytest.raises(strata_redis.WorkerExistsError, match="process of unknown pid on host "
+    with pytest.raises(WorkerExistsError, match="process of unknown pid on host "
                        "'gpu-a'") as info:  # fmt: skip
         job.register_worker("w", heartbeat_interval=None)
     assert (info.value.holder_host, info.value.holder_pid) == ("gpu-a", None)
@@ -203,7 +212,7 @@ def _redis_ms(job: strata_redis.Job) -> int:
     return sec * 1000 + usec // 1000
 
 
-def _far_holder(job: strata_redis.Job, worker_id: str) -> strata_redis.Worker:
+def _far_holder(job: strata_redis.Job, worker_id: str) -> Worker:
     """Register ``worker_id`` here, then record it as made by a process on another host (its
     pid space another machine's): this host cannot ask about its process."""
     worker = job.register_worker(worker_id, host="gpu-far", heartbeat_interval=None)
@@ -225,7 +234,7 @@ def test_a_second_live_process_with_the_id_is_refused_and_the_holder_runs_on(
     proc = spawn(heartbeating_worker, redis_url, job_id, "w", 0.1, timeout, 0.0, ready)
     ready.get(timeout=60)
     (before,) = job.workers()
-    with pytest.raises(strata_redis.WorkerExistsError) as info:
+    with pytest.raises(WorkerExistsError) as info:
         job.register_worker("w", heartbeat_interval=None)
     message = str(info.value)
     host = socket.gethostname()
@@ -292,14 +301,14 @@ def test_a_holder_whose_pid_was_given_to_another_process_is_taken_over(
     (mine,) = job.workers()
     raw_info = orjson.loads(job.client.hget(job.keys.info, "w"))
     assert raw_info["pid"] == os.getpid() and isinstance(raw_info["started"], int)
-    with pytest.raises(strata_redis.WorkerExistsError, match="running on this host"):
+    with pytest.raises(WorkerExistsError, match="running on this host"):
         job.register_worker("w", heartbeat_interval=None)  # this very process: alive
     job.client.hset(
         job.keys.info, "w", orjson.dumps({**raw_info, "started": raw_info["started"] - 1})
     )
     new = job.register_worker("w", heartbeat_interval=None)
     assert new.incarnation > old.incarnation == mine.incarnation
-    with pytest.raises(strata_redis.WorkerReplacedError):
+    with pytest.raises(WorkerReplacedError):
         old.heartbeat()
 
 
@@ -310,7 +319,7 @@ def test_a_holder_on_another_host_is_taken_over_only_past_the_heartbeat_timeout(
     clock, with the reaper's cutoff (a grace after a Redis stall included)."""
     job = strata_redis.connect(redis_url, job_id, heartbeat_timeout=1.0)
     old = _far_holder(job, "w")
-    with pytest.raises(strata_redis.WorkerExistsError) as info:
+    with pytest.raises(WorkerExistsError) as info:
         job.register_worker("w", heartbeat_interval=None)  # fresh: alive as far as we know
     assert "held by process 4242 on host 'gpu-far'" in str(info.value)
     assert "not checked: it ran on another host" in str(info.value)
@@ -323,7 +332,7 @@ def test_a_holder_on_another_host_is_taken_over_only_past_the_heartbeat_timeout(
     job.client.zadd(job.keys.heartbeats, {"w": now - 1500})
     job.client.hset(job.keys.reaper, mapping={"quiet": now - 1000, "grace": now + 60_000})
     assert job.reap() == []
-    with pytest.raises(strata_redis.WorkerExistsError):
+    with pytest.raises(WorkerExistsError):
         job.register_worker("w", heartbeat_interval=None)
     job.client.delete(job.keys.reaper)  # no grace: silent past the timeout is stale
     generation = job.membership_generation()
@@ -332,7 +341,7 @@ def test_a_holder_on_another_host_is_taken_over_only_past_the_heartbeat_timeout(
     assert [(e["type"], e["worker"]) for e in job.events()][-1] == ("replace", "w")
     (listed,) = job.workers()
     assert (listed.host, listed.pid, listed.status) == (socket.gethostname(), os.getpid(), "idle")
-    with pytest.raises(strata_redis.WorkerReplacedError):
+    with pytest.raises(WorkerReplacedError):
         old.heartbeat()  # the holder's incarnation is refused, as replace=True does
     job.close()
 
@@ -341,15 +350,15 @@ def test_failed_worker_is_not_resurrected_by_old_heartbeats(job: strata_redis.Jo
     w = job.register_worker("w", heartbeat_interval=None)
     job.client.zadd(job.keys.heartbeats, {"w": 0})
     assert job.reap() == ["w"]
-    with pytest.raises(strata_redis.WorkerFailedError, match="register it again"):
+    with pytest.raises(WorkerFailedError, match="register it again"):
         w.heartbeat()
-    with pytest.raises(strata_redis.WorkerFailedError):
+    with pytest.raises(WorkerFailedError):
         w.set_status("training")
     assert status_of(job, "w") == "failed" and job.live_workers() == []
     back = job.register_worker("w", heartbeat_interval=None)
     assert back.incarnation == job.membership_generation() > w.incarnation
     back.heartbeat()
-    with pytest.raises(strata_redis.WorkerReplacedError):
+    with pytest.raises(WorkerReplacedError):
         w.heartbeat()  # the old handle stays dead
     assert status_of(job, "w") == "idle"
 
@@ -360,7 +369,7 @@ def test_heartbeat_thread_reports_loss(job: strata_redis.Job) -> None:
     job.client.zadd(job.keys.heartbeats, {"w": 0})
     job.reap()
     wait_for(lambda: bool(lost), 5)
-    assert isinstance(lost[0], strata_redis.WorkerFailedError)
+    assert isinstance(lost[0], WorkerFailedError)
     assert w.lost is lost[0] and not w.heartbeating
 
 
@@ -474,6 +483,26 @@ def test_scripts_reload_after_script_flush(job: strata_redis.Job, raw: redis.Red
     raw.script_flush()
     assert job.reap() == []  # through a pipeline, too
     assert raw.script_exists(job.scripts["reap_workers"].sha) == [True]
+
+
+def test_a_lua_error_names_the_line_of_the_scripts_file(
+    job: strata_redis.Job, raw: redis.Redis
+) -> None:
+    # the era check, the shared prelude (lua/lib/prelude.lua) and the lib/ pieces are joined
+    # onto a script's first line: an error on its third line reads user_script:3
+    src = "-- a contract comment\nlocal now = NOW_MS()\nreturn now + nil\n"
+    code = codes.prelude() + scripts.compose(src) + codes.EPILOGUE
+    keys, args = job.scripts.stamp([], [])
+    with pytest.raises(redis.ResponseError, match=r"user_script:3: attempt to perform arith"):
+        raw.eval(code, len(keys), *keys, *args)
+    # and the prelude itself runs: the clock is Redis' own, in ms (as a tick of the era check)
+    ok = codes.prelude() + scripts.compose("return {S.OK, NOW_MS(), NOW_US()}\n")
+    tick, (code_, ms, us) = raw.eval(ok + codes.EPILOGUE, len(keys), *keys, *args)
+    seconds, micros = raw.time()
+    assert code_ == 0 and tick > 0
+    # (5 s: far above a loaded machine's delay, far below a clock in s or us, x1000 off)
+    assert 0 <= seconds * 1000 + micros // 1000 - ms < 5000
+    assert 0 <= int(us) // 1000 - ms <= 1  # two TIME calls, microseconds apart
 
 
 # -- bad input -------------------------------------------------------------------------------

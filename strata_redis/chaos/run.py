@@ -23,6 +23,7 @@ from pathlib import Path
 import strata_redis
 from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.data.record import keep_whole
+from strata_redis.errors import DatasetNotFoundError
 from strata_redis.keys import Keys
 from strata_redis.status import GUARDS, GUARDS_ENV
 
@@ -265,7 +266,7 @@ def _record(url: str, cfg: RunConfig) -> dict[int, dict[int, tuple[str, int]]] |
     try:
         with strata_redis.connect(url, JOB) as job:
             return {e: job.leases(DATASET, e, "reader").completions() for e in range(cfg.epochs)}
-    except (strata_redis.StateLostError, strata_redis.DatasetNotFoundError):
+    except (strata_redis.StateLostError, DatasetNotFoundError):
         return None  # lost, or Redis came back empty (the dataset is not there either)
 
 

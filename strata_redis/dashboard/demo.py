@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 import strata_redis
+from strata_redis.errors import BarrierBrokenError, BarrierTimeoutError
 from strata_redis.server import RedisServer
 
 CTX = multiprocessing.get_context("spawn")
@@ -91,7 +92,10 @@ def worker_main(
                     lease.complete()
             try:
                 release = job.epoch_barrier(cfg["barrier_timeout"]).wait(worker_id)
-            except (strata_redis.BarrierBrokenError, strata_redis.BarrierTimeoutError) as err:
+            except (
+                BarrierBrokenError,
+                BarrierTimeoutError,
+            ) as err:
                 with contextlib.suppress(strata_redis.StrataError):
                     job.epoch_barrier().reset(err.generation)
                 continue

@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import errno
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from ..errors import PortError
 
-class PortError(OSError):
-    """The dashboard cannot listen on ``host:port`` (in use, or not allowed).
-
-    Attributes:
-        host, port: where it tried to listen.
-        in_use: the address is already in use (by another server).
-    """
-
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        self.host = host
-        self.port = port
-        self.in_use = cause.errno == errno.EADDRINUSE
-        shown = f"[{host}]" if ":" in host else host
-        why = "is already in use" if self.in_use else f"cannot be used: {cause.strerror or cause}"
-        super().__init__(cause.errno, f"{shown}:{port} {why}")
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+__all__ = ["PortError", "serve"]
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
