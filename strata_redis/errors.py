@@ -1068,8 +1068,8 @@ def from_status(status: Status, context: Context) -> StrataError:
 
 
 class JobNotFoundError(StrataError, LookupError):
-    """A job id that is malformed or has no state in this Redis (the dashboard's HTTP 404,
-    ``strata status``'s exit 2); also a ``LookupError``.
+    """A job id that is malformed or has no state in this Redis (the dashboard's HTTP 404;
+    ``strata status`` exits 1, listing the jobs that exist); also a ``LookupError``.
 
     Attributes:
         job_id: the id asked for.

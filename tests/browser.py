@@ -61,13 +61,14 @@ def full_page_screenshot(driver: Any, path: Path, width: int = 1440) -> Path:
 
 @contextlib.contextmanager
 def served_dashboard(
-    redis_url: str, job: str, heartbeat_timeout: float
+    redis_url: str, job: str | None, heartbeat_timeout: float
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """``strata dashboard`` (waitress) for ``job`` on a free loopback port; yields the process
-    and its URL, and stops it."""
+    """``strata dashboard`` (waitress) for ``job`` (None: every job) on a free loopback port;
+    yields the process and its URL, and stops it."""
+    only = [] if job is None else ["--job", job]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "strata_redis", "dashboard", "--redis-url", redis_url,
-         "--job", job, "--port", "0", "--heartbeat-timeout", str(heartbeat_timeout)],
+        [sys.executable, "-m", "strata_redis", "dashboard", "--redis-url", redis_url, *only,
+         "--port", "0", "--heartbeat-timeout", str(heartbeat_timeout)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

@@ -280,6 +280,121 @@ def test_status_fits_the_terminal_width(
     assert dataset.split()[1:3] == ["0", "25"]
 
 
+def test_status_watch_at_80x24_keeps_its_header_and_cuts_the_worker_table(
+    redis_url: str, job_id: str
+) -> None:
+    """A frame of --watch on a 80x24 terminal is at most 24 lines of at most 80: the header
+    first (it used to scroll off every frame), the worker table cut with "… N more workers",
+    the footer last; a long shard cell keeps its shard number."""
+    with strata_redis.connect(redis_url, job_id, heartbeat_timeout=600) as job:
+        strata_redis.ShardManager(job).register_dataset_params(
+            "imagenet_train_full", 1000, 10, True, 42
+        )
+        for n in range(30):
+            job.register_worker(f"gpu-node-{n:02d}-rank-{n}", heartbeat_interval=None)
+        lease = job.leases("imagenet_train_full", 0, "gpu-node-00-rank-0").acquire()
+        assert lease is not None
+        main, tty = pty.openpty()
+        proc = popen("status", "--redis-url", redis_url, "--job", job_id, "--watch", "0.5",
+                     stdout=tty, stderr=subprocess.PIPE,
+                     env={**os.environ, "COLUMNS": "80", "LINES": "24"})  # fmt: skip
+        os.close(tty)
+        out = Output(lambda: os.read(main, 65536))
+        try:
+            wait_for(lambda: out.text().count("Ctrl-C stops") >= 2, 30, why=out.text)
+        finally:
+            try:
+                stdout, stderr = interrupt(proc, out)
+            finally:
+                os.close(main)
+    assert proc.returncode == 0, stderr
+    frame = stdout.split("\x1b[H")[2].split("Ctrl-C stops)")[0] + "Ctrl-C stops)"
+    lines = re.sub(r"\x1b\[[JK]", "", frame).replace("\r", "").split("\n")
+    assert len(lines) <= 24 and max(map(len, lines)) <= 80, lines
+    assert lines[0].startswith(f"job {job_id!r} (running): membership generation 30"), lines
+    assert lines[-1] == "(every 0.5 s; Ctrl-C stops)"
+    more = [line for line in lines if re.fullmatch(r"… \d+ (more )?workers not shown", line)]
+    assert len(more) == 1, lines
+    shown = [line for line in lines if line.startswith("gpu-node-")]
+    assert len(shown) + int(re.search(r"\d+", more[0]).group()) == 30, lines
+    if shown:  # the shard cell cut at its start: the shard number stays
+        assert re.search(rf"…\S*#{lease.shard_id}$", shown[0]), shown[0]
+
+
+def test_a_cut_shard_cell_keeps_the_shard_number(redis_url: str, job_id: str) -> None:
+    with strata_redis.connect(redis_url, job_id, heartbeat_timeout=600) as job:
+        strata_redis.ShardManager(job).register_dataset_params(
+            "imagenet_train_full_resolution", 1000, 10, True, 42
+        )
+        job.register_worker("w0", heartbeat_interval=None)
+        lease = job.leases("imagenet_train_full_resolution", 0, "w0").acquire()
+        assert lease is not None
+        out = subprocess.run(
+            [sys.executable, "-m", "strata_redis", "status", "--redis-url", redis_url,
+             "--job", job_id], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "COLUMNS": "80", "LINES": "24"},
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("w0 "))
+    assert len(row) <= 80 and row.endswith(f"#{lease.shard_id}"), row
+    assert row.split()[-1].startswith("…"), row  # cut at its start, where it matters least
+
+
+def test_watch_waits_for_a_job_not_there_yet(redis_url: str) -> None:
+    """--watch started before the job's first worker says it waits, and shows the job once
+    it is there (it used to exit at once)."""
+    proc = popen("status", "--redis-url", redis_url, "--job", "later", "--watch", "0.5",
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    out = output(proc)
+    try:
+        wait_for(lambda: "no job 'later'" in out.text(), 30, why=out.text)
+        assert "waiting for its first worker" in out.text() and proc.poll() is None
+        with strata_redis.connect(redis_url, "later", heartbeat_timeout=600) as job:
+            job.register_worker("w0", heartbeat_interval=None)
+            wait_for(lambda: "job 'later' (running)" in out.text(), 30, why=out.text)
+    finally:
+        _, stderr = interrupt(proc, out)
+    assert proc.returncode == 0, stderr
+
+
+def test_watch_of_a_job_that_never_comes_lists_the_jobs_and_fails(redis_url: str) -> None:
+    with strata_redis.connect(redis_url, "real-job", heartbeat_timeout=600) as job:
+        job.register_worker("w0", heartbeat_interval=None)
+    proc = popen("status", "--redis-url", redis_url, "--job", "typo", "--watch", "0.5",
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    out = output(proc)
+    try:
+        wait_for(lambda: "jobs in this Redis: real-job" in out.text(), 30, why=out.text)
+    finally:
+        stdout, stderr = interrupt(proc, out)
+    assert proc.returncode == 1, (stdout, stderr)
+    assert "no job 'typo'" in stderr and "never appeared" in stderr, stderr
+    assert "jobs in this Redis: real-job" in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status", "--job", "typo"], ["events", "--job", "typo"], ["jobs", "rm", "typo", "--yes"],
+     ["status", "--job", "typo", "--json"]],
+)  # fmt: skip
+def test_an_unknown_job_is_said_with_the_jobs_that_exist(
+    redis_url: str, command: list[str]
+) -> None:
+    for job_id in ("real-a", "real-b"):
+        with strata_redis.connect(redis_url, job_id, heartbeat_timeout=600) as job:
+            job.register_worker("w0", heartbeat_interval=None)
+    out = strata(*command, "--redis-url", redis_url)
+    assert out.returncode == 1, out
+    assert out.stdout == "", out.stdout
+    assert out.stderr.startswith("strata: no job 'typo' in redis://"), out.stderr
+    assert "jobs in this Redis: real-a, real-b" in out.stderr, out.stderr
+
+
+def test_an_unknown_job_in_an_empty_redis(redis_url: str) -> None:
+    out = strata("events", "--job", "typo", "--redis-url", redis_url)
+    assert out.returncode == 1 and "this Redis holds no strata job" in out.stderr, out
+
+
 def test_status_json_into_a_closed_pipe_and_version(
     busy_job: strata_redis.Job, redis_url: str
 ) -> None:

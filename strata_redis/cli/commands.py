@@ -18,16 +18,42 @@ from strata_redis.coordination import epochs, lifecycle
 from strata_redis.coordination.lifecycle import JobState
 from strata_redis.coordination.registry import list_jobs
 from strata_redis.demo import run_demo
+from strata_redis.errors import JobNotFoundError
 from strata_redis.identity import JOB_ENV
 from strata_redis.job import Job
 
-from .views import plain
+from .views import height_now, plain, width_now
 
 if TYPE_CHECKING:
     from strata_redis.dashboard.state import DashboardState
 
 #: the environment variable holding the dashboard's token
 TOKEN_ENV = "STRATA_DASHBOARD_TOKEN"
+#: the most job ids an "unknown job" message lists
+JOBS_LISTED = 10
+
+
+def jobs_here(client: redis.Redis) -> str:
+    """The jobs this Redis holds, in a few words (at most ``JOBS_LISTED`` ids): what a
+    mistyped ``--job`` is told."""
+    ids = list_jobs(client)
+    if not ids:
+        return "this Redis holds no strata job"
+    more = f", … ({len(ids)} in all: strata jobs lists them)" if len(ids) > JOBS_LISTED else ""
+    return f"jobs in this Redis: {', '.join(ids[:JOBS_LISTED])}{more}"
+
+
+def job_exists(client: redis.Redis, job_id: str) -> bool:
+    """Whether ``job_id`` has any key in this Redis (a ``SCAN`` on its node that stops at
+    the first key found)."""
+    return next(lifecycle.job_keys(client, job_id), None) is not None
+
+
+def unknown_job(client: redis.Redis, job_id: str, doing: str = "") -> int:
+    """Say that ``job_id`` has nothing in this Redis and which jobs it has; exit code 1."""
+    print(f"strata: no job {job_id!r} in {describe(client)}{doing}; {plain(jobs_here(client))}",
+          file=sys.stderr)  # fmt: skip
+    return 1
 
 
 def status_cmd(args: argparse.Namespace) -> int:
@@ -45,32 +71,71 @@ def status_cmd(args: argparse.Namespace) -> int:
         Job(client, args.job)  # validates the id: a clear error for a bad one
     state = DashboardState(client, heartbeat_timeout=args.heartbeat_timeout)
     if args.watch is None:
-        print(_frame(state, args))
+        try:
+            print(_frame(state, args))
+        except JobNotFoundError:
+            return unknown_job(client, args.job)
         return 0
+    return _watch(client, state, args)
+
+
+def _watch(client: redis.Redis, state: DashboardState, args: argparse.Namespace) -> int:
+    """``strata status --watch``: a frame every ``args.watch`` seconds until Ctrl-C. On a
+    terminal each frame is drawn in place and fits its height (``views.render``); a job not
+    there yet is waited for (said in the frame); Redis going away is ridden out. Exit 0, or
+    1 when the job never appeared."""
+    tty = sys.stdout.isatty()
+    footer = f"(every {args.watch:g} s; Ctrl-C stops)"
     down_since: str | None = None
+    seen = args.job is None
     try:  # Ctrl-C is how --watch stops: wherever it lands, a clean exit
         while True:
             try:
-                text = _frame(state, args)
+                # on a terminal, the height less the footer's line
+                text = _frame(state, args, height_now() - 1 if tty else None)
                 down_since = None
+                seen = True
+            except JobNotFoundError:  # started before the job's first worker: wait for it
+                text = (
+                    f"no job {args.job!r} in {describe(client)} yet: waiting for its first "
+                    f"worker, dataset or checkpoint; {jobs_here(client)}"
+                )
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 # an outage is what --watch is kept open for: say so, and keep trying
                 down_since = down_since or time.strftime("%H:%M:%S")
                 text = f"Redis unreachable since {down_since}; retrying ({_text(exc)})"
-            if sys.stdout.isatty():
-                # Refresh in place: home the cursor, print, clear what the last frame left.
-                sys.stdout.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[K\n\x1b[J")
-                sys.stdout.write(f"(every {args.watch:g} s; Ctrl-C stops)\x1b[K\n")
+            if tty:
+                # Refresh in place: home the cursor, print each line clearing what the last
+                # frame left on it, then clear below; no newline after the footer, so a
+                # frame as tall as the terminal never scrolls its first line away.
+                lines = _fit_lines(plain(text), height_now() - 1, width_now())
+                sys.stdout.write("\x1b[H" + "\x1b[K\n".join([*lines, footer]) + "\x1b[K\x1b[J")
             else:  # a pipe or a file: frames one after another, no terminal codes
                 sys.stdout.write(f"{text}\n\n")
             sys.stdout.flush()
             time.sleep(args.watch)
     except KeyboardInterrupt:
-        return 0
+        if seen:
+            return 0
+        if tty:
+            sys.stdout.write("\n")
+        return unknown_job(client, args.job, " (watched; it never appeared)")
 
 
-def _frame(state: DashboardState, args: argparse.Namespace) -> str:
-    """One read of the job(s), as JSON (the dashboard's document) or as text."""
+def _fit_lines(text: str, height: int, width: int) -> list[str]:
+    """``text``'s lines, each cut to ``width`` and at most ``height`` of them: what a frame
+    that is no table (a wait, an outage, JSON) needs to fit a terminal too."""
+    from .views import cut
+
+    lines = [cut(line, width) for line in text.split("\n")]
+    if len(lines) > height:
+        lines = [*lines[: max(0, height - 1)], f"… {len(lines) - height + 1} more lines"]
+    return lines
+
+
+def _frame(state: DashboardState, args: argparse.Namespace, height: int | None = None) -> str:
+    """One read of the job(s), as JSON (the dashboard's document) or as text (fitted to
+    ``height`` lines when given)."""
     from strata_redis.dashboard.document import document
 
     from .views import render
@@ -78,7 +143,7 @@ def _frame(state: DashboardState, args: argparse.Namespace) -> str:
     snap = state.read(args.job, limit=args.limit)
     if args.json:
         return orjson.dumps(document(snap), option=orjson.OPT_INDENT_2).decode()
-    return render(snap)
+    return render(snap, height=height)
 
 
 #: the widest a ``strata jobs`` table gets (a job id longer than fits is cut, marked ``~``)
@@ -176,9 +241,8 @@ def _jobs_rm(args: argparse.Namespace) -> int:
     client = make_client(args.redis_url)
     job_id = args.job
     Job(client, job_id)  # validates the id: a clear error (exit 2) for a bad one
-    if next(lifecycle.job_keys(client, job_id), None) is None:
-        print(f"strata: no key of job {job_id!r} in this Redis: nothing to delete", file=sys.stderr)
-        return 1
+    if not job_exists(client, job_id):
+        return unknown_job(client, job_id, ": nothing to delete")
     (st,) = lifecycle.read_states(client, [job_id], args.heartbeat_timeout)
     if st.live and not args.force:
         print(
@@ -211,8 +275,18 @@ def events_cmd(args: argparse.Namespace) -> int:
 
     client = make_client(args.redis_url)
     job = Job(client, args.job)  # the id validated
+    seen = job_exists(client, job.job_id)
+    if not seen:
+        if not args.follow:
+            return unknown_job(client, job.job_id)
+        # like --watch: started before the job, it waits for it (a typo is said at Ctrl-C)
+        print(f"strata: no job {job.job_id!r} in {describe(client)} yet: following it, its "
+              f"events print once it starts; {plain(jobs_here(client))}", file=sys.stderr,
+              flush=True)  # fmt: skip
 
     def show(batch: list[Event]) -> None:
+        nonlocal seen
+        seen = seen or bool(batch)
         for event in batch:
             print(orjson.dumps(event.doc()).decode() if args.json else plain(event.line()))
         sys.stdout.flush()
@@ -238,7 +312,7 @@ def events_cmd(args: argparse.Namespace) -> int:
                 down_since = None
             show(batch)
     except KeyboardInterrupt:
-        return 0
+        return 0 if seen else unknown_job(client, job.job_id, " (followed; it never appeared)")
 
 
 def doctor_cmd(args: argparse.Namespace) -> int:

@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const=2.0,
         metavar="SECONDS",
-        help="refresh in place every SECONDS (default 2, at least 0.5) until Ctrl-C; keeps "
-        "watching through Redis outages",
+        help="refresh in place every SECONDS (default 2, at least 0.5) until Ctrl-C, fitted "
+        "to the terminal's width and height; keeps watching through Redis outages, and waits "
+        "for a job not there yet",
     )
     status.add_argument(
         "--heartbeat-timeout",

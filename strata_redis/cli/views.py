@@ -1,9 +1,22 @@
 """``strata status``'s view: the dashboard's snapshot as text for a terminal, fitted to its
-width.
+width and, for ``--watch`` on a terminal, its height.
 
-Tables never wrap: at a narrow width the least needed columns go first (an address before
-a host, before the GPU count, ...), then a cell too long for its column is cut and marked
-``~``; the last column takes what is left. Sentences wrap at words, indented.
+Width: tables never wrap. At a narrow width the least needed columns go first (an address
+before a host, before the GPU count, ...), then a cell too long for its column is cut and
+marked ``…`` at the end that matters least: a name keeps its start (``imagenet_tr…``), a
+worker id and a shard their end (``…node-7-rank-3``, ``…net_train#17``: what tells them
+apart); the last column takes what is left. Sentences wrap at words, indented.
+
+Height (``render(..., height=)``): the header (the job's state, workers, barrier, training
+lines) always stays; what gives way first is the worker table (cut to the rows that fit, a
+``… N more workers`` line under it), then the checkpoint table (the newest kept), then the
+datasets; a table with no row left is one ``… N <what> not shown`` line.
+
+Why not ``rich``: its tables shrink and cut every column alike and cut only at a cell's end,
+so dropping columns by need, cutting ids at their start and a height budget by section would
+be this module's code anyway, beside a dependency of 13 MB installed (pygments,
+markdown-it-py) in a base install of 115 MB; and ``--watch`` needs two terminal codes
+(home, clear to the end), no live-display machinery.
 """
 
 from __future__ import annotations
@@ -19,24 +32,38 @@ from strata_redis.dashboard.snapshot import JobSnapshot, Recent, Snapshot
 
 #: the width when the output is no terminal and ``$COLUMNS`` is unset (a pipe, a file)
 PIPE_WIDTH: Final = 160
+#: the height when the output is no terminal and ``$LINES`` is unset
+PIPE_HEIGHT: Final = 24
 #: the narrowest the last (flexible) column of a table gets
 FLEX_MIN: Final = 8
+#: what marks a cell cut to fit
+CUT: Final = "…"
 
 
 @dataclass(frozen=True)
 class Column:
     """A table column: its title, width (0: the flexible last column, at least ``least``
-    wide), alignment, and how long it is kept as the width shrinks (higher: kept longer)."""
+    wide), alignment, how long it is kept as the width shrinks (higher: kept longer), and
+    whether a cell too long keeps its end (an id or a shard, told apart by their end)
+    rather than its start."""
 
     title: str
     width: int
     keep: int
     right: bool = False
     least: int = FLEX_MIN
+    keep_end: bool = False
 
 
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(0, width - 1)] + "~"
+def cut(text: str, width: int, keep_end: bool = False) -> str:
+    """``text`` in at most ``width`` characters: cut and marked ``…`` where cut, keeping its
+    end (``keep_end``) or its start."""
+    if len(text) <= width:
+        return text
+    if width <= len(CUT):
+        return CUT[:width]
+    room = width - len(CUT)
+    return CUT + text[len(text) - room :] if keep_end else text[:room] + CUT
 
 
 def table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> list[str]:
@@ -54,7 +81,7 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) 
         for n, i in enumerate(shown):
             col, cell = columns[i], cells[i]
             room = col.width or max(col.least, width - used)
-            cell = _cut(cell, room)
+            cell = cut(cell, room, col.keep_end)
             text = cell.rjust(room) if col.right else cell if not col.width else cell.ljust(room)
             out.append(text)
             used += len(text) + 1
@@ -74,7 +101,12 @@ def _wrap(line: str, width: int) -> list[str]:
 
 def width_now() -> int:
     """The width to fit: ``$COLUMNS``, else the terminal's, else ``PIPE_WIDTH``."""
-    return max(40, shutil.get_terminal_size((PIPE_WIDTH, 24)).columns)
+    return max(40, shutil.get_terminal_size((PIPE_WIDTH, PIPE_HEIGHT)).columns)
+
+
+def height_now() -> int:
+    """The height to fit: ``$LINES``, else the terminal's, else ``PIPE_HEIGHT``."""
+    return max(8, shutil.get_terminal_size((PIPE_WIDTH, PIPE_HEIGHT)).lines)
 
 
 def _bytes(n: int | None) -> str:
@@ -134,13 +166,13 @@ CHECKPOINT_COLUMNS: Final = (
     Column("NOTE", 0, 6, least=16),
 )
 WORKER_COLUMNS: Final = (
-    Column("WORKER", 24, 9),
+    Column("WORKER", 24, 9, keep_end=True),
     Column("STATUS", 14, 8),
     Column("LAST SEEN", 10, 7, True),
     Column("HOST", 16, 3),
     Column("ADDRESS", 22, 1),
     Column("GPUS", 4, 2, True),
-    Column("SHARD", 0, 5, least=12),
+    Column("SHARD", 0, 5, least=12, keep_end=True),
 )
 
 
@@ -156,8 +188,62 @@ def _workers_said(job: JobSnapshot) -> str:
     return f"{live} live of {job.registered_workers} workers"
 
 
-def render_job(snap: Snapshot, job_id: str, width: int = PIPE_WIDTH) -> list[str]:
-    """The lines of one job's overview, datasets, checkpoints and workers, ``width`` wide."""
+@dataclass
+class _Block:
+    """A table of the view, for fitting a height: its title row, its rows (the first kept
+    longest), the notes under it, and rows it has that are not shown (``what`` names them)."""
+
+    what: str
+    head: list[str]
+    rows: list[str]
+    notes: list[str]
+    hidden: int = 0
+
+    def lines(self) -> list[str]:
+        if self.head and not self.rows:  # no row left: one line says what is not shown
+            return [f"{CUT} {self.hidden} {self.what} not shown"] if self.hidden else []
+        more = [f"{CUT} {self.hidden} more {self.what} not shown"] if self.hidden else []
+        return self.head + self.rows + more + self.notes
+
+
+def render_job(
+    snap: Snapshot, job_id: str, width: int = PIPE_WIDTH, height: int | None = None
+) -> list[str]:
+    """The lines of one job's overview, datasets, checkpoints and workers, ``width`` wide
+    and, with ``height``, at most that many lines (see the module's doc: what gives way)."""
+    head, blocks = _job_view(snap, job_id, width)
+    if height is not None:
+        _fit(head, blocks, height)
+    lines = list(head)
+    for block in blocks:
+        shown = block.lines()
+        lines += ["", *shown] if shown else []
+    return lines if height is None else lines[:height]
+
+
+def _fit(head: list[str], blocks: list[_Block], height: int) -> None:
+    """Cut ``blocks`` (workers first, then checkpoints, then datasets) until the view takes
+    at most ``height`` lines; the header stays."""
+
+    def used() -> int:
+        return len(head) + sum(1 + len(b.lines()) for b in blocks if b.lines())
+
+    by_need = sorted(blocks, key=lambda b: _GIVES_WAY.index(b.what))
+    for block in by_need:
+        if used() <= height:
+            return
+        block.notes = []
+        while block.rows and used() > height:
+            block.rows.pop()
+            block.hidden += 1
+
+
+#: the tables in the order they give way to a short terminal
+_GIVES_WAY: Final = ("workers", "checkpoints", "datasets")
+
+
+def _job_view(snap: Snapshot, job_id: str, width: int) -> tuple[list[str], list[_Block]]:
+    """One job's header lines and its tables (datasets, checkpoints, workers)."""
     job = snap.find(job_id)
     counts = job.counts
     recent = job.recent
@@ -189,8 +275,8 @@ def render_job(snap: Snapshot, job_id: str, width: int = PIPE_WIDTH) -> list[str
         + " commands/s (whole server)"
     )
     lines.append(_training_line(job))
-    lines = [part for line in lines for part in _wrap(line, width)]
-    lines.append("")
+    head = [part for line in lines for part in _wrap(line, width)]
+    blocks = []
     if job.datasets:
         rows = []
         for d in job.datasets:
@@ -201,10 +287,10 @@ def render_job(snap: Snapshot, job_id: str, width: int = PIPE_WIDTH) -> list[str
             )
             rows.append([plain(d.params.name), str(d.epoch), str(p.done), str(p.leased),
                          str(p.todo), str(p.total), str(p.steals), progress])  # fmt: skip
-        lines += table(DATASET_COLUMNS, rows, width)
+        title, *cells = table(DATASET_COLUMNS, rows, width)
+        blocks.append(_Block("datasets", [title], cells, []))
     else:
-        lines.append("no datasets registered")
-    lines.append("")
+        blocks.append(_Block("datasets", [], [], ["no datasets registered"]))
     if job.checkpoints:
         rows = []
         for c in job.checkpoints:
@@ -215,27 +301,29 @@ def render_job(snap: Snapshot, job_id: str, width: int = PIPE_WIDTH) -> list[str
             epoch = "-" if c.id.epoch is None else str(c.id.epoch)
             rows.append([epoch, str(c.id.step), str(c.id.run), c.state, _bytes(c.nbytes), ranks,
                          _num(c.mb_s), plain(note)])  # fmt: skip
-        lines += table(CHECKPOINT_COLUMNS, rows, width)
-        lines += _wrap(f"(MB/s = {MB_S_DEFINITION})", width)
+        title, *cells = table(CHECKPOINT_COLUMNS, rows, width)
+        blocks.append(
+            _Block("checkpoints", [title], cells, _wrap(f"(MB/s = {MB_S_DEFINITION})", width))
+        )
     else:
-        lines.append("no checkpoints recorded")
-    lines.append("")
+        blocks.append(_Block("checkpoints", [], [], ["no checkpoints recorded"]))
     rows = []
     for w in job.workers:
         seen = "-" if w.last_seen_s is None else f"{w.last_seen_s:.1f}s"
         shard = ", ".join(f"{s.dataset}#{s.shard_id}" for s in w.shards)
         rows.append([plain(w.worker_id), str(w.status), seen, plain(w.host or "-"),
                      plain(w.address or "-"), str(w.gpu_count), plain(shard)])  # fmt: skip
-    if rows:
-        lines += table(WORKER_COLUMNS, rows, width)
+    title, *cells = table(WORKER_COLUMNS, rows, width) if rows else [""]
     shown = sum(len(j.workers) for j in snap.jobs)
-    if snap.page.total > shown:
-        lines.append(f"... {snap.page.total - shown} more workers not shown")
+    notes = []
     if any(w.stale for w in job.workers):
-        lines += _wrap(
+        notes = _wrap(
             "(stale: no heartbeat for longer than the job's timeout; not yet reaped)", width
         )
-    return lines
+    workers = _Block("workers", [title] if rows else [], cells, notes)
+    workers.hidden = max(0, snap.page.total - shown)  # beyond the page read
+    blocks.append(workers)
+    return head, blocks
 
 
 def _duration(seconds: float) -> str:
@@ -277,11 +365,14 @@ def plain(text: str) -> str:
     return "".join(c if c == "\n" or c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def render(snap: Snapshot, width: int | None = None) -> str:
+def render(snap: Snapshot, width: int | None = None, height: int | None = None) -> str:
     """The whole snapshot as text: each job in turn, fitted to ``width`` (default
-    ``width_now()``), safe for a terminal (``plain``)."""
+    ``width_now()``) and, given a ``height``, to that many lines (each job an equal share;
+    see the module's doc), safe for a terminal (``plain``)."""
     width = width_now() if width is None else width
-    blocks = ["\n".join(render_job(snap, j.job_id, width)) for j in snap.jobs]
+    jobs = snap.jobs
+    share = None if height is None or not jobs else max(1, (height + 1) // len(jobs) - 1)
+    blocks = ["\n".join(render_job(snap, j.job_id, width, share)) for j in jobs]
     if not blocks:
         return "no strata jobs in this Redis"
     return plain("\n\n".join(blocks))

@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.cli.views import (
     Column,
     _duration,
@@ -25,7 +26,7 @@ from strata_redis.cli.views import (
 )
 from strata_redis.dashboard.document import document as shape
 from strata_redis.dashboard.metrics import render_metrics
-from strata_redis.dashboard.snapshot import Page
+from strata_redis.dashboard.snapshot import HeldShard, Page
 
 from .documents import JOB, document, snapshot
 
@@ -145,12 +146,15 @@ def test_render_of_a_job_without_datasets_or_checkpoints() -> None:
 
 def test_more_workers_than_the_page_is_said() -> None:
     snap = dataclasses.replace(snapshot(), page=Page(0, 50, 7))
-    assert "... 5 more workers not shown" in render(snap, 120)
+    assert "… 5 more workers not shown" in render(snap, 120)
 
 
 def test_table_cuts_cells_and_marks_them() -> None:
     cols = [Column("A", 4, 2), Column("B", 0, 1, least=3)]
-    assert table(cols, [["abcdefg", "xyz"]], 20) == ["A    B", "abc~ xyz"]
+    assert table(cols, [["abcdefg", "xyz"]], 20) == ["A    B", "abc… xyz"]
+    # an id keeps its end, what tells it apart
+    cols = [Column("A", 6, 2, keep_end=True), Column("B", 0, 1, least=3)]
+    assert table(cols, [["node-7-rank-3", "x"]], 20)[1] == "…ank-3 x"
     # too narrow for both: the column kept least goes
     assert table([Column("A", 10, 1), Column("B", 10, 2)], [["a", "b"]], 12) == ["B", "b"]
 
@@ -173,3 +177,67 @@ def test_durations(seconds: float, text: str) -> None:
 
 def test_plain_keeps_line_breaks() -> None:
     assert plain("a\nb") == "a\nb" and plain("a\tb") == "a\\tb"
+
+
+# -- strata status fitted to a terminal's height ---------------------------------------------
+def _many_workers(n: int) -> tuple[Any, ...]:
+    w0 = snapshot().jobs[0].workers[0]
+    return tuple(
+        dataclasses.replace(w0, worker_id=f"gpu-node-{i:02d}-rank-{i}", shards=(
+            HeldShard("imagenet_train_full", 2, 100 + i, 5, 9.5),))
+        for i in range(n)
+    )  # fmt: skip
+
+
+def _many_checkpoints(n: int) -> tuple[Any, ...]:
+    c = snapshot().jobs[0].checkpoints[0]
+    return tuple(dataclasses.replace(c, id=CheckpointId(100 * (n - i), 2)) for i in range(n))
+
+
+def test_at_80x24_the_header_stays_and_the_worker_table_gives_way_first() -> None:
+    workers = _many_workers(30)
+    snap = dataclasses.replace(snapshot(workers=workers), page=Page(0, 1000, 30))
+    lines = render(snap, 80, 23).splitlines()  # 24 lines, less --watch's footer
+    assert len(lines) <= 23 and max(map(len, lines)) <= 80, lines
+    # the header whole, first
+    full = render(snap, 80).splitlines()
+    header = full[: full.index("")]
+    assert lines[: len(header)] == header and lines[0].startswith(f"job {JOB!r} (running)")
+    # the datasets and both checkpoints kept; the workers cut, the rest counted
+    assert any(line.startswith("tokens") for line in lines)
+    assert sum(line.split()[:2] in (["2", "400"], ["2", "500"]) for line in lines) == 2
+    shown = [line for line in lines if line.startswith("gpu-node-")]
+    assert 0 < len(shown) < 30 and lines[-1] == f"… {30 - len(shown)} more workers not shown"
+    assert shown[0].startswith("gpu-node-00-rank-0 ")  # the first rows kept
+
+
+def test_a_shorter_terminal_cuts_the_checkpoints_next_and_never_the_header() -> None:
+    snap = snapshot(workers=_many_workers(30), checkpoints=_many_checkpoints(8))
+    snap = dataclasses.replace(snap, page=Page(0, 1000, 30))
+    full = render(snap, 80).splitlines()
+    header = full[: full.index("")]
+    lines = render(snap, 80, len(header) + 10).splitlines()
+    assert lines[: len(header)] == header, lines
+    assert "… 30 workers not shown" in lines, lines  # no worker row left
+    kept = [line for line in lines if line.split()[:1] == ["2"]]
+    assert kept and kept[0].split()[1] == "800"  # the newest checkpoint first
+    assert f"… {8 - len(kept)} more checkpoints not shown" in lines, lines
+    assert len(lines) <= len(header) + 10
+
+
+def test_every_job_shares_the_height() -> None:
+    one = snapshot(workers=_many_workers(30)).jobs[0]
+    two = dataclasses.replace(one, job_id="job-b")
+    snap = dataclasses.replace(snapshot(), jobs=(one, two), page=Page(0, 1000, 60))
+    lines = render(snap, 80, 40).splitlines()
+    assert len(lines) <= 40 and lines[0].startswith("job 'job-a'"), lines
+    assert any(line.startswith("job 'job-b'") for line in lines), lines
+
+
+def test_a_cut_shard_cell_keeps_its_shard_number() -> None:
+    """The shard column keeps the end of a cell too long: ``…_full#117``, never
+    ``imagenet_t~``, which drops the shard number."""
+    snap = snapshot(workers=_many_workers(20))
+    row = next(line for line in render(snap, 80).splitlines() if "rank-17" in line)
+    shard = row.split()[-1]
+    assert shard.startswith("…") and shard.endswith("_full#117"), row

@@ -60,6 +60,30 @@
     return `${s} s`;
   }
   function jobUrl(id) { return cfg.jobBase + encodeURIComponent(id); }
+  // A checkpoint by its numbers, the run always beside them (two launches reuse steps):
+  // "run 1 · epoch 0 · step 200", as `strata status` and `strata events` tell them apart.
+  function checkpointName(c) {
+    if (!c) return "–";
+    return [`run ${c.run ?? 0}`, c.epoch === null || c.epoch === undefined ? null : `epoch ${c.epoch}`,
+      `step ${c.step}`].filter((w) => w).join(" · ");
+  }
+  state.checkpointName = checkpointName;  // progress.js names its checkpoints the same way
+  // A job's state in the CLI's words (`strata jobs`, `strata status`), with what each means.
+  const STATE_MEANS = {
+    running: "a worker heartbeated within the job's heartbeat timeout",
+    stale: "workers registered, but every one silent past the job's heartbeat timeout (or the last one failed)",
+    ended: "the job ended, or every worker left",
+    lost: "its state in Redis is gone (a restart without persistence, a flush)",
+    idle: "no worker ever registered (checkpoints only)",
+  };
+  function stateBadge(s) {
+    return el("span", { class: `pill job-state state-${s}`, text: s, title: `${s}: ${STATE_MEANS[s] || "unknown state"}` });
+  }
+  state.stateBadge = stateBadge;
+  // Every live worker silent past the timeout: nothing trains that anyone can see, and
+  // there is no live count, no rate, no ETA (the document's silent_workers).
+  const allSilent = (j) => j.live_workers > 0 && j.silent_workers >= j.live_workers;
+  state.allSilent = allSilent;
 
   // -- polling --------------------------------------------------------------------------------
   function apiUrl() {
@@ -155,6 +179,7 @@
     const multi = doc.jobs.length !== 1;
     app.classList.toggle("nojobcol", !multi);
     renderOverview(doc);
+    renderState(doc);
     renderJobs(doc, multi);
     renderWorkers(doc);
     renderEvents(doc);
@@ -170,6 +195,18 @@
       sub ? el("div", { class: "sub", text: sub }) : null);
   }
 
+  // The badge beside the job's name (the job page, or a page showing one job).
+  function renderState(doc) {
+    const badge = $("job-state");
+    const one = doc.jobs.length === 1 ? doc.jobs[0] : null;
+    badge.hidden = !one;
+    if (!one) return;
+    const fresh = stateBadge(one.state);
+    badge.className = fresh.className;
+    badge.textContent = fresh.textContent;
+    badge.title = fresh.title;
+  }
+
   function renderOverview(doc) {
     const m = doc.metrics.jobs;
     const sum = (f) => m.reduce((a, j) => a + f(j), 0);
@@ -179,6 +216,7 @@
     const partial = m.some((j) => !j.recent.complete);
     const window = m.length ? windowWords(m[0].recent.window_s) : "";
     const stale = sum((j) => j.workers.stale);
+    const registered = doc.jobs.reduce((a, j) => a + j.registered_workers, 0);
     const one = doc.jobs.length === 1 ? doc.jobs[0] : null;
     const p99 = m.map((j) => j.barrier.p99_ms).filter((v) => v !== null);
     // The newest checkpoint with a save (of the jobs shown): the same figure as its table row.
@@ -189,15 +227,19 @@
     const cards = [
       one ? card("epoch", one.epoch) : card("jobs", doc.jobs.length),
       one ? card("membership gen.", one.membership_generation) : card("datasets", doc.datasets.length),
-      card("workers live", live, "", false,
-        `${sum((j) => j.workers.training)} training · ${sum((j) => j.workers.checkpointing)} ckpt · ${sum((j) => j.workers.idle)} idle`),
+      live === 0 && stale > 0
+        ? card("workers live", "–", "none heartbeating", true, `${stale} silent · ${registered} registered`,
+          "every live worker is silent past its job's heartbeat timeout: no live count", "tile-live")
+        : card("workers live", live, "", false,
+          `${sum((j) => j.workers.training)} training · ${sum((j) => j.workers.checkpointing)} ckpt · ${sum((j) => j.workers.idle)} idle`,
+          null, "tile-live"),
       card(`failed, last ${window}`, `${failed}${partial ? "+" : ""}`, "", failed + stale > 0,
         `${sum((j) => j.recent.left)} left${stale ? ` · ${stale} silent now` : ""}`,
         `fail events of the membership stream in the last ${window}: a worker that rejoined since still counts`, "tile-failed"),
       card("barrier p99", p99.length ? fmt(Math.max(...p99), 1) : "–", "ms", false,
         `p50 ${fmt(Math.max(0, ...m.map((j) => j.barrier.p50_ms ?? 0)), 1)} ms · ${sum((j) => j.barrier.releases)} releases`),
       card("checkpoint", last ? mbps(last.last_mb_s) : "–", "MB/s", false,
-        `${last ? `${lastJob}step ${last.last_step} · ` : ""}${sum((j) => j.checkpoint.aborted_steps)} aborted`,
+        `${last ? `${lastJob}step ${last.last_step} · run ${last.last_run ?? 0} · ` : ""}${sum((j) => j.checkpoint.aborted_steps)} aborted`,
         `MB/s = ${MB_S_DEFINITION}`, "tile-checkpoint"),
       one ? latestCard(one.latest_checkpoint)
         : card("checkpoints", doc.checkpoints.filter((c) => c.state === "committed").length, "committed"),
@@ -211,13 +253,17 @@
     if (!multi) return;
     const rows = doc.jobs.map((j) => {
       const m = doc.metrics.jobs.find((x) => x.job_id === j.job_id);
-      return el("tr", {},
+      const silent = j.silent_workers;
+      const live = allSilent(j) ? `– (${silent} silent)`
+        : `${j.live_workers - silent}${silent ? ` (+${silent} silent)` : ""}`;
+      return el("tr", { "data-job": j.job_id },
         el("td", {}, el("a", { href: jobUrl(j.job_id), text: j.job_id })),
+        el("td", {}, stateBadge(j.state)),
         el("td", { class: "num", text: j.epoch }), el("td", { class: "num", text: j.membership_generation }),
-        el("td", { class: "num", text: j.live_workers }),
+        el("td", { class: "num live", text: live }),
         el("td", { class: "num", text: `${m.recent.failed}${m.recent.complete ? "" : "+"} / ${m.recent.left}` }),
         el("td", { class: "num", text: j.datasets }),
-        el("td", { class: "num", text: j.latest_checkpoint ?? "–" }));
+        el("td", { class: "latest", text: checkpointName(j.latest_checkpoint), title: j.latest_checkpoint ? j.latest_checkpoint.label : null }));
     });
     $("jobs").tBodies[0].replaceChildren(...rows);
     const listing = doc.jobs_listing;
@@ -292,7 +338,10 @@
       drawChart(`dist:${key}`, chartBox, {
         height: 150,
         scales: { x: { time: false, range: (u, lo, hi) => [-0.5, Math.max(hi, 0) + 0.5] } },
-        axes: [{ space: 40, values: (u, splits) => splits.map((i) => (dist[i] ? dist[i].worker_id : "")) }, { label: "shards" }],
+        // a label a tick: ticks as far apart as the longest worker id is wide, so ids never overlap
+        axes: [{ space: Math.max(40, 7 * Math.max(0, ...dist.map((r) => r.worker_id.length))),
+          values: (u, splits) => splits.map((i) => (Number.isInteger(i) && dist[i] ? dist[i].worker_id : "")) },
+        { label: "shards" }],
         series: [{ label: "worker", value: (u, i) => (i === null || !dist[i] ? "–" : dist[i].worker_id) },
           { label: "done", stroke: "#2e7d32", fill: "rgba(46,125,50,.45)", paths: uPlot.paths.bars({ size: [0.7, 40] }), points: { show: false } },
           { label: "leased now", stroke: "#1565c0", width: 0, points: { show: true, size: 7, fill: "#1565c0" } }],
@@ -365,18 +414,19 @@
     ], [[ts, ...[0, 1, 2].map((k) => ts.map((t) => buckets.get(t)[k]))]], "events");
   }
 
-  // The newest committed checkpoint: the loop's step, with its epoch (and run after a relaunch).
+  // The newest committed checkpoint: the loop's step, with its epoch and run.
   function latestCard(c) {
     if (!c) return card("latest checkpoint", "–", "step");
-    const where = [c.epoch === null ? null : `epoch ${c.epoch}`, c.run ? `run ${c.run}` : null];
-    return card("latest checkpoint", c.step, "step", false, where.filter((w) => w).join(" · ") || c.label);
+    const where = [c.epoch === null ? null : `epoch ${c.epoch}`, `run ${c.run}`];
+    return card("latest checkpoint", c.step, "step", false, where.filter((w) => w).join(" · "), c.label);
   }
 
   function renderCheckpoints(doc) {
     const rows = doc.checkpoints.map((c) => {
       const note = c.state === "aborted" ? `by ${c.culprit ?? "?"}: ${c.reason ?? ""}` : (c.state === "committed" ? "every rank acked; metadata.json written" : "");
       return el("tr", { "data-job": c.job_id, "data-step": c.step, "data-epoch": c.epoch ?? "" },
-        el("td", { class: "jobcol", text: c.job_id }), el("td", { class: "num", text: c.epoch ?? "–" }),
+        el("td", { class: "jobcol", text: c.job_id }), el("td", { class: "num run", text: c.run }),
+        el("td", { class: "num", text: c.epoch ?? "–" }),
         el("td", { class: "num", text: c.step, title: c.label ?? "" }),
         el("td", {}, el("span", { class: `pill ${c.state}`, text: c.state })),
         el("td", { class: "num", text: bytes(c.bytes) }),

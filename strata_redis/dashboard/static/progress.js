@@ -3,8 +3,10 @@
  * It draws what dashboard.js fetched, when it renders (window.strataDashboard.renderers): no
  * request or timer of its own. Per job: samples trained and samples/s, the current epoch's
  * remaining samples and ETA, each live worker's samples/s with the slowest one marked, and
- * where each committed checkpoint lives. Samples/s are deltas of the lease owner's lifetime counts between the server's
- * reads, so the first reads show "–". */
+ * where each committed checkpoint lives. Samples/s are deltas of the lease owner's lifetime
+ * counts between the server's reads: with none ("no recent data": the first read, a gap, or
+ * every live worker silent) there is no rate, no ETA and no slowest worker, and the panel
+ * says why instead of showing a number. */
 (function () {
   "use strict";
 
@@ -18,21 +20,33 @@
     const minutes = Math.round(s / 60);
     return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
   }
-  function stat(name, label, value, small, sub) {
+  function stat(name, label, value, small, sub, none) {
     return el("div", { class: "card", "data-progress": name }, el("div", { class: "label", text: label }),
-      el("div", { class: "value" }, value, small ? el("small", { text: ` ${small}` }) : null),
-      sub ? el("div", { class: "sub", text: sub }) : null);
+      el("div", { class: none ? "value none" : "value" }, value, small ? el("small", { text: ` ${small}` }) : null),
+      sub ? el("div", { class: "sub", text: sub, title: sub }) : null);
+  }
+
+  // Why a job has no rate, in the CLI's words (`strata status`: "no rate (no worker heartbeating)").
+  function noRate(job) {
+    if (window.strataDashboard.allSilent(job)) return "no worker heartbeating";
+    if (job.live_workers === 0) return `no live worker (job ${job.state})`;
+    return "first read, or nothing read within the last 21 s";
   }
 
   function jobPanel(job, multi) {
     const p = job.progress;
-    const eta = p.eta_s === 0 ? "done" : duration(p.eta_s);
     const left = p.epoch_remaining_samples;
-    const stats = el("div", { class: "cards progress-cards" },
-      stat("rate", "samples/s", rate(p.samples_per_s), "", p.rate_window_s ? `job, over the last ${Math.round(p.rate_window_s)} s` : "needs two reads"),
-      stat("eta", `epoch ${job.epoch} ETA`, eta, "", left === null ? "epoch not started" : `${left.toLocaleString()} samples left`),
-      stat("trained", "samples trained", p.samples_trained.toLocaleString(), "", "over the job's life"),
-      stat("slowest", "slowest worker", p.slowest_worker || "–", "", "lowest samples/s, live"));
+    const leftWords = left === null ? "epoch not started" : `${left.toLocaleString()} samples left`;
+    const cards = [p.samples_per_s === null
+      ? stat("rate", "samples/s", "no recent data", "", noRate(job), true)
+      : stat("rate", "samples/s", rate(p.samples_per_s), "", `job, over the last ${Math.round(p.rate_window_s)} s`)];
+    // an ETA only with a rate (or a finished epoch); else what is left, without one
+    if (p.eta_s !== null) cards.push(stat("eta", `epoch ${job.epoch} ETA`, p.eta_s === 0 ? "done" : duration(p.eta_s), "", leftWords));
+    else cards.push(stat("left", `epoch ${job.epoch}`, left === null ? "not started" : left.toLocaleString(), left === null ? "" : "samples left", "", left === null));
+    cards.push(stat("trained", "samples trained", p.samples_trained.toLocaleString(), "", "over the job's life"));
+    // the slowest only when the document names one (never at a tie, nor for silent workers)
+    if (p.slowest_worker) cards.push(stat("slowest", "slowest worker", p.slowest_worker, "", "lowest samples/s, live"));
+    const stats = el("div", { class: "cards progress-cards" }, ...cards);
     const workers = el("table", { class: "progress-workers" },
       el("thead", {}, el("tr", {}, el("th", { text: "worker" }), el("th", { class: "num", text: "samples/s" }),
         el("th", { class: "num", text: "samples trained" }), el("th", { text: "" }))),
@@ -43,9 +57,10 @@
     const places = el("table", { class: "progress-checkpoints" },
       el("thead", {}, el("tr", {}, el("th", { text: "checkpoint" }), el("th", { text: "location" }))),
       el("tbody", {}, ...p.checkpoints.map((c) => el("tr", { "data-label": c.label },
-        el("td", { text: c.label }), el("td", { class: "location", text: c.location || "– (not recorded)" })))));
+        el("td", { text: window.strataDashboard.checkpointName(c), title: c.label }),
+        el("td", { class: "location", text: c.location || "– (not recorded)" })))));
     return el("div", { class: "progress-job", "data-job": job.job_id },
-      multi ? el("h3", { text: job.job_id }) : null, stats,
+      multi ? el("h3", {}, job.job_id, " ", window.strataDashboard.stateBadge(job.state)) : null, stats,
       el("div", { class: "grid two" }, el("div", { class: "scroll" }, workers), el("div", { class: "scroll" }, places)));
   }
 
