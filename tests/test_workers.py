@@ -188,7 +188,7 @@ def test_a_registration_whose_reply_was_lost_is_sent_again_and_finds_itself(
     )
     assert not [r for r in caplog.records if "took the id over" in r.getMessage()]
     # a second registration of the id from this process is still a live duplicate
-    with pytest.raises(strata_redis.WorkerExistsError):
+    with pytest.raises(WorkerExistsError):
         job.register_worker("w", heartbeat_interval=None)
 
 
