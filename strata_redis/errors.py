@@ -44,7 +44,8 @@ The tree::
     │   ├── CheckpointAbortedError      a participant's upload failed: it never commits
     │   ├── CheckpointNotFoundError     no committed checkpoint verifies
     │   └── StepNotForwardError         not after the newest checkpoint (also a ValueError)
-    └── PortError                   .host, .port, .in_use: the dashboard cannot listen there
+    ├── PortError                   .host, .port, .in_use: the dashboard cannot listen there
+    └── JobNotFoundError            .job_id: the dashboard or the CLI was given no such job
                                         (also an ``OSError``)
 
 A refusal from a Lua script is a ``Status`` code; ``from_status`` turns it into the

@@ -1,4 +1,4 @@
-"""Default identities no two runs share: a worker id, a job id, a checkpoint directory.
+"""Default identities: a worker id, a job id, a checkpoint directory.
 
 What a training script gets when it names none of them (``TrainingOrchestrator()``):
 
@@ -11,17 +11,21 @@ What a training script gets when it names none of them (``TrainingOrchestrator()
 - **job id**: ``$STRATA_JOB_ID``, else torchrun's run id (``TORCHELASTIC_RUN_ID``, unless
   torchrun made it up: its shared default ``none``, or the random UUID it gives a
   ``--standalone`` or single-node launch, new at every launch), else ``<script>-<8 hex>``: a
-  digest of the main script's *content* and its arguments (``sys.argv[1:]``). Every process
-  of one launch shares both wherever it runs (another directory, another checkout path,
-  another user, another host), so copies of one command meet in one job, a relaunch resumes
-  it, and a sweep (the same script with other arguments) gets a job per run. With no script
-  file (``python -c``, a notebook) the digest is of the user, the working directory and the
-  arguments. What it cannot tell apart: two runs of the same script and arguments meant as
-  separate (a sweep through environment variables) share one job, and hosts whose copies
-  of the script differ (or whose arguments name host-specific paths) get a job each: give
-  such runs ``STRATA_JOB_ID``. ``TrainingOrchestrator`` warns when a derived job has live
-  workers on more than one host (``launch.py``). Every entry point that is given no job id
-  takes this one (``connect``, ``Job``, ``ShardManager``, ``CheckpointManager``,
+  digest of the main script's *content* and its arguments (``sys.argv[1:]``, less the
+  ``--local-rank``/``--local_rank`` a launcher gives each local process). Every process of
+  one launch shares both wherever it runs (another directory, another checkout path, another
+  user, another host), so copies of one command meet in one job, a relaunch resumes it, and
+  a sweep (the same script with other arguments) gets a job per run. With no script file
+  (``python -c``) the digest is of the user, the working directory and the arguments; in a
+  notebook, of the user and the working directory (the kernel's own arguments are new at
+  every start). Editing the script changes its id (a relaunch after an edit starts a new
+  job: set ``STRATA_JOB_ID`` to keep one), and a UUID given as ``--rdzv-id`` is taken for
+  one torchrun made up. What it cannot tell apart: two runs of the same script and arguments
+  meant as separate (a sweep through environment variables) share one job, and hosts whose
+  copies of the script differ (or whose arguments name host-specific paths) get a job each:
+  give such runs ``STRATA_JOB_ID``. ``TrainingOrchestrator`` warns when a derived job has
+  live workers on more than one host (``launch.py``). Every entry point that is given no job
+  id takes this one (``connect``, ``Job``, ``ShardManager``, ``CheckpointManager``,
   ``TrainingOrchestrator``: ``context.JobContext``), so the parts of one script meet in one
   job; it is derived once per process (a later ``os.chdir`` does not change it).
 - **checkpoint directory**: ``$XDG_DATA_HOME/strata_redis/checkpoints``, else
@@ -238,19 +242,50 @@ def derived_job() -> str | None:
         return _launch_job
 
 
-def _main_script() -> str:
+def _main_launch() -> tuple[str, list[str]]:
+    """This process's main script and its arguments. A ``__main__`` with no file whose
+    ``argv[0]`` is one is an interactive kernel (a notebook: ``ipykernel_launcher.py -f
+    kernel-<uuid>.json``): the launcher and its arguments are the kernel's own, new at every
+    start, so there is no script and no argument."""
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if isinstance(main, str) and main:
-        return main
-    return sys.argv[0] if sys.argv else ""
+        return main, list(sys.argv[1:])
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0 not in ("", "-", "-c", "-m") and os.path.isfile(argv0):
+        return "", []
+    return argv0, list(sys.argv[1:])
+
+
+#: an argument a launcher gives each local process of one launch a different value of
+#: (``torch.distributed.launch``, DeepSpeed: ``--local_rank=N`` or ``--local-rank N``)
+_PER_PROCESS = re.compile(r"--local[-_]rank(=.*)?")
+
+
+def _launch_args(args: Sequence[str]) -> list[str]:
+    """``args`` without the ones a launcher gives each process of one launch its own value
+    of (``_PER_PROCESS``), so those processes derive one job id."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        match = _PER_PROCESS.fullmatch(arg)
+        if match:
+            skip = match.group(1) is None  # "--local-rank N": its value is the next one
+            continue
+        out.append(arg)
+    return out
 
 
 def _derive_job_id(
     script: str | None, args: Sequence[str] | None, cwd: str | None, user: str | None
 ) -> str:
     """``<script>-<8 hex>`` from the launch (``job_id``), logged once."""
-    script = _main_script() if script is None else script
-    args = list(sys.argv[1:] if args is None else args)
+    if script is None:
+        script, launched = _main_launch()
+        args = launched if args is None else args
+    args = _launch_args(sys.argv[1:] if args is None else args)
     where = os.getcwd() if cwd is None else cwd
     named = script not in ("", "-", "-c", "-m")
     main = os.path.abspath(os.path.join(where, script)) if named else script

@@ -27,7 +27,7 @@ from .checkpoint.ids import CheckpointId
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
 from .context import JobContext
-from .coordination.epochs import current_epoch, restore_epoch
+from .coordination.epochs import restore_epoch
 from .coordination.rendezvous import Round
 from .data.datasets import list_datasets
 from .data.position import POSITION_PART, Position, decode_positions, merge_positions
@@ -124,8 +124,9 @@ class Resume:
                 "positions of different epochs",
                 job_id=ctx.job_id, step=self.info.step if self.info else None,
             )  # fmt: skip
-        # the epochs the job went past this one: their pools are dropped
-        self._later = max(0, retry(current_epoch, ctx) - self.epoch) + 1
+        # the epochs the job went past this one, their pools dropped: known once the epoch
+        # is put back (``_restore_epoch``: the epoch the round's restore replaced)
+        self._later = 1
         self._restored: set[str] = set()
         self._epoch_restored = False
 
@@ -157,5 +158,6 @@ class Resume:
     def _restore_epoch(self) -> None:
         """Put the job's epoch back to the checkpoint's, once per round (before any pool)."""
         if not self._epoch_restored:
-            self._retry(restore_epoch, self.context, self.epoch, self.round)
+            replaced = self._retry(restore_epoch, self.context, self.epoch, self.round)
+            self._later = max(0, replaced - self.epoch) + 1
             self._epoch_restored = True

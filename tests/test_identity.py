@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,33 @@ def test_job_id_given_then_torchrun_then_derived_from_the_launch(tmp_path: Path)
         identity.job_id({"STRATA_JOB_ID": "a{b}"})
     with pytest.raises(ValueError, match="TORCHELASTIC_RUN_ID"):
         identity.job_id({"TORCHELASTIC_RUN_ID": "a}b"})
+
+
+def test_a_launchers_per_process_local_rank_does_not_split_the_job(tmp_path: Path) -> None:
+    # torch.distributed.launch and DeepSpeed give each local process its own --local_rank:
+    # in the digest it made a one-worker job of each process of one launch
+    (tmp_path / "train.py").write_text("print('train')\n")
+    launch: dict[str, Any] = {"script": "train.py", "cwd": str(tmp_path), "user": "ada"}
+    plain = identity.job_id({}, **launch, args=["--lr", "0.1"])
+    for rank in ("0", "1"):
+        assert identity.job_id({}, **launch, args=[f"--local_rank={rank}", "--lr", "0.1"]) == plain
+        assert identity.job_id({}, **launch, args=["--lr", "0.1", "--local-rank", rank]) == plain
+    assert identity.job_id({}, **launch, args=["--lr", "0.2", "--local-rank=0"]) != plain
+
+
+def test_a_notebook_kernels_own_arguments_do_not_make_a_job_per_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a notebook: __main__ has no file, argv is the kernel launcher and its connection file
+    launcher = tmp_path / "ipykernel_launcher.py"
+    launcher.write_text("# the kernel\n")
+    main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    ids = set()
+    for start in ("a1", "b2"):
+        monkeypatch.setattr(sys, "argv", [str(launcher), "-f", f"/run/kernel-{start}.json"])
+        ids.add(identity._derive_job_id(None, None, str(tmp_path), "ada"))
+    assert len(ids) == 1, ids
 
 
 def test_the_agents_job_is_not_the_run_id() -> None:

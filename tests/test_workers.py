@@ -187,6 +187,8 @@ def test_a_registration_whose_reply_was_lost_is_sent_again_and_finds_itself(
         worker.incarnation,
     )
     assert not [r for r in caplog.records if "took the id over" in r.getMessage()]
+    # one registration: no takeover of itself recorded, no second generation
+    assert [e["type"] for e in job.events()] == ["join"]
     # a second registration of the id from this process is still a live duplicate
     with pytest.raises(WorkerExistsError):
         job.register_worker("w", heartbeat_interval=None)

@@ -6,8 +6,8 @@
 -- NOW_MS(): Redis' clock (TIME) in whole milliseconds: the one clock every process of a job
 --   shares (leases, heartbeats, deadlines and records are stamped with it, never with a
 --   caller's). Each call asks TIME afresh: a script that needs one instant calls it once.
--- NOW_US(): the same instant's clock in microseconds, as a string of digits (exact, and
---   what a barrier's latency record stores).
+-- NOW_US(): the clock in microseconds, as a string of digits (exact, and what a barrier's
+--   latency record stores); it asks TIME afresh too, so it is not NOW_MS()'s instant.
 local function NOW_MS()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

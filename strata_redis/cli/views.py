@@ -343,6 +343,8 @@ def _training_line(job: JobSnapshot) -> str:
     rate, eta, left = p.samples_per_s, p.eta_s, p.epoch_remaining_samples
     if job.all_silent:
         line = "  training: no rate (no worker heartbeating)"
+    elif rate is None and job.live_workers == 0:
+        line = "  training: no rate (no live worker)"
     elif rate is None:
         line = "  training: no rate (no recent data)"
     else:

@@ -67,13 +67,16 @@ def take_epoch(replies: Replies) -> int:
     return int(take_reply(replies) or 0)
 
 
-def restore_epoch(ctx: JobContext, epoch: int, mark: int) -> bool:
-    """Put the job's epoch back to a checkpoint's ``epoch``, once per ``mark``.
+def restore_epoch(ctx: JobContext, epoch: int, mark: int) -> int:
+    """Put the job's epoch back to a checkpoint's ``epoch``, once per ``mark``; return the
+    epoch it replaced.
 
     Every member of a resuming round calls it with the round's number as ``mark`` before it
     puts any dataset's lease pool back (``data/position.py``): the first call sets the epoch,
     the others change nothing, so a member that resumes late never moves back an epoch the
-    round has moved on since.
+    round has moved on since. Every call returns the epoch the first one replaced, so every
+    member drops the same later epochs' pools (reading the epoch itself, a member could read
+    the one already put back).
 
     Args:
         ctx: the job.
@@ -81,12 +84,12 @@ def restore_epoch(ctx: JobContext, epoch: int, mark: int) -> bool:
         mark: the restoring round.
 
     Returns:
-        Whether this call set the epoch.
+        The job's epoch before the round's restore (0 when it had none).
     """
     check_int("epoch", epoch, low=0, high=2**31)
     check_int("mark", mark, low=0, high=2**63 - 1)
-    (applied,) = ctx.scripts.run(
+    _applied, replaced = ctx.scripts.run(
         "restore_epoch", [ctx.keys.epoch, ctx.keys.epoch_restored], [epoch, mark],
         {"job_id": ctx.job_id},
     )  # fmt: skip
-    return bool(int(applied))
+    return int(replaced)

@@ -25,7 +25,7 @@ import redis
 
 from ..context import JobContext
 from ..errors import StateLostError, StrataError, WorkerError, from_status
-from ..outage import RIDDEN, Outage, ride_out
+from ..outage import ride_out
 from ..scripts import Call, check
 from ..status import Status
 from ..validate import check_id, check_int, check_seconds
@@ -98,6 +98,8 @@ def register_worker(
             holder is untouched).
         RedisMemoryFullError: Redis refused writes at its memory limit for longer than the
             job's ``redis_retry`` (a shorter refusal is waited out).
+        RedisUnavailableError: Redis could not be reached for longer than ``redis_retry``
+            (a shorter restart or failover is waited out, and the registration sent again).
         ValueError, TypeError: a bad argument, named in the message.
     """
     check_id("worker_id", worker_id)
@@ -124,36 +126,28 @@ def register_worker(
     k = ctx.keys
     timeout_ms = int(ctx.heartbeat_timeout * 1000)
 
-    outage = Outage(ctx, what)
-    unanswered = False  # a send's reply was lost with its connection: it may have applied
-
     def call(gone: str) -> Any:
-        # a restart, failover or memory limit is waited out and the registration sent again
-        # (a refused script applied nothing; a send lost with its connection is recognized
-        # by its mark, ``info['attempt']``, below)
-        nonlocal unanswered
-        while True:
-            try:
-                return ctx.scripts.call(
-                    "register_worker",
-                    [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events,
-                     k.reaper],
-                    [worker_id, orjson.dumps(info), "1" if replace else "0", ctx.events_cap,
-                     timeout_ms, gone],
-                )  # fmt: skip
-            except RIDDEN as exc:
-                unanswered = unanswered or not isinstance(exc, redis.OutOfMemoryError)
-                outage.failed(exc)
+        # waited out and sent again after a restart, failover or memory limit: a refused
+        # script applied nothing, and a send whose reply was lost with its connection is
+        # known by its mark (``info['attempt']``, random per call) when the next one finds it
+        return ride_out(
+            ctx, what, ctx.scripts.call, "register_worker",
+            [k.heartbeats, k.status, k.incarnation, k.info, k.generation, k.events, k.reaper],
+            [worker_id, orjson.dumps(info), "1" if replace else "0", ctx.events_cap,
+             timeout_ms, gone],
+        )  # fmt: skip
 
     reply = call("")
     ids: dict[str, Any] = {"job_id": ctx.job_id, "worker_id": worker_id}
-    itself = False  # the id is held by this call's own unanswered send
+    mine: int | None = None  # the incarnation of this call's own send, its reply lost
     for retry in (True, False):
         if int(reply[0]) != Status.WORKER_EXISTS:
             break
         held = holder(reply[1])
-        itself = unanswered and held.attempt == info["attempt"]
-        process = _GONE if itself else _process_state(held)
+        if held.attempt == info["attempt"]:
+            mine = int(reply[2])
+            break
+        process = _process_state(held)
         if retry and process == _GONE:  # take the id, unless it was registered anew since
             reply = call(str(reply[2]))
             continue
@@ -162,8 +156,8 @@ def register_worker(
             timeout_s=ctx.heartbeat_timeout, process=process,
         )  # fmt: skip
         break
-    generation, _now, how = check(reply, ids)
-    if how in ("gone", "stale") and not itself:
+    generation, how = (mine, "itself") if mine is not None else _joined(reply, ids)
+    if how in ("gone", "stale"):
         log.warning(
             "worker %r of job %r: took the id over from its previous holder, %s (incarnation "
             "%s); that holder is refused from now on",
@@ -175,6 +169,12 @@ def register_worker(
     if heartbeat_interval is not None:
         worker.start_heartbeat(heartbeat_interval)
     return worker
+
+
+def _joined(reply: Any, ids: dict[str, Any]) -> tuple[int, str]:
+    """The incarnation and the ``how`` of a registration's reply (its refusal raised)."""
+    generation, _now, how = check(reply, ids)
+    return int(generation), str(how)
 
 
 # -- the registering process: is a holder's process still running? ----------------------------

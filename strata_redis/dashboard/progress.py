@@ -53,9 +53,9 @@ class TrainedHistory:
         while len(points) > 1 and now_ms - points[1][0] >= RATE_WINDOW_S * 1000:
             points.popleft()
         # the window is bounded: a point older than it plus one step (nothing read since)
-        # gives no rate rather than one over the whole gap
-        if points and now_ms - points[0][0] > (RATE_WINDOW_S + RATE_STEP_S) * 1000:
-            points.clear()
+        # gives no rate rather than one over the whole gap; a younger point still does
+        while points and now_ms - points[0][0] > (RATE_WINDOW_S + RATE_STEP_S) * 1000:
+            points.popleft()
         rate: float | None = None
         span: float | None = None
         per: dict[str, float | None] = dict.fromkeys(workers)

@@ -138,9 +138,9 @@ class CommittedCheckpoint:
 class Training:
     """The job's training progress (``progress.training`` derives it).
 
-    ``samples_per_s`` is over ``rate_window_s`` seconds, at most ``progress.RATE_WINDOW_S``
-    (None: no recent data, or no worker heartbeating); ``eta_s`` is 0 once the epoch is
-    done, None without a rate; ``slowest_worker`` is None at a tie.
+    ``samples_per_s`` is over ``rate_window_s`` seconds, at most ``progress.RATE_WINDOW_S`` +
+    ``progress.RATE_STEP_S`` (None: no recent data, or no worker heartbeating); ``eta_s`` is
+    0 once the epoch is done, None without a rate; ``slowest_worker`` is None at a tie.
     """
 
     samples_trained: int

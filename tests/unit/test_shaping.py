@@ -65,9 +65,14 @@ def test_the_rate_is_none_after_a_gap_longer_than_the_window() -> None:
 
 def test_the_rate_window_never_exceeds_its_bound() -> None:
     h = TrainedHistory()
+    spans = {}
     for t in (0, 5, 12, 30, 31, 60, 95, 96, 97):
         _, span, _ = h.rates(t * S, t * 10, {})
         assert span is None or span <= RATE_WINDOW_S + RATE_STEP_S, (t, span)
+        spans[t] = span
+    # a reading still inside the window gives the rate: at 30 s the one of 12 s (18 s old),
+    # though the one of 5 s is past the bound
+    assert spans[30] == 18.0
 
 
 # -- every worker silent -------------------------------------------------------------------------
@@ -99,6 +104,14 @@ def test_no_recent_data_is_said() -> None:
                                 rate_window_s=None)  # fmt: skip
     text = "\n".join(render_job(snapshot(training=quiet), JOB, 160))
     assert "training: no rate (no recent data)" in text and "ETA" not in text
+
+
+def test_a_job_with_no_live_worker_says_so_as_the_page_does() -> None:
+    quiet = dataclasses.replace(snapshot().jobs[0].training, samples_per_s=None, eta_s=None,
+                                rate_window_s=None)  # fmt: skip
+    text = "\n".join(render_job(snapshot(state="ended", live_workers=0, silent_workers=0,
+                                          training=quiet), JOB, 160))  # fmt: skip
+    assert "training: no rate (no live worker)" in text
 
 
 # -- the slowest worker --------------------------------------------------------------------------

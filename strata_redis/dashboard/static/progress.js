@@ -30,7 +30,7 @@
   function noRate(job) {
     if (window.strataDashboard.allSilent(job)) return "no worker heartbeating";
     if (job.live_workers === 0) return `no live worker (job ${job.state})`;
-    return "first read, or nothing read within the last 21 s";
+    return "first read, or nothing read within the rate's window";
   }
 
   function jobPanel(job, multi) {
