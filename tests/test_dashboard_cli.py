@@ -190,21 +190,29 @@ def test_status_json_is_the_api_document(busy_job: strata_redis.Job, redis_url: 
     assert [j["job_id"] for j in every["jobs"]] == [busy_job.job_id]
 
 
-def test_status_watch_refreshes_in_place(busy_job: strata_redis.Job, redis_url: str) -> None:
-    """On a terminal (a pseudo-terminal here) each frame is drawn from the top."""
+def _watch_two_frames(
+    redis_url: str, job_id: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str, str]:
+    """``strata status --watch 0.5`` on a pseudo-terminal until it drew two frames (each ends
+    with its footer, however long the start took), then Ctrl-C: the process, its output."""
     main, tty = pty.openpty()
-    proc = popen("status", "--redis-url", redis_url, "--job", busy_job.job_id, "--watch",
-                 "0.5", stdout=tty, stderr=subprocess.PIPE)  # fmt: skip
+    proc = popen("status", "--redis-url", redis_url, "--job", job_id, "--watch", "0.5",
+                 stdout=tty, stderr=subprocess.PIPE, env=env)  # fmt: skip
     os.close(tty)
     out = Output(lambda: os.read(main, 65536))  # EIO once the process exits
     try:
-        # two frames drawn (each ends with its footer), however long the start took
         wait_for(lambda: out.text().count("Ctrl-C stops") >= 2, 30, why=out.text)
     finally:
         try:
             stdout, stderr = interrupt(proc, out)
         finally:
             os.close(main)
+    return proc, stdout, stderr
+
+
+def test_status_watch_refreshes_in_place(busy_job: strata_redis.Job, redis_url: str) -> None:
+    """On a terminal (a pseudo-terminal here) each frame is drawn from the top."""
+    proc, stdout, stderr = _watch_two_frames(redis_url, busy_job.job_id)
     assert proc.returncode == 0, stderr
     frames = stdout.split("\x1b[H")
     assert len(frames) >= 3, stdout  # refreshed, each frame drawn from the top
@@ -294,19 +302,9 @@ def test_status_watch_at_80x24_keeps_its_header_and_cuts_the_worker_table(
             job.register_worker(f"gpu-node-{n:02d}-rank-{n}", heartbeat_interval=None)
         lease = job.leases("imagenet_train_full", 0, "gpu-node-00-rank-0").acquire()
         assert lease is not None
-        main, tty = pty.openpty()
-        proc = popen("status", "--redis-url", redis_url, "--job", job_id, "--watch", "0.5",
-                     stdout=tty, stderr=subprocess.PIPE,
-                     env={**os.environ, "COLUMNS": "80", "LINES": "24"})  # fmt: skip
-        os.close(tty)
-        out = Output(lambda: os.read(main, 65536))
-        try:
-            wait_for(lambda: out.text().count("Ctrl-C stops") >= 2, 30, why=out.text)
-        finally:
-            try:
-                stdout, stderr = interrupt(proc, out)
-            finally:
-                os.close(main)
+        proc, stdout, stderr = _watch_two_frames(
+            redis_url, job_id, env={**os.environ, "COLUMNS": "80", "LINES": "24"}
+        )
     assert proc.returncode == 0, stderr
     frame = stdout.split("\x1b[H")[2].split("Ctrl-C stops)")[0] + "Ctrl-C stops)"
     lines = re.sub(r"\x1b\[[JK]", "", frame).replace("\r", "").split("\n")
