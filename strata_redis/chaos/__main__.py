@@ -7,7 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .run import RunConfig, check_guards, run
+from .run import CLIENTS, RunConfig, check_guards, run
 from .schedule import KINDS, WORKLOADS, draw
 
 
@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         "--workload", choices=[*WORKLOADS, "both"], default="leases",
         help="leases: the raw lease API; loop: the README loop with checkpoints (and the "
         "recovery after a lost state); both: each seed with each (default leases)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clients", choices=CLIENTS, default=None,
+        help="how the workers reach Redis: vip (a proxy a failover points at the new primary) "
+        "or sentinel (a redis+sentinel:// URL); default drawn from each seed",
     )  # fmt: skip
     parser.add_argument("--faults", type=int, default=0, help="faults a run (0: one per 6 s)")
     parser.add_argument(
@@ -53,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = RunConfig(
                 seed=seed, duration=args.duration, workers=args.workers, kinds=kinds,
                 faults=args.faults, disable=args.disable_guard, workload=workload,
+                clients=args.clients,
                 keep=args.keep / f"seed-{seed}-{workload}" if args.keep else None,
             )  # fmt: skip
             outcome = run(cfg, progress=True)

@@ -1,9 +1,11 @@
-"""One fault run: a Redis primary and replica behind proxies, worker processes draining a
-dataset's epochs (the raw lease API, or the README's loop with checkpoints), a schedule of
-faults played against them, then the history, the record and the checkpoints checked
-(``checker``). A loop run whose job ended with a ``StateLostError``-family error then
-plays the documented recovery (``strata jobs rm``, the dataset registered again, every
-worker relaunched: it resumes from the newest checkpoint) and checks that too."""
+"""One fault run: a Redis primary and replica behind proxies and a Sentinel watching them,
+worker processes (reaching Redis through a virtual IP, or through Sentinel: drawn from the
+seed) draining a dataset's epochs (the raw lease API, or the README's loop with
+checkpoints), a schedule of faults played against them, then the history, the record and
+the checkpoints checked (``checker``). A loop run whose job ended with a
+``StateLostError``-family error then plays the documented recovery (``strata jobs rm``, the
+dataset registered again, every worker relaunched: it resumes from the newest checkpoint)
+and checks that too."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 import strata_redis
 from strata_redis.data.leases import keep_whole
 from strata_redis.data.position import POSITION_PART, decode_positions
@@ -30,12 +34,16 @@ from .checker import Report, check, check_loop
 from .history import History, read_history
 from .proxy import Proxy
 from .schedule import WORKLOADS, Fault, draw
-from .topology import Topology
+from .topology import SERVICE, Topology
 from .worker import DATASET
 
-__all__ = ["Outcome", "RunConfig", "check_guards", "run"]
+__all__ = ["CLIENTS", "Outcome", "RunConfig", "check_guards", "run"]
 
 JOB = "chaos"
+#: how the workers reach the primary: ``vip`` a proxy that a failover points at the new
+#: primary (a virtual IP), ``sentinel`` a ``redis+sentinel://`` URL (the client asks the
+#: Sentinel where the primary is whenever it connects)
+CLIENTS = ("vip", "sentinel")
 
 
 @dataclass
@@ -53,6 +61,7 @@ class RunConfig:
     redis_retry: float = 15.0
     workload: str = "leases"  # "leases": the raw lease API; "loop": the README loop
     aof: str | None = None  # Redis' appendfsync: "always", "everysec" (None: from the seed)
+    clients: str | None = None  # CLIENTS: how workers reach Redis (None: from the seed)
     save_every: int = 8  # the loop's steps between checkpoint saves
     kinds: list[str] | None = None
     faults: int = 0
@@ -77,7 +86,8 @@ class Outcome:
         ended = ", ".join(f"{e} {n}" for e, n in sorted(r.stopped.items()))
         out.append(
             f"seed {self.config.seed} ({self.config.workload}, appendfsync "
-            f"{self.config.aof}): faults {kinds}; operations {r.operations} ({r.summary()}); "
+            f"{self.config.aof}, clients via {self.config.clients}): faults {kinds}; "
+            f"operations {r.operations} ({r.summary()}); "
             f"{f'stopped with {ended}; ' if ended else ''}"
             f"{'recovered from the newest checkpoint; ' if r.recovered else ''}"
             f"violations {len(r.violations)}"
@@ -86,11 +96,16 @@ class Outcome:
 
 
 class _Workers:
-    """The worker processes, each slot behind a proxy of its own (to cut one worker off)."""
+    """The worker processes, each slot behind a proxy of its own (to cut one worker off): in
+    front of the clients' proxy (``vip``), or of the Sentinel (``sentinel``: the worker then
+    talks to the primary directly, where the Sentinel says it is)."""
 
     def __init__(self, topo: Topology, cfg: RunConfig, folder: Path) -> None:
         self.cfg, self.folder = cfg, folder
-        self.proxies = [Proxy(("127.0.0.1", topo.clients.port)) for _ in range(cfg.workers)]
+        upstream = topo.sentinel.port if cfg.clients == "sentinel" else topo.clients.port
+        self.proxies = [Proxy(("127.0.0.1", upstream)) for _ in range(cfg.workers)]
+        self.scheme = "redis+sentinel" if cfg.clients == "sentinel" else "redis"
+        self.path = f"{SERVICE}/0" if cfg.clients == "sentinel" else "0"
         self.ids = [f"w{i}" for i in range(cfg.workers)]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # "<id>#<n>" -> process
         self.current: list[str] = [""] * cfg.workers
@@ -113,7 +128,8 @@ class _Workers:
         cfg = self.cfg
         cmd = [
             sys.executable, "-m", f"strata_redis.chaos.{WORKLOADS[cfg.workload]}",
-            "--url", f"redis://{self.proxies[slot].address}/0", "--job", JOB, "--id", wid,
+            "--url", f"{self.scheme}://{self.proxies[slot].address}/{self.path}",
+            "--job", JOB, "--id", wid,
             "--history", str(self.folder / f"{self.phase}{wid}.jsonl"),
             "--epochs", str(cfg.epochs), "--sample-s", str(cfg.sample_s),
             "--heartbeat-timeout", str(cfg.heartbeat_timeout),
@@ -171,6 +187,26 @@ def _kill(workers: _Workers, slot: int) -> bool:
     return True
 
 
+def _cut_direct(topo: Topology, proc: subprocess.Popen[bytes], hold: float) -> None:
+    """Cut a worker that reaches Redis through Sentinel (its proxy to the Sentinel is cut
+    already): for ``hold`` seconds, close every connection it has to the primary (its
+    client asks the Sentinel before it connects again, and cannot reach it)."""
+    import psutil  # type: ignore[import-untyped]  # a dev dependency, as the fault run is
+
+    deadline = time.monotonic() + hold
+    while time.monotonic() < deadline:
+        try:
+            conns = psutil.Process(proc.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            return  # it ended
+        addrs = [f"{c.laddr.ip}:{c.laddr.port}" for c in conns
+                 if c.raddr and c.raddr.port == topo.primary.port]  # fmt: skip
+        with contextlib.suppress(redis.RedisError), redis.Redis(port=topo.primary.port) as r:
+            for addr in addrs:
+                r.execute_command("CLIENT", "KILL", "ADDR", addr)
+        time.sleep(0.05)
+
+
 def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None:
     """Play one fault (blocking for as long as it lasts)."""
     proc = workers.proc(fault.slot)
@@ -196,8 +232,16 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
             proc.send_signal(signal.SIGCONT)
     elif fault.kind == "cut":
         workers.proxies[fault.slot].cut()
-        time.sleep(hold)
+        if workers.cfg.clients == "sentinel":
+            _cut_direct(topo, proc, hold)
+        else:
+            time.sleep(hold)
         workers.proxies[fault.slot].cut(False)
+    elif fault.kind == "stall" and workers.cfg.clients == "sentinel":
+        # the workers talk to the primary directly: it holds every client's commands back
+        with redis.Redis(port=topo.primary.port) as client:
+            client.execute_command("CLIENT", "PAUSE", int(hold * 1000), "ALL")
+        time.sleep(hold)
     elif fault.kind == "stall":
         topo.clients.stall()
         time.sleep(hold)
@@ -220,6 +264,11 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
         topo.lag()
         time.sleep(float(fault.params["lag"]))
         topo.failover()
+    elif fault.kind == "sentinel-failover":
+        topo.synced()
+        topo.lag()
+        time.sleep(float(fault.params["lag"]))
+        topo.sentinel_failover()
     elif fault.kind == "masked-failover":
         # only the target makes calls while the replica lags (the others are stopped), then
         # it stops; after the failover the others, which saw none of the lost ticks, raise
@@ -232,7 +281,10 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
         time.sleep(float(fault.params["lag"]))
         if proc.poll() is None:
             proc.send_signal(signal.SIGSTOP)
-        topo.failover()
+        if fault.params.get("by") == "sentinel":
+            topo.sentinel_failover()
+        else:
+            topo.failover()
         for other in others:
             other.send_signal(signal.SIGCONT)
         time.sleep(hold)
@@ -336,6 +388,10 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
         raise ValueError(f"no such workload {cfg.workload!r} (workloads: {', '.join(WORKLOADS)})")
     if cfg.aof is None:
         cfg.aof = random.Random(f"aof-{cfg.seed}").choice(["always", "everysec"])
+    if cfg.clients is None:
+        cfg.clients = random.Random(f"clients-{cfg.seed}").choice(CLIENTS)
+    if cfg.clients not in CLIENTS:
+        raise ValueError(f"no such clients {cfg.clients!r} (clients: {', '.join(CLIENTS)})")
     faults = cfg.schedule or draw(
         cfg.seed, cfg.duration, cfg.workers, cfg.kinds, cfg.faults, cfg.workload
     )
