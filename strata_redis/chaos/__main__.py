@@ -7,7 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .run import CLIENTS, RunConfig, check_guards, run
+from .run import CLIENTS, STORAGES, RunConfig, check_guards, run
 from .schedule import KINDS, WORKLOADS, draw
 
 
@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         "--clients", choices=CLIENTS, default=None,
         help="how the workers reach Redis: vip (a proxy a failover points at the new primary) "
         "or sentinel (a redis+sentinel:// URL); default drawn from each seed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--storage", choices=STORAGES, default=None,
+        help="the loop's checkpoints: a local directory, or the S3 stand-in (moto's server, "
+        "behind a proxy the storage faults cut and stall); default drawn from each seed (S3 "
+        "when moto is installed and the schedule stalls storage)",
     )  # fmt: skip
     parser.add_argument("--faults", type=int, default=0, help="faults a run (0: one per 6 s)")
     parser.add_argument(
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = RunConfig(
                 seed=seed, duration=args.duration, workers=args.workers, kinds=kinds,
                 faults=args.faults, disable=args.disable_guard, workload=workload,
-                clients=args.clients,
+                clients=args.clients, storage=args.storage,
                 keep=args.keep / f"seed-{seed}-{workload}" if args.keep else None,
             )  # fmt: skip
             outcome = run(cfg, progress=True)

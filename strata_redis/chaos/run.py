@@ -29,21 +29,25 @@ from strata_redis.data.leases import keep_whole
 from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.keys import Keys
 from strata_redis.status import GUARDS, GUARDS_ENV
+from strata_redis.storage import Storage
 
 from .checker import Report, check, check_loop
 from .history import History, read_history
 from .proxy import Proxy
 from .schedule import WORKLOADS, Fault, draw
+from .stand_in import S3StandIn, available
 from .topology import SERVICE, Topology
 from .worker import DATASET
 
-__all__ = ["CLIENTS", "Outcome", "RunConfig", "check_guards", "run"]
+__all__ = ["CLIENTS", "STORAGES", "Outcome", "RunConfig", "check_guards", "run"]
 
 JOB = "chaos"
 #: how the workers reach the primary: ``vip`` a proxy that a failover points at the new
 #: primary (a virtual IP), ``sentinel`` a ``redis+sentinel://`` URL (the client asks the
 #: Sentinel where the primary is whenever it connects)
 CLIENTS = ("vip", "sentinel")
+#: where the loop's checkpoints go: a local directory, or the S3 stand-in (moto's server)
+STORAGES = ("local", "s3")
 
 
 @dataclass
@@ -62,6 +66,7 @@ class RunConfig:
     workload: str = "leases"  # "leases": the raw lease API; "loop": the README loop
     aof: str | None = None  # Redis' appendfsync: "always", "everysec" (None: from the seed)
     clients: str | None = None  # CLIENTS: how workers reach Redis (None: from the seed)
+    storage: str | None = None  # STORAGES: the loop's checkpoints (None: from the seed)
     save_every: int = 8  # the loop's steps between checkpoint saves
     kinds: list[str] | None = None
     faults: int = 0
@@ -86,7 +91,9 @@ class Outcome:
         ended = ", ".join(f"{e} {n}" for e, n in sorted(r.stopped.items()))
         out.append(
             f"seed {self.config.seed} ({self.config.workload}, appendfsync "
-            f"{self.config.aof}, clients via {self.config.clients}): faults {kinds}; "
+            f"{self.config.aof}, clients via {self.config.clients}"
+            f"{f', storage {self.config.storage}' if self.config.workload == 'loop' else ''}"
+            f"): faults {kinds}; "
             f"operations {r.operations} ({r.summary()}); "
             f"{f'stopped with {ended}; ' if ended else ''}"
             f"{'recovered from the newest checkpoint; ' if r.recovered else ''}"
@@ -100,8 +107,8 @@ class _Workers:
     front of the clients' proxy (``vip``), or of the Sentinel (``sentinel``: the worker then
     talks to the primary directly, where the Sentinel says it is)."""
 
-    def __init__(self, topo: Topology, cfg: RunConfig, folder: Path) -> None:
-        self.cfg, self.folder = cfg, folder
+    def __init__(self, topo: Topology, cfg: RunConfig, folder: Path, s3: S3StandIn | None) -> None:
+        self.cfg, self.folder, self.s3 = cfg, folder, s3
         upstream = topo.sentinel.port if cfg.clients == "sentinel" else topo.clients.port
         self.proxies = [Proxy(("127.0.0.1", upstream)) for _ in range(cfg.workers)]
         self.scheme = "redis+sentinel" if cfg.clients == "sentinel" else "redis"
@@ -123,6 +130,8 @@ class _Workers:
             self.ids[slot] = f"w{slot}-{next(self._n)}"
         wid = self.ids[slot]
         env = dict(os.environ)
+        if self.s3 is not None:
+            env.update(self.s3.env)
         if self.cfg.disable:
             env[GUARDS_ENV] = self.cfg.disable
         cfg = self.cfg
@@ -136,7 +145,8 @@ class _Workers:
             "--lease-ttl", str(cfg.lease_ttl), "--redis-retry", str(cfg.redis_retry),
         ]  # fmt: skip
         if cfg.workload == "loop":
-            cmd += ["--ckpt", str(self.folder / "ckpt"), "--save-every", str(cfg.save_every)]
+            ckpt = self.s3.url if self.s3 is not None else str(self.folder / "ckpt")
+            cmd += ["--ckpt", ckpt, "--save-every", str(cfg.save_every)]
         key = f"{self.phase}{wid}#{next(self._n)}"
         log = open(self.folder / f"{wid}.log", "ab")  # noqa: SIM115
         self.procs[key] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
@@ -296,6 +306,22 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
         topo.config(maxmemory="0")
     elif fault.kind == "evicting-policy":
         topo.config(maxmemory="1gb", maxmemory_policy="allkeys-lru")
+    elif fault.kind in ("storage-fail", "storage-stall") and workers.s3 is not None:
+        # the S3 stand-in's link cut (every request refused), or stalled from inside the
+        # first request after now (a save is under way: one every few batches)
+        link = workers.s3.proxy
+        if fault.kind == "storage-fail":
+            link.cut()
+        else:
+            link.stall_next()
+            deadline = time.monotonic() + 10
+            while not link.stalled and time.monotonic() < deadline:
+                time.sleep(0.005)
+        time.sleep(hold)
+        link.cut(False)
+        link.stall(False)
+    elif fault.kind == "storage-stall":  # pragma: no cover - run() puts it on S3
+        raise ValueError("storage-stall needs the S3 stand-in")
     elif fault.kind == "storage-fail":
         # the checkpoint directory replaced by a file: every write under it fails, then it
         # comes back as it was
@@ -331,13 +357,20 @@ def _register(url: str, cfg: RunConfig, shards: int) -> strata_redis.DatasetPara
     return params
 
 
-def _checkpoints(url: str, folder: Path) -> tuple[set[str], list[str]]:
+def _checkpoints(url: str, folder: Path, s3: S3StandIn | None) -> tuple[set[str], list[str]]:
     """Verify every committed checkpoint of the run (each file's size and checksum) and
     decode every rank's data position; their labels, and the failures. Storage holds the
     truth: the Redis index (a cache of it, which a ``del-key`` may have emptied) is rebuilt
     from it first."""
+    if s3 is not None:
+        with s3.credentials():
+            return _verify(url, s3.storage())
+    return _verify(url, folder / "ckpt")
+
+
+def _verify(url: str, storage: Storage | Path) -> tuple[set[str], list[str]]:
     failures: list[str] = []
-    manager = strata_redis.CheckpointManager(folder / "ckpt", job_id=JOB, redis=url)
+    manager = strata_redis.CheckpointManager(storage, job_id=JOB, redis=url)
     try:
         manager.rebuild_index()
         infos = manager.list()
@@ -395,6 +428,13 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
     faults = cfg.schedule or draw(
         cfg.seed, cfg.duration, cfg.workers, cfg.kinds, cfg.faults, cfg.workload
     )
+    if cfg.storage is None:
+        # a local directory cannot stall: a schedule that stalls storage writes to S3
+        stalls = any(f.kind == "storage-stall" for f in faults)
+        drawn = random.Random(f"storage-{cfg.seed}").choice(STORAGES)
+        cfg.storage = "s3" if stalls or (drawn == "s3" and available()) else "local"
+    if cfg.storage not in STORAGES:
+        raise ValueError(f"no such storage {cfg.storage!r} (storages: {', '.join(STORAGES)})")
     # the dataset: enough work for the run's duration with every worker busy
     per_shard = cfg.samples_per_shard * cfg.sample_s
     shards = max(cfg.workers * 2, int(cfg.duration * cfg.workers / per_shard / cfg.epochs))
@@ -405,9 +445,12 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "ckpt").mkdir(exist_ok=True)
         topo = stack.enter_context(Topology(aof=cfg.aof))
+        s3 = None
+        if cfg.workload == "loop" and cfg.storage == "s3":
+            s3 = stack.enter_context(S3StandIn())
         params = _register(topo.url, cfg, shards)
         controller = History(folder / "controller.jsonl", "controller")
-        workers = _Workers(topo, cfg, folder)
+        workers = _Workers(topo, cfg, folder, s3)
         recovered = False
         try:
             start = time.monotonic()
@@ -440,7 +483,7 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
                 _wait(workers, cfg.duration * 2 + 4 * cfg.redis_retry)
                 exits = {k: p.poll() for k, p in workers.procs.items()}
             if cfg.workload == "loop":
-                checkpoints = _checkpoints(topo.url, folder)
+                checkpoints = _checkpoints(topo.url, folder, s3)
             else:
                 record = _record(topo.url, cfg)
         finally:
