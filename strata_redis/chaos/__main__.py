@@ -22,9 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of faults a run")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument(
-        "--workload", choices=[*WORKLOADS, "both"], default="leases",
+        "--workload", choices=[*WORKLOADS, "both", "all"], default="leases",
         help="leases: the raw lease API; loop: the README loop with checkpoints (and the "
-        "recovery after a lost state); both: each seed with each (default leases)",
+        "recovery after a lost state); torch: PyTorch's guide loop (LeaseBatchSampler, "
+        "strata_redis.torch.save/load; needs torch); both: each seed with leases and loop; "
+        "all: each seed with each (default leases)",
     )  # fmt: skip
     parser.add_argument(
         "--clients", choices=CLIENTS, default=None,
@@ -49,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep each run's history under this folder")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or None
-    workloads = list(WORKLOADS) if args.workload == "both" else [args.workload]
+    workloads = {"both": ["leases", "loop"], "all": list(WORKLOADS)}.get(
+        args.workload, [args.workload]
+    )
     try:  # a misspelt kind or guard is a usage error (exit 2), not a run's violation (1)
         for workload in workloads:
             draw(0, args.duration, args.workers, kinds, args.faults, workload)

@@ -34,7 +34,7 @@ from strata_redis.storage import Storage
 from .checker import Report, check, check_loop
 from .history import History, read_history
 from .proxy import Proxy
-from .schedule import WORKLOADS, Fault, draw
+from .schedule import CHECKPOINTED, WORKLOADS, Fault, draw
 from .stand_in import S3StandIn, available
 from .topology import SERVICE, Topology
 from .worker import DATASET
@@ -63,7 +63,7 @@ class RunConfig:
     heartbeat_timeout: float = 3.0
     lease_ttl: float = 3.0
     redis_retry: float = 15.0
-    workload: str = "leases"  # "leases": the raw lease API; "loop": the README loop
+    workload: str = "leases"  # schedule.WORKLOADS: the raw lease API, the README loop, torch
     aof: str | None = None  # Redis' appendfsync: "always", "everysec" (None: from the seed)
     clients: str | None = None  # CLIENTS: how workers reach Redis (None: from the seed)
     storage: str | None = None  # STORAGES: the loop's checkpoints (None: from the seed)
@@ -92,7 +92,7 @@ class Outcome:
         out.append(
             f"seed {self.config.seed} ({self.config.workload}, appendfsync "
             f"{self.config.aof}, clients via {self.config.clients}"
-            f"{f', storage {self.config.storage}' if self.config.workload == 'loop' else ''}"
+            f"{f', storage {self.config.storage}' if self.config.workload in CHECKPOINTED else ''}"
             f"): faults {kinds}; "
             f"operations {r.operations} ({r.summary()}); "
             f"{f'stopped with {ended}; ' if ended else ''}"
@@ -144,7 +144,7 @@ class _Workers:
             "--heartbeat-timeout", str(cfg.heartbeat_timeout),
             "--lease-ttl", str(cfg.lease_ttl), "--redis-retry", str(cfg.redis_retry),
         ]  # fmt: skip
-        if cfg.workload == "loop":
+        if cfg.workload in CHECKPOINTED:
             ckpt = self.s3.url if self.s3 is not None else str(self.folder / "ckpt")
             cmd += ["--ckpt", ckpt, "--save-every", str(cfg.save_every)]
         key = f"{self.phase}{wid}#{next(self._n)}"
@@ -408,6 +408,18 @@ def check_guards(disable: str) -> None:
             raise ValueError(f"no such guard {name!r} (guards: {', '.join(GUARDS)})")
 
 
+def _started(workers: _Workers, folder: Path, timeout: float = 60.0) -> None:
+    """Wait until every worker process is up (its ``start`` event: its imports done), at
+    most ``timeout``: the schedule's times count from there, so a loaded machine's slow
+    start does not move the faults into the workers' start-up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and workers.running():
+        up = {e["who"] for e in read_history(folder) if e["ev"] == "start"}
+        if up >= set(workers.ids):
+            return
+        time.sleep(0.05)
+
+
 def _wait(workers: _Workers, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while workers.running() and time.monotonic() < deadline:
@@ -446,13 +458,14 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
         (folder / "ckpt").mkdir(exist_ok=True)
         topo = stack.enter_context(Topology(aof=cfg.aof))
         s3 = None
-        if cfg.workload == "loop" and cfg.storage == "s3":
+        if cfg.workload in CHECKPOINTED and cfg.storage == "s3":
             s3 = stack.enter_context(S3StandIn())
         params = _register(topo.url, cfg, shards)
         controller = History(folder / "controller.jsonl", "controller")
         workers = _Workers(topo, cfg, folder, s3)
         recovered = False
         try:
+            _started(workers, folder)
             start = time.monotonic()
             for fault in faults:
                 time.sleep(max(0.0, start + fault.at - time.monotonic()))
@@ -469,7 +482,7 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
             exits = {k: p.poll() for k, p in workers.procs.items()}
             events = read_history(folder)
             lost = any(e["ev"] == "stopped" and e.get("family") == "state-lost" for e in events)
-            if cfg.workload == "loop" and lost and not any(v is None for v in exits.values()):
+            if cfg.workload in CHECKPOINTED and lost and not any(v is None for v in exits.values()):
                 # the documented recovery: the job's state removed, the launcher's line run
                 # again, every worker relaunched (it resumes from the newest checkpoint)
                 if progress:
@@ -482,7 +495,7 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
                 recovered = True
                 _wait(workers, cfg.duration * 2 + 4 * cfg.redis_retry)
                 exits = {k: p.poll() for k, p in workers.procs.items()}
-            if cfg.workload == "loop":
+            if cfg.workload in CHECKPOINTED:
                 checkpoints = _checkpoints(topo.url, folder, s3)
             else:
                 record = _record(topo.url, cfg)
@@ -490,7 +503,7 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
             workers.close()
             controller.close()
         events = read_history(folder)
-        if cfg.workload == "loop":
+        if cfg.workload in CHECKPOINTED:
             report = check_loop(events, params, cfg.epochs, exits, checkpoints, recovered)
         else:
             report = check(events, record, shards, cfg.epochs, exits)

@@ -6,10 +6,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DELETABLE", "KINDS", "LOOP_ONLY", "WORKLOADS", "Fault", "draw"]
+__all__ = ["CHECKPOINTED", "DELETABLE", "KINDS", "LOOP_ONLY", "WORKLOADS", "Fault", "draw"]
 
-#: the workloads a run can drive, and the worker module of each
-WORKLOADS: dict[str, str] = {"leases": "worker", "loop": "loop_worker"}
+#: the workloads a run can drive, and the worker module of each: the raw lease API, the
+#: README loop, PyTorch's guide loop (``LeaseBatchSampler``, ``strata_redis.torch.save``)
+WORKLOADS: dict[str, str] = {"leases": "worker", "loop": "loop_worker", "torch": "torch_worker"}
+#: the workloads that save checkpoints (and are checked against the one kept)
+CHECKPOINTED = frozenset({"loop", "torch"})
 
 #: every kind of fault the run can play, and what it does
 KINDS: dict[str, str] = {
@@ -63,7 +66,7 @@ TERMINAL = frozenset({
     "failover", "sentinel-failover", "masked-failover", "del-key", "restart-empty",
     "restart-rdb", "evicting-policy",
 })  # fmt: skip
-#: the kinds only the loop workload has something for (checkpoints)
+#: the kinds only the checkpointed workloads have something for
 LOOP_ONLY = frozenset({"storage-fail", "storage-stall"})
 
 
@@ -97,12 +100,12 @@ def draw(
     Raises:
         ValueError: an unknown kind, or one the workload has nothing for.
     """
-    pool = list(kinds or [k for k in KINDS if workload == "loop" or k not in LOOP_ONLY])
+    pool = list(kinds or [k for k in KINDS if workload in CHECKPOINTED or k not in LOOP_ONLY])
     for kind in pool:
         if kind not in KINDS:
             raise ValueError(f"no such fault kind {kind!r} (kinds: {', '.join(KINDS)})")
-        if kind in LOOP_ONLY and workload != "loop":
-            raise ValueError(f"fault kind {kind!r} needs --workload loop")
+        if kind in LOOP_ONLY and workload not in CHECKPOINTED:
+            raise ValueError(f"fault kind {kind!r} needs --workload loop or torch")
     rng = random.Random(seed)
     n = count or max(2, int(duration // 6))
     kinds_drawn = sorted((rng.choice(pool) for _ in range(n)), key=lambda k: k in TERMINAL)
