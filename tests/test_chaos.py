@@ -85,8 +85,8 @@ TEETH: dict[str, Fault | list[Fault]] = {
     "anchors": Fault("del-key", 6.0, 0, {"key": "fence"}),
     # every epoch's taken bitmap deleted: its done shards go back to the pool
     "anchors-pool": Fault("del-key", 6.0, 0, {"key": "lease.taken"}),
-    # (the loop, checkpoints on the S3 stand-in) any schedule: a checkpoint commits on its
-    # first rank's ack (the others' parts missing; one whose upload was refused aborted it)
+    # (the loop) any schedule: a checkpoint commits on its first rank's ack (the others'
+    # parts missing; one whose write failed aborted it)
     "commit": [Fault("pause", 4.0, 0, {"hold": 0.5}), Fault("storage-fail", 6.5, 0, {"hold": 2.0})],
 }
 
@@ -100,7 +100,7 @@ def test_with_a_guard_off_its_schedule_reports_a_violation(case: str) -> None:
     faults = TEETH[case]
     guard = case.split("-")[0]
     workload = "loop" if guard == "commit" else "leases"
-    off = run(RunConfig(seed=100, duration=12.0, disable=guard, workload=workload, storage="s3",
+    off = run(RunConfig(seed=100, duration=12.0, disable=guard, workload=workload, storage="local",
                         schedule=faults if isinstance(faults, list) else [faults]))  # fmt: skip
     # a broken promise, not only a crash (a crash is reported as a liveness violation)
     broken = [v for v in off.report.violations if not v.startswith("liveness")]

@@ -19,12 +19,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
 import strata_redis
+from strata_redis.checkpoint.manifest import CheckpointInfo
 from strata_redis.data.leases import keep_whole
 from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.keys import Keys
@@ -310,6 +312,7 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
         # the S3 stand-in's link cut (every request refused), or stalled from inside the
         # first request after now (a save is under way: one every few batches)
         link = workers.s3.proxy
+        assert link is not None
         if fault.kind == "storage-fail":
             link.cut()
         else:
@@ -369,20 +372,25 @@ def _checkpoints(url: str, folder: Path, s3: S3StandIn | None) -> tuple[set[str]
 
 
 def _verify(url: str, storage: Storage | Path) -> tuple[set[str], list[str]]:
-    failures: list[str] = []
     manager = strata_redis.CheckpointManager(storage, job_id=JOB, redis=url)
+
+    def one(info: CheckpointInfo) -> str | None:
+        try:
+            manager.verify(info.step, epoch=info.epoch, run=info.run)
+            for rank in range(info.world_size):
+                raw = manager.load(info.step, POSITION_PART, rank, epoch=info.epoch,
+                                   run=info.run)  # fmt: skip
+                decode_positions(raw)
+        except (strata_redis.StrataError, ValueError) as exc:
+            return f"{info.label}: {type(exc).__name__}: {exc}"
+        return None
+
     try:
         manager.rebuild_index()
         infos = manager.list()
-        for info in infos:
-            try:
-                manager.verify(info.step, epoch=info.epoch, run=info.run)
-                for rank in range(info.world_size):
-                    raw = manager.load(info.step, POSITION_PART, rank, epoch=info.epoch,
-                                       run=info.run)  # fmt: skip
-                    decode_positions(raw)
-            except (strata_redis.StrataError, ValueError) as exc:
-                failures.append(f"{info.label}: {type(exc).__name__}: {exc}")
+        # a few at once: the S3 stand-in takes tens of ms a request
+        with ThreadPoolExecutor(4) as pool:
+            failures = [f for f in pool.map(one, infos) if f is not None]
     finally:
         manager.close()
     return {info.label for info in infos}, failures
@@ -456,10 +464,12 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
             prefix="strata-chaos-")))  # fmt: skip
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "ckpt").mkdir(exist_ok=True)
-        topo = stack.enter_context(Topology(aof=cfg.aof))
         s3 = None
         if cfg.workload in CHECKPOINTED and cfg.storage == "s3":
-            s3 = stack.enter_context(S3StandIn())
+            s3 = stack.enter_context(S3StandIn())  # (it imports while Redis starts)
+        topo = stack.enter_context(Topology(aof=cfg.aof))
+        if s3 is not None:
+            s3.start()
         params = _register(topo.url, cfg, shards)
         controller = History(folder / "controller.jsonl", "controller")
         workers = _Workers(topo, cfg, folder, s3)

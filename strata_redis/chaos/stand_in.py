@@ -36,17 +36,24 @@ def available() -> bool:
 class S3StandIn:
     """``moto.server`` on 127.0.0.1 with the bucket ``BUCKET``; ``proxy`` in front of it is
     the workers' endpoint (``env``), the run's own checks talk to it directly (``storage``).
-
-    Raises:
-        RuntimeError, TimeoutError: moto did not start.
+    The server starts in the background (it takes seconds to import); ``start`` waits for
+    it.
     """
 
-    def __init__(self, timeout: float = 30.0) -> None:
+    def __init__(self) -> None:
         self.port = free_port()
+        self.proxy: Proxy | None = None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
+
+    def start(self, timeout: float = 30.0) -> S3StandIn:
+        """Wait until the server answers; put the proxy in front; make the bucket.
+
+        Raises:
+            RuntimeError: moto did not start within ``timeout``.
+        """
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -54,7 +61,6 @@ class S3StandIn:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.close()
                     raise RuntimeError("the S3 stand-in (moto server) did not start") from None
                 time.sleep(0.1)
         self.proxy = Proxy(("127.0.0.1", self.port))
@@ -64,6 +70,7 @@ class S3StandIn:
             boto3.client("s3", endpoint_url=f"http://127.0.0.1:{self.port}").create_bucket(
                 Bucket=BUCKET
             )
+        return self
 
     @property
     def url(self) -> str:
@@ -73,6 +80,7 @@ class S3StandIn:
     @property
     def env(self) -> dict[str, str]:
         """What a worker's environment needs: the proxy as its endpoint, the credentials."""
+        assert self.proxy is not None, "start() first"
         return {**ENV, "AWS_ENDPOINT_URL": f"http://{self.proxy.address}"}
 
     @contextlib.contextmanager
@@ -95,7 +103,7 @@ class S3StandIn:
         return S3Storage(BUCKET, "us-east-1", f"http://127.0.0.1:{self.port}", prefix=PREFIX)
 
     def close(self) -> None:
-        if getattr(self, "proxy", None) is not None:
+        if self.proxy is not None:
             self.proxy.close()
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
