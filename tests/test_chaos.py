@@ -85,9 +85,10 @@ TEETH: dict[str, Fault | list[Fault]] = {
     "anchors": Fault("del-key", 6.0, 0, {"key": "fence"}),
     # every epoch's taken bitmap deleted: its done shards go back to the pool
     "anchors-pool": Fault("del-key", 6.0, 0, {"key": "lease.taken"}),
-    # (the loop) any schedule: a checkpoint commits on its first rank's ack (the others'
-    # parts missing; one whose write failed aborted it)
-    "commit": [Fault("pause", 4.0, 0, {"hold": 0.5}), Fault("storage-fail", 6.5, 0, {"hold": 2.0})],
+    # (the loop) any schedule: a checkpoint commits on its first rank's ack (a schedule with
+    # a checkpoint write failing reports it only when the failing rank acks after another:
+    # not every run, so CI keeps this one; by hand, on S3 it reported it every time)
+    "commit": Fault("pause", 5.0, 0, {"hold": 0.5}),
 }
 
 
