@@ -7,7 +7,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .run import RunConfig, check_guards, run
+from .run import CLIENTS, STORAGES, RunConfig, check_guards, run
 from .schedule import KINDS, WORKLOADS, draw
 
 
@@ -22,9 +22,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of faults a run")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument(
-        "--workload", choices=[*WORKLOADS, "both"], default="leases",
+        "--workload", choices=[*WORKLOADS, "both", "all"], default="leases",
         help="leases: the raw lease API; loop: the README loop with checkpoints (and the "
-        "recovery after a lost state); both: each seed with each (default leases)",
+        "recovery after a lost state); torch: PyTorch's guide loop (LeaseBatchSampler, "
+        "strata_redis.torch.save/load; needs torch); both: each seed with leases and loop; "
+        "all: each seed with each (default leases)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clients", choices=CLIENTS, default=None,
+        help="how the workers reach Redis: vip (a proxy a failover points at the new primary) "
+        "or sentinel (a redis+sentinel:// URL); default drawn from each seed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--storage", choices=STORAGES, default=None,
+        help="the loop's checkpoints: a local directory, or the S3 stand-in (moto's server, "
+        "behind a proxy the storage faults cut and stall); default drawn from each seed (S3 "
+        "when moto is installed and the schedule stalls storage)",
     )  # fmt: skip
     parser.add_argument("--faults", type=int, default=0, help="faults a run (0: one per 6 s)")
     parser.add_argument(
@@ -38,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep each run's history under this folder")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or None
-    workloads = list(WORKLOADS) if args.workload == "both" else [args.workload]
+    workloads = {"both": ["leases", "loop"], "all": list(WORKLOADS)}.get(
+        args.workload, [args.workload]
+    )
     try:  # a misspelt kind or guard is a usage error (exit 2), not a run's violation (1)
         for workload in workloads:
             draw(0, args.duration, args.workers, kinds, args.faults, workload)
@@ -53,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = RunConfig(
                 seed=seed, duration=args.duration, workers=args.workers, kinds=kinds,
                 faults=args.faults, disable=args.disable_guard, workload=workload,
+                clients=args.clients, storage=args.storage,
                 keep=args.keep / f"seed-{seed}-{workload}" if args.keep else None,
             )  # fmt: skip
             outcome = run(cfg, progress=True)

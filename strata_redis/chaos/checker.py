@@ -192,7 +192,9 @@ def check_loop(
         - a run whose state was lost is checked only through its recovery (none played:
           nothing more is promised), and every relaunched process finishes;
         - every committed checkpoint verifies and decodes its data position, and every save
-          a process saw committed is in storage;
+          a process saw committed is in storage; a save a process saw aborted
+          (``CheckpointAbortedError``: a rank's upload failed or stalled past the commit
+          timeout) is not in storage, and no process saw it committed;
         - liveness, as ``check``.
     """
     report = Report(operations=len(events), recovered=recovered)
@@ -200,12 +202,27 @@ def check_loop(
     labels, failures = checkpoints
     report.checkpoints = len(labels)
     report.violations += [f"checkpoint: {f}" for f in failures]
+    seen: dict[str, set[str]] = defaultdict(set)  # label -> "committed", "aborted"
     for ev in events:
         if ev["ev"] == "saved" and ev["error"] is None and ev["label"] not in labels:
             report.violations.append(
                 f"checkpoint: {ev['who']} saw {ev['label']} committed; it is not in storage"
             )
+        if ev["ev"] == "saved" and ev["error"] in (None, "CheckpointAbortedError"):
+            seen[ev["label"]].add("committed" if ev["error"] is None else "aborted")
         report.batches += ev["ev"] == "batch"
+    for label, outcomes in sorted(seen.items()):
+        if "aborted" not in outcomes:
+            continue
+        if "committed" in outcomes:
+            report.violations.append(
+                f"checkpoint: {label} was seen committed by one process and aborted by another"
+            )
+        elif label in labels:
+            report.violations.append(
+                f"checkpoint: {label} was aborted (CheckpointAbortedError), yet it is "
+                "committed in storage"
+            )
     if report.lost and not recovered:
         return report  # the job stopped with a clear error; the recovery was not played
     split = next((float(e["t"]) for e in events if e["ev"] == "recovery"), None)

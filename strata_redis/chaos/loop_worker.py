@@ -15,7 +15,7 @@ import strata_redis
 from .history import History
 from .worker import DATASET, arguments, ended
 
-__all__ = ["main"]
+__all__ = ["main", "resumed"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,14 +37,7 @@ def _train(args: argparse.Namespace, history: History) -> None:
         lease_ttl=args.lease_ttl, redis_retry=args.redis_retry, commit_timeout=60.0,
         epoch_timeout=120.0, state_provider=lambda: b"model",
     ) as orchestrator:  # fmt: skip
-        resumed = orchestrator.resumed
-        if resumed is not None:
-            history.add(
-                "resumed", label=resumed.label, epoch=resumed.epoch, step=resumed.step,
-                positions={ds: [e, sorted(done), {str(s): n for s, n in offsets.items()}]
-                           for ds, (e, done, offsets) in
-                           orchestrator.resumed_positions.items()},
-            )  # fmt: skip
+        resumed(orchestrator, history)
         shard_info = orchestrator.get_shards(DATASET)
         for epoch in range(orchestrator.epoch, args.epochs):
             for step, batch in enumerate(shard_info):
@@ -62,6 +55,17 @@ def _train(args: argparse.Namespace, history: History) -> None:
     for label, future in saves:
         exc = future.exception(120)  # (a save of an earlier round may still be running)
         history.add("saved", label=label, error=None if exc is None else type(exc).__name__)
+
+
+def resumed(orchestrator: strata_redis.TrainingOrchestrator, history: History) -> None:
+    """Write the checkpoint the job resumed from, and its data positions, to the history."""
+    info = orchestrator.resumed
+    if info is not None:
+        history.add(
+            "resumed", label=info.label, epoch=info.epoch, step=info.step,
+            positions={ds: [e, sorted(done), {str(s): n for s, n in offsets.items()}]
+                       for ds, (e, done, offsets) in orchestrator.resumed_positions.items()},
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

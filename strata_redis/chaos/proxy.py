@@ -36,6 +36,7 @@ class Proxy:
         self.port: int = self._listener.getsockname()[1]
         self.delay = 0.0
         self._stalled = False
+        self._armed = False  # stall at the next byte that comes through
         self._cut = False
         self._lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
@@ -60,7 +61,18 @@ class Proxy:
 
     def stall(self, on: bool = True) -> None:
         """Hold every byte back (``on``), or let what queued flow again."""
+        self._armed = False
         self._stalled = on
+
+    def stall_next(self) -> None:
+        """Stall the link (as ``stall``) as soon as the next byte comes through, in either
+        direction: from inside the first request or reply after now (``stalled`` says when)."""
+        self._armed = True
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the link is stalled now."""
+        return self._stalled
 
     def cut(self, on: bool = True) -> None:
         """Close every connection and refuse new ones (``on``), or accept again."""
@@ -141,6 +153,8 @@ class Proxy:
                     if not data:
                         self._close(sock)
                         continue
+                    if self._armed:
+                        self._armed, self._stalled = False, True
                     self._out[self._peer[sock]].append((time.monotonic() + self.delay, data))
                 self._flush()
 

@@ -1,9 +1,11 @@
-"""One fault run: a Redis primary and replica behind proxies, worker processes draining a
-dataset's epochs (the raw lease API, or the README's loop with checkpoints), a schedule of
-faults played against them, then the history, the record and the checkpoints checked
-(``checker``). A loop run whose job ended with a ``StateLostError``-family error then
-plays the documented recovery (``strata jobs rm``, the dataset registered again, every
-worker relaunched: it resumes from the newest checkpoint) and checks that too."""
+"""One fault run: a Redis primary and replica behind proxies and a Sentinel watching them,
+worker processes (reaching Redis through a virtual IP, or through Sentinel: drawn from the
+seed) draining a dataset's epochs (the raw lease API, or the README's loop with
+checkpoints), a schedule of faults played against them, then the history, the record and
+the checkpoints checked (``checker``). A loop run whose job ended with a
+``StateLostError``-family error then plays the documented recovery (``strata jobs rm``, the
+dataset registered again, every worker relaunched: it resumes from the newest checkpoint)
+and checks that too."""
 
 from __future__ import annotations
 
@@ -17,26 +19,38 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 import strata_redis
+from strata_redis.checkpoint.manifest import CheckpointInfo
 from strata_redis.data.position import POSITION_PART, decode_positions
 from strata_redis.data.record import keep_whole
 from strata_redis.errors import DatasetNotFoundError
 from strata_redis.keys import Keys
 from strata_redis.status import GUARDS, GUARDS_ENV
+from strata_redis.storage import Storage
 
 from .checker import Report, check, check_loop
 from .history import History, read_history
 from .proxy import Proxy
-from .schedule import WORKLOADS, Fault, draw
-from .topology import Topology
+from .schedule import CHECKPOINTED, WORKLOADS, Fault, draw
+from .stand_in import S3StandIn, available
+from .topology import SERVICE, Topology
 from .worker import DATASET
 
-__all__ = ["Outcome", "RunConfig", "check_guards", "run"]
+__all__ = ["CLIENTS", "STORAGES", "Outcome", "RunConfig", "check_guards", "run"]
 
 JOB = "chaos"
+#: how the workers reach the primary: ``vip`` a proxy that a failover points at the new
+#: primary (a virtual IP), ``sentinel`` a ``redis+sentinel://`` URL (the client asks the
+#: Sentinel where the primary is whenever it connects)
+CLIENTS = ("vip", "sentinel")
+#: where the loop's checkpoints go: a local directory, or the S3 stand-in (moto's server)
+STORAGES = ("local", "s3")
 
 
 @dataclass
@@ -52,8 +66,10 @@ class RunConfig:
     heartbeat_timeout: float = 3.0
     lease_ttl: float = 3.0
     redis_retry: float = 15.0
-    workload: str = "leases"  # "leases": the raw lease API; "loop": the README loop
+    workload: str = "leases"  # schedule.WORKLOADS: the raw lease API, the README loop, torch
     aof: str | None = None  # Redis' appendfsync: "always", "everysec" (None: from the seed)
+    clients: str | None = None  # CLIENTS: how workers reach Redis (None: from the seed)
+    storage: str | None = None  # STORAGES: the loop's checkpoints (None: from the seed)
     save_every: int = 8  # the loop's steps between checkpoint saves
     kinds: list[str] | None = None
     faults: int = 0
@@ -78,7 +94,10 @@ class Outcome:
         ended = ", ".join(f"{e} {n}" for e, n in sorted(r.stopped.items()))
         out.append(
             f"seed {self.config.seed} ({self.config.workload}, appendfsync "
-            f"{self.config.aof}): faults {kinds}; operations {r.operations} ({r.summary()}); "
+            f"{self.config.aof}, clients via {self.config.clients}"
+            f"{f', storage {self.config.storage}' if self.config.workload in CHECKPOINTED else ''}"
+            f"): faults {kinds}; "
+            f"operations {r.operations} ({r.summary()}); "
             f"{f'stopped with {ended}; ' if ended else ''}"
             f"{'recovered from the newest checkpoint; ' if r.recovered else ''}"
             f"violations {len(r.violations)}"
@@ -87,11 +106,16 @@ class Outcome:
 
 
 class _Workers:
-    """The worker processes, each slot behind a proxy of its own (to cut one worker off)."""
+    """The worker processes, each slot behind a proxy of its own (to cut one worker off): in
+    front of the clients' proxy (``vip``), or of the Sentinel (``sentinel``: the worker then
+    talks to the primary directly, where the Sentinel says it is)."""
 
-    def __init__(self, topo: Topology, cfg: RunConfig, folder: Path) -> None:
-        self.cfg, self.folder = cfg, folder
-        self.proxies = [Proxy(("127.0.0.1", topo.clients.port)) for _ in range(cfg.workers)]
+    def __init__(self, topo: Topology, cfg: RunConfig, folder: Path, s3: S3StandIn | None) -> None:
+        self.cfg, self.folder, self.s3 = cfg, folder, s3
+        upstream = topo.sentinel.port if cfg.clients == "sentinel" else topo.clients.port
+        self.proxies = [Proxy(("127.0.0.1", upstream)) for _ in range(cfg.workers)]
+        self.scheme = "redis+sentinel" if cfg.clients == "sentinel" else "redis"
+        self.path = f"{SERVICE}/0" if cfg.clients == "sentinel" else "0"
         self.ids = [f"w{i}" for i in range(cfg.workers)]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # "<id>#<n>" -> process
         self.current: list[str] = [""] * cfg.workers
@@ -109,19 +133,23 @@ class _Workers:
             self.ids[slot] = f"w{slot}-{next(self._n)}"
         wid = self.ids[slot]
         env = dict(os.environ)
+        if self.s3 is not None:
+            env.update(self.s3.env)
         if self.cfg.disable:
             env[GUARDS_ENV] = self.cfg.disable
         cfg = self.cfg
         cmd = [
             sys.executable, "-m", f"strata_redis.chaos.{WORKLOADS[cfg.workload]}",
-            "--url", f"redis://{self.proxies[slot].address}/0", "--job", JOB, "--id", wid,
+            "--url", f"{self.scheme}://{self.proxies[slot].address}/{self.path}",
+            "--job", JOB, "--id", wid,
             "--history", str(self.folder / f"{self.phase}{wid}.jsonl"),
             "--epochs", str(cfg.epochs), "--sample-s", str(cfg.sample_s),
             "--heartbeat-timeout", str(cfg.heartbeat_timeout),
             "--lease-ttl", str(cfg.lease_ttl), "--redis-retry", str(cfg.redis_retry),
         ]  # fmt: skip
-        if cfg.workload == "loop":
-            cmd += ["--ckpt", str(self.folder / "ckpt"), "--save-every", str(cfg.save_every)]
+        if cfg.workload in CHECKPOINTED:
+            ckpt = self.s3.url if self.s3 is not None else str(self.folder / "ckpt")
+            cmd += ["--ckpt", ckpt, "--save-every", str(cfg.save_every)]
         key = f"{self.phase}{wid}#{next(self._n)}"
         log = open(self.folder / f"{wid}.log", "ab")  # noqa: SIM115
         self.procs[key] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
@@ -172,6 +200,26 @@ def _kill(workers: _Workers, slot: int) -> bool:
     return True
 
 
+def _cut_direct(topo: Topology, proc: subprocess.Popen[bytes], hold: float) -> None:
+    """Cut a worker that reaches Redis through Sentinel (its proxy to the Sentinel is cut
+    already): for ``hold`` seconds, close every connection it has to the primary (its
+    client asks the Sentinel before it connects again, and cannot reach it)."""
+    import psutil  # type: ignore[import-untyped]  # a dev dependency, as the fault run is
+
+    deadline = time.monotonic() + hold
+    while time.monotonic() < deadline:
+        try:
+            conns = psutil.Process(proc.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            return  # it ended
+        addrs = [f"{c.laddr.ip}:{c.laddr.port}" for c in conns
+                 if c.raddr and c.raddr.port == topo.primary.port]  # fmt: skip
+        with contextlib.suppress(redis.RedisError), redis.Redis(port=topo.primary.port) as r:
+            for addr in addrs:
+                r.execute_command("CLIENT", "KILL", "ADDR", addr)
+        time.sleep(0.05)
+
+
 def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None:
     """Play one fault (blocking for as long as it lasts)."""
     proc = workers.proc(fault.slot)
@@ -197,8 +245,16 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
             proc.send_signal(signal.SIGCONT)
     elif fault.kind == "cut":
         workers.proxies[fault.slot].cut()
-        time.sleep(hold)
+        if workers.cfg.clients == "sentinel":
+            _cut_direct(topo, proc, hold)
+        else:
+            time.sleep(hold)
         workers.proxies[fault.slot].cut(False)
+    elif fault.kind == "stall" and workers.cfg.clients == "sentinel":
+        # the workers talk to the primary directly: it holds every client's commands back
+        with redis.Redis(port=topo.primary.port) as client:
+            client.execute_command("CLIENT", "PAUSE", int(hold * 1000), "ALL")
+        time.sleep(hold)
     elif fault.kind == "stall":
         topo.clients.stall()
         time.sleep(hold)
@@ -221,6 +277,11 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
         topo.lag()
         time.sleep(float(fault.params["lag"]))
         topo.failover()
+    elif fault.kind == "sentinel-failover":
+        topo.synced()
+        topo.lag()
+        time.sleep(float(fault.params["lag"]))
+        topo.sentinel_failover()
     elif fault.kind == "masked-failover":
         # only the target makes calls while the replica lags (the others are stopped), then
         # it stops; after the failover the others, which saw none of the lost ticks, raise
@@ -233,7 +294,10 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
         time.sleep(float(fault.params["lag"]))
         if proc.poll() is None:
             proc.send_signal(signal.SIGSTOP)
-        topo.failover()
+        if fault.params.get("by") == "sentinel":
+            topo.sentinel_failover()
+        else:
+            topo.failover()
         for other in others:
             other.send_signal(signal.SIGCONT)
         time.sleep(hold)
@@ -245,6 +309,23 @@ def _play(fault: Fault, topo: Topology, workers: _Workers, folder: Path) -> None
         topo.config(maxmemory="0")
     elif fault.kind == "evicting-policy":
         topo.config(maxmemory="1gb", maxmemory_policy="allkeys-lru")
+    elif fault.kind in ("storage-fail", "storage-stall") and workers.s3 is not None:
+        # the S3 stand-in's link cut (every request refused), or stalled from inside the
+        # first request after now (a save is under way: one every few batches)
+        link = workers.s3.proxy
+        assert link is not None
+        if fault.kind == "storage-fail":
+            link.cut()
+        else:
+            link.stall_next()
+            deadline = time.monotonic() + 10
+            while not link.stalled and time.monotonic() < deadline:
+                time.sleep(0.005)
+        time.sleep(hold)
+        link.cut(False)
+        link.stall(False)
+    elif fault.kind == "storage-stall":  # pragma: no cover - run() puts it on S3
+        raise ValueError("storage-stall needs the S3 stand-in")
     elif fault.kind == "storage-fail":
         # the checkpoint directory replaced by a file: every write under it fails, then it
         # comes back as it was
@@ -280,25 +361,37 @@ def _register(url: str, cfg: RunConfig, shards: int) -> strata_redis.DatasetPara
     return params
 
 
-def _checkpoints(url: str, folder: Path) -> tuple[set[str], list[str]]:
+def _checkpoints(url: str, folder: Path, s3: S3StandIn | None) -> tuple[set[str], list[str]]:
     """Verify every committed checkpoint of the run (each file's size and checksum) and
     decode every rank's data position; their labels, and the failures. Storage holds the
     truth: the Redis index (a cache of it, which a ``del-key`` may have emptied) is rebuilt
     from it first."""
-    failures: list[str] = []
-    manager = strata_redis.CheckpointManager(folder / "ckpt", job_id=JOB, redis=url)
+    if s3 is not None:
+        with s3.credentials():
+            return _verify(url, s3.storage())
+    return _verify(url, folder / "ckpt")
+
+
+def _verify(url: str, storage: Storage | Path) -> tuple[set[str], list[str]]:
+    manager = strata_redis.CheckpointManager(storage, job_id=JOB, redis=url)
+
+    def one(info: CheckpointInfo) -> str | None:
+        try:
+            manager.verify(info.step, epoch=info.epoch, run=info.run)
+            for rank in range(info.world_size):
+                raw = manager.load(info.step, POSITION_PART, rank, epoch=info.epoch,
+                                   run=info.run)  # fmt: skip
+                decode_positions(raw)
+        except (strata_redis.StrataError, ValueError) as exc:
+            return f"{info.label}: {type(exc).__name__}: {exc}"
+        return None
+
     try:
         manager.rebuild_index()
         infos = manager.list()
-        for info in infos:
-            try:
-                manager.verify(info.step, epoch=info.epoch, run=info.run)
-                for rank in range(info.world_size):
-                    raw = manager.load(info.step, POSITION_PART, rank, epoch=info.epoch,
-                                       run=info.run)  # fmt: skip
-                    decode_positions(raw)
-            except (strata_redis.StrataError, ValueError) as exc:
-                failures.append(f"{info.label}: {type(exc).__name__}: {exc}")
+        # a few at once: the S3 stand-in takes tens of ms a request
+        with ThreadPoolExecutor(4) as pool:
+            failures = [f for f in pool.map(one, infos) if f is not None]
     finally:
         manager.close()
     return {info.label for info in infos}, failures
@@ -324,6 +417,18 @@ def check_guards(disable: str) -> None:
             raise ValueError(f"no such guard {name!r} (guards: {', '.join(GUARDS)})")
 
 
+def _started(workers: _Workers, folder: Path, timeout: float = 60.0) -> None:
+    """Wait until every worker process is up (its ``start`` event: its imports done), at
+    most ``timeout``: the schedule's times count from there, so a loaded machine's slow
+    start does not move the faults into the workers' start-up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and workers.running():
+        up = {e["who"] for e in read_history(folder) if e["ev"] == "start"}
+        if up >= set(workers.ids):
+            return
+        time.sleep(0.05)
+
+
 def _wait(workers: _Workers, seconds: float, folder: Path, stall: float | None = None) -> None:
     """Wait for every process to end, at most ``seconds``; with ``stall``, also stop waiting
     once no process has written to the history for that long (the run is stuck)."""
@@ -346,9 +451,20 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
         raise ValueError(f"no such workload {cfg.workload!r} (workloads: {', '.join(WORKLOADS)})")
     if cfg.aof is None:
         cfg.aof = random.Random(f"aof-{cfg.seed}").choice(["always", "everysec"])
+    if cfg.clients is None:
+        cfg.clients = random.Random(f"clients-{cfg.seed}").choice(CLIENTS)
+    if cfg.clients not in CLIENTS:
+        raise ValueError(f"no such clients {cfg.clients!r} (clients: {', '.join(CLIENTS)})")
     faults = cfg.schedule or draw(
         cfg.seed, cfg.duration, cfg.workers, cfg.kinds, cfg.faults, cfg.workload
     )
+    if cfg.storage is None:
+        # a local directory cannot stall: a schedule that stalls storage writes to S3
+        stalls = any(f.kind == "storage-stall" for f in faults)
+        drawn = random.Random(f"storage-{cfg.seed}").choice(STORAGES)
+        cfg.storage = "s3" if stalls or (drawn == "s3" and available()) else "local"
+    if cfg.storage not in STORAGES:
+        raise ValueError(f"no such storage {cfg.storage!r} (storages: {', '.join(STORAGES)})")
     # the dataset: enough work for the run's duration with every worker busy
     per_shard = cfg.samples_per_shard * cfg.sample_s
     shards = max(cfg.workers * 2, int(cfg.duration * cfg.workers / per_shard / cfg.epochs))
@@ -358,12 +474,18 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
             prefix="strata-chaos-")))  # fmt: skip
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "ckpt").mkdir(exist_ok=True)
+        s3 = None
+        if cfg.workload in CHECKPOINTED and cfg.storage == "s3":
+            s3 = stack.enter_context(S3StandIn())  # (it imports while Redis starts)
         topo = stack.enter_context(Topology(aof=cfg.aof))
+        if s3 is not None:
+            s3.start()
         params = _register(topo.url, cfg, shards)
         controller = History(folder / "controller.jsonl", "controller")
-        workers = _Workers(topo, cfg, folder)
+        workers = _Workers(topo, cfg, folder, s3)
         recovered = False
         try:
+            _started(workers, folder)
             start = time.monotonic()
             for fault in faults:
                 time.sleep(max(0.0, start + fault.at - time.monotonic()))
@@ -380,7 +502,7 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
             exits = {k: p.poll() for k, p in workers.procs.items()}
             events = read_history(folder)
             lost = any(e["ev"] == "stopped" and e.get("family") == "state-lost" for e in events)
-            if cfg.workload == "loop" and lost and not any(v is None for v in exits.values()):
+            if cfg.workload in CHECKPOINTED and lost and not any(v is None for v in exits.values()):
                 # the documented recovery: the job's state removed, the launcher's line run
                 # again, every worker relaunched (it resumes from the newest checkpoint)
                 if progress:
@@ -400,15 +522,15 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
             # what runs on past its wait is a hang: stopped before storage and histories are
             # read, so they are one snapshot (a save finishing later is not judged missing)
             workers.close()
-            if cfg.workload == "loop":
-                checkpoints = _checkpoints(topo.url, folder)
+            if cfg.workload in CHECKPOINTED:
+                checkpoints = _checkpoints(topo.url, folder, s3)
             else:
                 record = _record(topo.url, cfg)
         finally:
             workers.close()
             controller.close()
         events = read_history(folder)
-        if cfg.workload == "loop":
+        if cfg.workload in CHECKPOINTED:
             report = check_loop(events, params, cfg.epochs, exits, checkpoints, recovered)
         else:
             report = check(events, record, shards, cfg.epochs, exits)

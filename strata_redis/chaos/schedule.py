@@ -6,10 +6,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DELETABLE", "KINDS", "LOOP_ONLY", "WORKLOADS", "Fault", "draw"]
+__all__ = ["CHECKPOINTED", "DELETABLE", "KINDS", "LOOP_ONLY", "WORKLOADS", "Fault", "draw"]
 
-#: the workloads a run can drive, and the worker module of each
-WORKLOADS: dict[str, str] = {"leases": "worker", "loop": "loop_worker"}
+#: the workloads a run can drive, and the worker module of each: the raw lease API, the
+#: README loop, PyTorch's guide loop (``LeaseBatchSampler``, ``strata_redis.torch.save``)
+WORKLOADS: dict[str, str] = {"leases": "worker", "loop": "loop_worker", "torch": "torch_worker"}
+#: the workloads that save checkpoints (and are checked against the one kept)
+CHECKPOINTED = frozenset({"loop", "torch"})
 
 #: every kind of fault the run can play, and what it does
 KINDS: dict[str, str] = {
@@ -30,10 +33,18 @@ KINDS: dict[str, str] = {
     "memory-full": "set maxmemory to what Redis uses (noeviction: every write refused) for "
     "a while (shorter than redis_retry), then lift it",
     "evicting-policy": "switch Redis to an evicting maxmemory-policy (allkeys-lru) for good",
-    "storage-fail": "fail every checkpoint write for a while (the loop workload only)",
-    "failover": "fail over to a replica that lagged (the replication link stalled first)",
+    "storage-fail": "fail every checkpoint write for a while (the loop workload only: a local "
+    "directory replaced by a file; the S3 stand-in's link cut)",
+    "storage-stall": "stall the S3 stand-in's link for a while, from the moment a checkpoint "
+    "save starts (the loop workload only; its checkpoints go to S3 then)",
+    "failover": "fail over to a replica that lagged (the replication link stalled first), "
+    "by hand: the clients' proxy switched (a virtual IP), the Sentinel told",
+    "sentinel-failover": "kill -9 the primary while the replica lags (the replication link "
+    "stalled first) and let the Sentinel promote it; the clients reach it through Sentinel "
+    "or through the virtual IP moved where Sentinel says",
     "masked-failover": "stop a worker, fail over to a replica that lagged while it made "
-    "calls, let the others run, then let it run again (the masked rollback)",
+    "calls (by hand, or by the Sentinel: drawn), let the others run, then let it run again "
+    "(the masked rollback)",
     "del-key": "delete one key of the job's state (an operator's DEL, an eviction): an anchor, "
     "a key of the worker registry, or one structure of every epoch's leases",
 }
@@ -52,11 +63,11 @@ DELETABLE = (
 #: a RedisConfigError: an evicting policy): a schedule plays them after the others, so
 #: those are played too
 TERMINAL = frozenset({
-    "failover", "masked-failover", "del-key", "restart-empty", "restart-rdb",
-    "evicting-policy",
+    "failover", "sentinel-failover", "masked-failover", "del-key", "restart-empty",
+    "restart-rdb", "evicting-policy",
 })  # fmt: skip
-#: the kinds only the loop workload has something for (checkpoints)
-LOOP_ONLY = frozenset({"storage-fail"})
+#: the kinds only the checkpointed workloads have something for
+LOOP_ONLY = frozenset({"storage-fail", "storage-stall"})
 
 
 @dataclass(frozen=True)
@@ -89,12 +100,12 @@ def draw(
     Raises:
         ValueError: an unknown kind, or one the workload has nothing for.
     """
-    pool = list(kinds or [k for k in KINDS if workload == "loop" or k not in LOOP_ONLY])
+    pool = list(kinds or [k for k in KINDS if workload in CHECKPOINTED or k not in LOOP_ONLY])
     for kind in pool:
         if kind not in KINDS:
             raise ValueError(f"no such fault kind {kind!r} (kinds: {', '.join(KINDS)})")
-        if kind in LOOP_ONLY and workload != "loop":
-            raise ValueError(f"fault kind {kind!r} needs --workload loop")
+        if kind in LOOP_ONLY and workload not in CHECKPOINTED:
+            raise ValueError(f"fault kind {kind!r} needs --workload loop or torch")
     rng = random.Random(seed)
     n = count or max(2, int(duration // 6))
     kinds_drawn = sorted((rng.choice(pool) for _ in range(n)), key=lambda k: k in TERMINAL)
@@ -114,15 +125,17 @@ def draw(
             params["hold"] = round(rng.uniform(0.3, 1.2), 2)
         elif kind in ("cut", "stall", "memory-full"):
             params["hold"] = round(rng.uniform(0.3, 2.0), 2)
-        elif kind in ("cut-replica", "node-loss", "storage-fail"):
+        elif kind in ("cut-replica", "node-loss", "storage-fail", "storage-stall"):
             params["hold"] = round(rng.uniform(1.0, 4.0), 2)
         elif kind == "restart-rdb":
             params["age"] = round(rng.uniform(0.5, 3.0), 2)
-        elif kind in ("failover",):
+        elif kind in ("failover", "sentinel-failover"):
             params["lag"] = round(rng.uniform(0.005, 0.5), 3)
         elif kind == "masked-failover":
             params["lag"] = round(rng.uniform(0.3, 0.8), 3)
             params["hold"] = round(rng.uniform(1.0, 2.0), 2)
+            # (from a generator of its own: the draws after it stay what they were)
+            params["by"] = random.Random(f"by-{seed}-{i}").choice(["hand", "sentinel"])
         elif kind == "del-key":
             params["key"] = rng.choice(DELETABLE)
         faults.append(Fault(kind, round(at, 2), rng.randrange(workers), params))

@@ -1,6 +1,7 @@
-"""A Redis primary with a replica on loopback, each link through a ``Proxy``: the clients'
-address can be switched (a failover), the replication link stalled (a replica that lags),
-the primary restarted from what it persisted, from nothing, or from an older snapshot."""
+"""A Redis primary with a replica on loopback, each link through a ``Proxy``, and a Sentinel
+watching them: the clients' address can be switched (a failover), the replication link
+stalled (a replica that lags), the primary restarted from what it persisted, from nothing,
+or from an older snapshot, or killed for Sentinel to promote the replica."""
 
 from __future__ import annotations
 
@@ -10,10 +11,22 @@ from pathlib import Path
 
 import redis
 
-from ..server import RedisServer
+from ..server import RedisSentinelServer, RedisServer
 from .proxy import Proxy
 
-__all__ = ["Topology"]
+__all__ = ["SERVICE", "Topology"]
+
+#: the name the Sentinel knows the primary by (``redis+sentinel://.../<SERVICE>``)
+SERVICE = "strata"
+#: the Sentinel calls the primary down after this long without an answer: longer than the
+#: run's other faults keep it from answering (a restart; a stall of at most 2 s, plus the
+#: second between its pings), so only a ``sentinel-failover`` makes it promote
+DOWN_AFTER_MS = 5000
+#: the Sentinel's failover timeout: far longer than a run, because after it the Sentinel
+#: "repairs" a replica that replicates through the replication proxy (not from the address
+#: it knows) by pointing it at the primary itself, which would take the link out of the
+#: proxy (no more lag, no more cut)
+FAILOVER_TIMEOUT_MS = 3_600_000
 
 
 class Topology:
@@ -24,7 +37,9 @@ class Topology:
         aof: ``"always"``, ``"everysec"`` or ``""`` (no persistence) on both servers.
 
     Attributes:
-        url: what clients connect to (the clients' proxy).
+        url: what clients connect to (the clients' proxy: a virtual IP).
+        sentinel: a Sentinel (quorum 1) watching the primary as ``SERVICE``; its
+            ``sentinel.port`` is what clients that follow failovers through Sentinel ask.
         primary, replica: the servers (``failover`` swaps their roles).
     """
 
@@ -35,6 +50,10 @@ class Topology:
         self.clients = Proxy(("127.0.0.1", self.primary.port))
         self.link: Proxy | None = None
         self.add_replica()
+        self.sentinel = RedisSentinelServer(
+            self.primary.port, service=SERVICE, down_after_ms=DOWN_AFTER_MS,
+            failover_timeout_ms=FAILOVER_TIMEOUT_MS,
+        ).start()  # fmt: skip
 
     def _persistence(self) -> list[str]:
         if not self.aof:
@@ -83,6 +102,45 @@ class Topology:
         old = self.primary
         self.primary, self.replica = self.replica, None
         self.clients.switch(("127.0.0.1", self.primary.port))
+        old.close()
+        # the operator tells the Sentinel where the primary is now (it would otherwise
+        # elect one itself once it calls the dead one down)
+        with redis.Redis(port=self.sentinel.port) as client:
+            client.execute_command("SENTINEL", "REMOVE", SERVICE)
+            client.execute_command(
+                "SENTINEL", "MONITOR", SERVICE, "127.0.0.1", self.primary.port, 1
+            )
+            for name, value in (("down-after-milliseconds", DOWN_AFTER_MS),
+                                ("failover-timeout", FAILOVER_TIMEOUT_MS)):  # fmt: skip
+                client.execute_command("SENTINEL", "SET", SERVICE, name, value)
+        self.add_replica()
+
+    def sentinel_failover(self, timeout: float = 30.0) -> None:
+        """Kill the primary (-9) and let the Sentinel call it down and promote the replica
+        as it is (whatever it lagged); point the clients' proxy where the Sentinel says
+        the primary is now (what a ``client-reconfig-script`` moving a virtual IP does), and
+        start a new replica behind it.
+
+        Raises:
+            TimeoutError: the Sentinel did not promote the replica within ``timeout``.
+        """
+        assert self.replica is not None and self.link is not None
+        self.primary.kill()
+        self.link.close()  # what the dead primary had not sent is gone
+        want = ("127.0.0.1", self.replica.port)
+        deadline = time.monotonic() + timeout
+        while self.sentinel.primary() != want:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Sentinel did not promote the replica in {timeout}s")
+            time.sleep(0.05)
+        with redis.Redis(port=self.replica.port) as client:  # promoted: it takes writes
+            while client.info("replication").get("role") != "master":
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the promoted replica is not a primary yet")
+                time.sleep(0.05)
+        old = self.primary
+        self.primary, self.replica = self.replica, None
+        self.clients.switch(want)
         old.close()
         self.add_replica()
 
@@ -146,7 +204,8 @@ class Topology:
         self.replica = None
 
     def close(self) -> None:
-        """Stop every server and proxy."""
+        """Stop every server, proxy and the Sentinel."""
+        self.sentinel.close()
         self.clients.close()
         self._drop_replica()
         self.primary.close()
