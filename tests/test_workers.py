@@ -471,9 +471,10 @@ def test_heartbeat_thread_survives_redis_restart(
 @pytest.mark.single_only("kills its own redis-server (redis_factory)")
 def test_redis_down_gives_a_clear_error(redis_factory: Callable[..., RedisServer]) -> None:
     server = redis_factory()
-    job = strata_redis.connect(server.url, "test-job")
+    # a short budget: the registration waits out an outage up to redis_retry (60 s default)
+    job = strata_redis.connect(server.url, "test-job", redis_retry=1.0)
     server.kill()
-    with pytest.raises(redis.ConnectionError):
+    with pytest.raises(redis.ConnectionError, match="unreachable"):  # RedisUnavailableError
         job.register_worker("w", heartbeat_interval=None)
 
 
