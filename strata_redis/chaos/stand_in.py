@@ -17,7 +17,7 @@ from ..server import free_port
 from ..storage.s3 import S3Storage
 from .proxy import Proxy
 
-__all__ = ["S3StandIn", "available"]
+__all__ = ["MotoServer", "S3StandIn", "available"]
 
 BUCKET = "chaos"
 PREFIX = "ckpt"
@@ -33,6 +33,66 @@ def available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("moto", "boto3", "flask"))
 
 
+class MotoServer:
+    """``moto.server`` on 127.0.0.1:<free port> in its own process group: a real S3 endpoint
+    over HTTP (``endpoint_url`` is what boto3 talks to). ``launch`` spawns it (it takes
+    seconds to import: start it early), ``wait`` waits until it answers; ``start`` does both.
+    The process tier's S3 tests use it too (``tests/s3server.py``)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self) -> MotoServer:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        return self
+
+    def wait(self, timeout: float = 30.0) -> MotoServer:
+        """Wait until the server answers.
+
+        Raises:
+            RuntimeError: it exited, or did not answer within ``timeout`` (then stopped).
+        """
+        assert self.proc is not None, "launch() first"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("moto server exited at start") from None
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.1)
+
+    def start(self, timeout: float = 30.0) -> MotoServer:
+        return self.launch().wait(timeout)
+
+    def reset(self) -> None:
+        """Forget every bucket and object."""
+        req = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")
+        urllib.request.urlopen(req, timeout=5).close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+
 class S3StandIn:
     """``moto.server`` on 127.0.0.1 with the bucket ``BUCKET``; ``proxy`` in front of it is
     the workers' endpoint (``env``), the run's own checks talk to it directly (``storage``).
@@ -41,12 +101,8 @@ class S3StandIn:
     """
 
     def __init__(self) -> None:
-        self.port = free_port()
+        self.moto = MotoServer().launch()
         self.proxy: Proxy | None = None
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
 
     def start(self, timeout: float = 30.0) -> S3StandIn:
         """Wait until the server answers; put the proxy in front; make the bucket.
@@ -54,22 +110,12 @@ class S3StandIn:
         Raises:
             RuntimeError: moto did not start within ``timeout``.
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the S3 stand-in (moto server) did not start") from None
-                time.sleep(0.1)
-        self.proxy = Proxy(("127.0.0.1", self.port))
+        self.moto.wait(timeout)
+        self.proxy = Proxy(("127.0.0.1", self.moto.port))
         with self.credentials():
             import boto3
 
-            boto3.client("s3", endpoint_url=f"http://127.0.0.1:{self.port}").create_bucket(
-                Bucket=BUCKET
-            )
+            boto3.client("s3", endpoint_url=self.moto.endpoint_url).create_bucket(Bucket=BUCKET)
         return self
 
     @property
@@ -100,18 +146,12 @@ class S3StandIn:
 
     def storage(self) -> S3Storage:
         """The checkpoints' storage, straight to moto (call inside ``credentials``)."""
-        return S3Storage(BUCKET, "us-east-1", f"http://127.0.0.1:{self.port}", prefix=PREFIX)
+        return S3Storage(BUCKET, "us-east-1", self.moto.endpoint_url, prefix=PREFIX)
 
     def close(self) -> None:
         if self.proxy is not None:
             self.proxy.close()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        self.moto.stop()
 
     def __enter__(self) -> S3StandIn:
         return self
