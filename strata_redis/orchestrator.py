@@ -64,6 +64,7 @@ from .launch import hosts_warning, start_line
 from .outage import ride_out
 from .resume import Resume
 from .storage import Storage, open_storage
+from .storage.outage import retrying
 from .validate import check_id, check_int, check_seconds
 
 __all__ = ["TrainingOrchestrator"]
@@ -145,7 +146,8 @@ class TrainingOrchestrator:
         epoch_timeout: seconds ``advance_epoch`` waits for the round's other members.
         commit_timeout: seconds a checkpoint waits for the other ranks' parts.
         lease_ttl: seconds a shard lease lasts without renewal (renewed in the background).
-        redis_retry: seconds the loop keeps retrying while Redis is unreachable (and, with
+        redis_retry: seconds the loop keeps retrying while Redis is unreachable, or the
+            storage while a fresh round reads the checkpoint it resumes from (and, with
             ``durability="replicated"``, waits for a replica to confirm a call).
         durability: ``"replicated"``: each shard completion, lease call and checkpoint
             commit is acknowledged only once a replica confirmed it (``NotReplicatedError``
@@ -251,7 +253,7 @@ class TrainingOrchestrator:
         self._rounds = RoundCheckpoints(
             self.context, self.storage, self._retry, worker_id=self.worker_id,
             keep_count=self.keep_count, commit_timeout=self.commit_timeout,
-            state_provider=state_provider,
+            state_provider=state_provider, storage_wait=self.redis_retry,
         )  # fmt: skip
         # the status shown for this worker: "checkpointing" while saves are in flight, else
         # the loop's ("training", "idle"); saves change it off the loop's thread (_saving)
@@ -275,7 +277,7 @@ class TrainingOrchestrator:
             if self.round.fresh and resume:
                 self._resume = Resume(
                     self.context, self.checkpoints, self.round, self._rounds.held,
-                    self.worker_id, self._retry,
+                    self.worker_id, self._retry, storage_wait=self.redis_retry,
                 )  # fmt: skip
                 self._job_epoch = self._resume.restore_all()
             else:
@@ -556,15 +558,20 @@ class TrainingOrchestrator:
         Args:
             name: the part's name.
             rank: whose part (default: this worker's rank if the checkpoint has it, else 0).
+
+        A storage outage is ridden out for up to ``redis_retry`` seconds (then
+        ``StorageError``).
         """
         info = self.resumed
         if info is None:
             return None
         if rank is None:
             rank = self.rank if self.rank < info.world_size else 0
-        return self.checkpoints.load(
-            info.step, name=name, rank=rank, epoch=info.epoch, run=info.run
-        )
+        return retrying(
+            f"worker {self.worker_id!r} loading {name!r}", self.redis_retry,
+            self.checkpoints.load, info.step, name=name, rank=rank, epoch=info.epoch,
+            run=info.run,
+        )  # fmt: skip
 
     # -- epochs ---------------------------------------------------------------------------
     def epochs(self, count: int) -> Iterator[int]:

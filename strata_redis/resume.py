@@ -11,6 +11,10 @@ before its first walk in the round — also one registered after the round close
 that begins to lease can never have its pool rebuilt under it by a later member. Without a
 checkpoint, the job starts from epoch 0 with every shard to do.
 
+A storage outage while the checkpoint is read is ridden out (``storage.outage``: the reads are
+sent again for up to the loop's ``redis_retry``), never a reason to resume from an older
+checkpoint or to stop the worker at once.
+
 Resuming from storage alone (Redis held no committed state for the checkpoint: a new or
 flushed Redis, or a reused job id) is never silent: one WARNING names the checkpoint's
 (epoch, step), its age and its location.
@@ -34,6 +38,7 @@ from .data.position import POSITION_PART, Position, decode_positions, merge_posi
 from .data.position import restore_position as put_back
 from .data.sharding import DatasetParams
 from .errors import CheckpointError
+from .storage.outage import retrying
 
 __all__ = ["Resume"]
 
@@ -82,6 +87,7 @@ class Resume:
         held: Collection[CheckpointId],
         worker_id: str,
         retry: Callable[..., Any],
+        storage_wait: float = 0.0,
     ) -> None:
         self.context, self.round, self.members = ctx, round_.number, list(round_.members)
         self._retry, self._worker_id = retry, worker_id
@@ -89,11 +95,12 @@ class Resume:
         self.meta: dict[str, Any] = {}
         self.positions: dict[str, tuple[int, set[int], dict[int, int]]] = {}
         self._saved: list[Position] = []
-        for info in ckpt.list():
+        what = f"worker {worker_id!r} resuming job {ctx.job_id!r}"
+        for info in retrying(what, storage_wait, ckpt.list):
             try:
                 parts = [
-                    ckpt.load(info.step, name=POSITION_PART, rank=r, epoch=info.epoch,
-                              run=info.run)
+                    retrying(what, storage_wait, ckpt.load, info.step, name=POSITION_PART,
+                             rank=r, epoch=info.epoch, run=info.run)
                     for r in range(info.world_size)
                 ]  # fmt: skip
             except (CheckpointError, ValueError) as exc:

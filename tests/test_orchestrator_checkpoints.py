@@ -14,7 +14,9 @@ import orjson
 import pytest
 
 import strata_redis
+from strata_redis.chaos.stand_in import BUCKET, S3StandIn
 from strata_redis.storage.local import LocalStorage
+from strata_redis.storage.s3 import S3Storage
 
 from .procs import wait_for
 
@@ -22,9 +24,11 @@ JOB = "ckpt-ids-job"
 LOGGER = "strata_redis.orchestrator"
 
 
-def _orch(url: str, root: Path | LocalStorage, **kwargs: Any) -> strata_redis.TrainingOrchestrator:
+def _orch(
+    url: str, root: Path | LocalStorage | S3Storage, **kwargs: Any
+) -> strata_redis.TrainingOrchestrator:
     kwargs.setdefault("keep_count", 3)
-    path = root if isinstance(root, LocalStorage) else str(root)
+    path = str(root) if isinstance(root, Path) else root
     return strata_redis.TrainingOrchestrator(
         url, "w0", job_id=JOB, checkpoint_path=path, last_call=0.1, **kwargs
     )
@@ -175,3 +179,27 @@ def test_the_status_shows_checkpointing_while_the_upload_runs_and_the_loop_never
         future.result(30)
         wait_for(lambda: status() == "idle", 10)  # back to the loop's status once committed
         assert writers and loop not in writers, "the loop's thread wrote a status"
+
+
+def test_a_storage_outage_at_resume_is_ridden_out(redis_url: str) -> None:
+    # the S3 stand-in behind a proxy: a relaunched job's first reads (its checkpoint's data
+    # positions) meet the storage refusing every connection for 2 s
+    with S3StandIn().start() as s3, s3.credentials():
+        assert s3.proxy is not None
+        storage = S3Storage(BUCKET, "us-east-1", f"http://{s3.proxy.address}", prefix="o",
+                            max_attempts=1)  # fmt: skip
+        with _orch(redis_url, storage) as first:
+            saved = first.save_checkpoint(step=7, epoch=0, state=b"m7")
+            assert saved is not None
+            info = saved.result(30)
+        s3.proxy.cut()
+        back = threading.Timer(2.0, s3.proxy.cut, args=(False,))
+        back.start()
+        try:
+            # without the ride-out: StorageError from the fresh round's resume, at once
+            with _orch(redis_url, storage, redis_retry=30) as second:
+                assert second.resumed is not None and second.resumed.id == info.id
+                assert second.load_state() == b"m7"
+        finally:
+            back.cancel()
+            s3.proxy.cut(False)

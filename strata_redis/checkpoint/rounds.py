@@ -40,6 +40,7 @@ from typing import Any
 from ..context import JobContext
 from ..errors import CheckpointError
 from ..storage import Storage, as_byte_view
+from ..storage.outage import retrying
 from .ids import CheckpointId
 from .index import CheckpointIndex
 from .manager import CheckpointManager
@@ -119,8 +120,10 @@ class RoundCheckpoints:
         keep_count: int = 5,
         commit_timeout: float = 300.0,
         state_provider: Callable[[], object] | None = None,
+        storage_wait: float = 0.0,
     ) -> None:
         self.context = ctx
+        self.storage_wait = storage_wait  # seconds a storage outage is ridden out at a join
         self.storage = storage
         self._retry: Callable[..., Any] = retry or (lambda fn, *a, **kw: fn(*a, **kw))
         self.worker_id, self.keep_count, self.commit_timeout = worker_id, keep_count, commit_timeout
@@ -143,7 +146,8 @@ class RoundCheckpoints:
         Returns the run.
 
         A fresh round rebuilds the index from storage first: storage is the truth, so a
-        checkpoint whose Redis mark was lost (a flushed server) still counts.
+        checkpoint whose Redis mark was lost (a flushed server) still counts. A storage
+        outage is ridden out for up to ``storage_wait`` seconds (``storage.outage``).
         """
         if self.manager is not None:
             if abort:
@@ -159,7 +163,9 @@ class RoundCheckpoints:
         if fresh:
             index = CheckpointIndex(self.context)
             self.held = set(self._retry(index.ids))
-            self._retry(CheckpointReader(self.storage, self.context).rebuild_index)
+            rebuild = CheckpointReader(self.storage, self.context).rebuild_index
+            self._retry(retrying, f"worker {self.worker_id!r} reading its job's checkpoints",
+                        self.storage_wait, rebuild)  # fmt: skip
             newest = self._retry(index.newest)
             candidate = 0 if newest is None else newest.run + 1
             (run,) = self._retry(
