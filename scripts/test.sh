@@ -7,7 +7,9 @@
 #   scripts/test.sh --fast    the linters and the unit tier only (tests/unit, about a minute):
 #                             set up without the browser, Prometheus and PyTorch, no docs build
 #
-# Extra arguments go to pytest, e.g. -k barrier.
+# Extra arguments go to pytest, e.g. -k barrier. The whole suite runs in STRATA_TEST_WORKERS
+# pytest-xdist worker processes (3 by default: most tests wait on servers and processes,
+# not on the CPU; 0 runs it in this process, one test after another).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=0
@@ -35,7 +37,7 @@ set +e
 if [ "$FAST" = 1 ]; then
   .venv/bin/python -m pytest tests/unit "$@"
 else
-  .venv/bin/python -m pytest "$@"
+  .venv/bin/python -m pytest -n "${STRATA_TEST_WORKERS:-3}" "$@"
 fi
 rc=$?
 set -e

@@ -22,20 +22,24 @@ def strata(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_status_prints_workers_and_lists_jobs(job: strata_redis.Job, redis_url: str) -> None:
-    job.register_worker(
-        "worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8, heartbeat_interval=None
-    ).set_status("training")
-    job.register_worker("worker-02", heartbeat_interval=None).deregister()
-    out = strata("status", "--redis-url", redis_url, "--job", job.job_id)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert "membership generation 3, 1 live of 2 workers" in lines[0]
-    row = next(line for line in lines if line.startswith("worker-01"))
-    assert row.split()[:2] == ["worker-01", "training"] and "10.0.0.5:29500" in row
-    assert next(line for line in lines if line.startswith("worker-02")).split()[1] == "left"
-    listed = strata("status", "--redis-url", redis_url)
-    assert listed.stdout.split() == [job.job_id]
+def test_status_prints_workers_and_lists_jobs(job_id: str, redis_url: str) -> None:
+    # a heartbeat timeout the CLI's start (seconds under load) cannot outlast: worker-01
+    # sends no heartbeat after registering, and must still read as live
+    with strata_redis.connect(redis_url, job_id=job_id, heartbeat_timeout=120.0) as job:
+        job.register_worker(
+            "worker-01", host="gpu-a", address="10.0.0.5:29500", gpu_count=8,
+            heartbeat_interval=None,
+        ).set_status("training")  # fmt: skip
+        job.register_worker("worker-02", heartbeat_interval=None).deregister()
+        out = strata("status", "--redis-url", redis_url, "--job", job.job_id)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert "membership generation 3, 1 live of 2 workers" in lines[0]
+        row = next(line for line in lines if line.startswith("worker-01"))
+        assert row.split()[:2] == ["worker-01", "training"] and "10.0.0.5:29500" in row
+        assert next(line for line in lines if line.startswith("worker-02")).split()[1] == "left"
+        listed = strata("status", "--redis-url", redis_url)
+        assert listed.stdout.split() == [job.job_id]
 
 
 def test_status_shows_the_loops_epoch_and_step(

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PERF = Path(__file__).resolve().parent.parent / "perf"
 
 
+@pytest.mark.timeout(900)  # ~3 min alone; beside the other test workers, more
 def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     run = subprocess.run(
         [
