@@ -645,7 +645,8 @@ class TrainingOrchestrator:
         the data position, leave the round, deregister, and raise ``Preempted``.
 
         Args:
-            step, epoch: as for ``save_checkpoint`` (the step ``should_stop`` said True to).
+            step: as for ``save_checkpoint`` (the step ``should_stop`` said True to).
+            epoch: as for ``save_checkpoint``.
             state: as for ``save_checkpoint`` (None: the ``state_provider``'s).
             save: instead of ``save_checkpoint(step, epoch, state)``, a callable that starts
                 the save (a framework's, through strata: ``strata_redis.torch.save``, a
