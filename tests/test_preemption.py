@@ -107,6 +107,7 @@ def test_sigterm_mid_epoch_saves_the_agreed_step_and_relaunch_trains_each_sample
     assert join_all(procs, timeout=60) == [0, 0]
     took = time.monotonic() - signalled
     assert took < 25.0  # within the default budget (a hang would run to the 60 s join)
+    print(f"preempted: both loops exited 0 {took:.2f}s after SIGTERM")
     (saved,) = [c for c in _committed(redis_url, tmp_path, job_id) if c.epoch == 0]
     first = _steps(tmp_path, 1)
     # every rank stopped at the agreed step and saved it: no step trained after the saved one
@@ -142,6 +143,7 @@ def test_budget_exceeded_aborts_the_save_releases_the_leases_and_exits_75(
     assert procs[0].exitcode == EXIT_BUDGET_EXCEEDED
     # the budget, then leaving: well under the commit_timeout (300 s) it would wait without one
     assert took < 2.0 + 10.0
+    print(f"budget exceeded: exit 75 {took:.2f}s after SIGTERM (budget 2 s)")
     assert join_all(procs[1:], timeout=90) == [0]  # w1 finished the epoch alone
     # all or nothing: the aborted save never commits
     assert not _committed(redis_url, tmp_path, job_id)
