@@ -110,12 +110,14 @@ class _Handlers:
     def handle(self, signum: int, frame: FrameType | None) -> None:
         # only attribute writes: async-signal-safe in effect (Python runs this between two
         # bytecodes of the main thread; nothing here takes a lock or does I/O)
-        if self.at is None:
+        if self.at is None and self.users > 0:
             self.at = time.monotonic()
             self.signum = signum
             return
-        # a second signal: the loop did not get to it (blocked, or not checking): the
-        # previous handler (by default, termination) gets it, as if none were installed
+        # a second signal (the loop did not get to the first: blocked, or not checking), or
+        # no loop listens any more (closed off the main thread, which could not put the
+        # handlers back): the previous handler (by default, termination) gets it, as if
+        # none were installed
         previous = self.previous.get(signal.Signals(signum), signal.SIG_DFL)
         signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         if callable(previous):
@@ -138,10 +140,13 @@ class _Handlers:
             self.users -= 1
             if self.users > 0:
                 return
+            # no loop listens: a later one starts with no preemption pending
+            self.at = self.signum = None
+            if threading.current_thread() is not threading.main_thread():
+                return  # (``handle`` passes signals on to ``previous`` meanwhile)
             previous, self.previous = self.previous, {}
-            if threading.current_thread() is threading.main_thread():
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 _HANDLERS = _Handlers()

@@ -209,3 +209,37 @@ def test_the_round_stops_at_the_first_proposal(redis_url: str, job_id: str, tmp_
     finally:
         a.close(end=False)
         b.close(end=False)
+
+
+def test_the_handler_flags_then_passes_a_second_signal_on_and_is_put_back(
+    redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    import strata_redis
+
+    seen: list[int] = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        orch = strata_redis.TrainingOrchestrator(
+            redis_url, "w0", job_id=job_id, checkpoint_path=tmp_path, preempt_signals="USR1"
+        )
+        try:
+            assert not orch.preempted
+            os.kill(os.getpid(), signal.SIGUSR1)
+            wait_for(lambda: orch.preempted, 5)  # the handler runs on the main thread
+            assert seen == []  # the first signal only sets the flag
+            os.kill(os.getpid(), signal.SIGUSR1)
+            wait_for(lambda: seen == [signal.SIGUSR1], 5)  # the second goes to the previous
+        finally:
+            orch.close(end=False)
+        assert signal.getsignal(signal.SIGUSR1) is not None
+        again = strata_redis.TrainingOrchestrator(
+            redis_url, "w0", job_id=job_id, checkpoint_path=tmp_path, preempt_signals="USR1"
+        )
+        try:
+            assert not again.preempted  # the closed loop's preemption is not the new one's
+        finally:
+            again.close(end=False)
+        os.kill(os.getpid(), signal.SIGUSR1)  # every loop closed: the previous handler's
+        wait_for(lambda: len(seen) == 2, 5)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
