@@ -670,11 +670,15 @@ class TrainingOrchestrator:
             left = max(0.0, budget.deadline - time.monotonic())
             if future is not None:
                 future.result(timeout=left)
-            else:  # this step was saved already: wait for what is in flight
+                committed = True
+            else:  # this step was saved already (or was a joiner's): wait for what is in flight
                 self.wait_for_checkpoints(left)
-                label = None if self._rounds.last is None else str(self._rounds.last)
-            committed = True
-        except FutureTimeout:
+                last = self._rounds.last
+                label = None if last is None else last.label
+                committed = last is not None and any(
+                    info.id == last for info in self._retry(self.checkpoints.list)
+                )
+        except (FutureTimeout, TimeoutError):
             aborted = self._rounds.abort_pending(
                 f"worker {self.worker_id!r} preempted: not committed within "
                 f"{budget.budget:g}s of {budget.signal_name}"

@@ -243,3 +243,46 @@ def test_the_handler_flags_then_passes_a_second_signal_on_and_is_put_back(
         wait_for(lambda: len(seen) == 2, 5)
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def _single(redis_url: str, job_id: str, tmp_path: Path, **kwargs: Any) -> Any:
+    import strata_redis
+
+    _register(redis_url, job_id)
+    return strata_redis.TrainingOrchestrator(
+        redis_url, "solo", job_id=job_id, checkpoint_path=tmp_path, last_call=0.1,
+        batch_size=4, preempt_signals="", **kwargs,
+    )  # fmt: skip
+
+
+def test_preempt_exit_after_the_loop_saved_that_step_itself(
+    redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    orch = _single(redis_url, job_id, tmp_path)
+    stream = orch.get_shards(DATASET)
+    orch.request_preemption()
+    with pytest.raises(errors.Preempted) as caught:
+        for step, _ in enumerate(stream):
+            if step == 1:  # the loop's own save, at the step the round stops at
+                orch.save_checkpoint(step, 0, b"model").result(10)
+            if orch.should_stop(step):
+                assert step == 1  # the call at step 0 proposed 1
+                orch.preempt_exit(step, 0)  # (the step is saved: nothing more to save)
+    assert caught.value.code == 0 and caught.value.committed
+    assert caught.value.checkpoint == "epoch_0_step_1"
+    assert orch._closed
+
+
+def test_preempt_exit_past_the_budget_exits_75(redis_url: str, job_id: str, tmp_path: Path) -> None:
+    from concurrent.futures import Future
+
+    orch = _single(redis_url, job_id, tmp_path, preempt_budget=0.5)
+    orch.request_preemption()
+    never: Future[Any] = Future()  # a framework's save that does not commit in time
+    started = time.monotonic()
+    with pytest.raises(errors.Preempted) as caught:
+        orch.preempt_exit(0, 0, save=lambda: never)
+    assert caught.value.code == EXIT_BUDGET_EXCEEDED and not caught.value.committed
+    # the budget, not the commit_timeout (300 s) a save waits for otherwise
+    assert time.monotonic() - started < 0.5 + 5.0
+    assert orch._closed
