@@ -48,6 +48,10 @@ The tree::
     └── JobNotFoundError            .job_id: the dashboard or the CLI was given no such job
                                         (also an ``OSError``)
 
+    Preempted                       outside the tree, a ``SystemExit``: the loop was preempted
+                                        and left (.code 0, or 75 past its budget), so an
+                                        uncaught one ends the process with that code
+
 A refusal from a Lua script is a ``Status`` code; ``from_status`` turns it into the
 exception, each class building its own message from the caller's ids (``refused``). This
 module only formats what it is given: what a value in Redis means (the era key's marks of a
@@ -1079,3 +1083,48 @@ class JobNotFoundError(StrataError, LookupError):
     def __init__(self, message: str, job_id: str) -> None:
         super().__init__(message)
         self.job_id = job_id
+
+
+# not in ``__all__``, which lists the ``StrataError`` tree: ``preemption.py`` exports it
+class Preempted(SystemExit):
+    """The loop was preempted (``preemption.py``): it saved (or ran out of budget), released
+    its leases, left its round and deregistered.
+
+    A ``SystemExit``, not a ``StrataError``: left uncaught, the process exits with ``code``
+    (0: the checkpoint committed; 75, ``EXIT_BUDGET_EXCEEDED``: it did not within the budget,
+    and a relaunch resumes from the one before), and ``except Exception`` in a user's loop does
+    not swallow it. Catch it by name to run something before exiting.
+
+    Attributes:
+        job_id, worker_id: who was preempted.
+        signal: the signal's name (``"request"`` when asked for without one).
+        checkpoint: the label of the checkpoint it saved (None: none).
+        committed: whether that checkpoint committed within the budget.
+        seconds: from the signal to the end of the save (or of the wait for it).
+    """
+
+    def __init__(
+        self,
+        code: int,
+        *,
+        job_id: str,
+        worker_id: str,
+        signal: str,
+        checkpoint: str | None,
+        committed: bool,
+        seconds: float,
+    ) -> None:
+        super().__init__(code)
+        self.job_id, self.worker_id, self.signal = job_id, worker_id, signal
+        self.checkpoint, self.committed, self.seconds = checkpoint, committed, seconds
+
+    def __str__(self) -> str:
+        what = (
+            f"checkpoint {self.checkpoint} committed" if self.committed
+            else f"checkpoint {self.checkpoint} did not commit within the budget"
+            if self.checkpoint else "no checkpoint"
+        )  # fmt: skip
+        return (
+            f"worker {self.worker_id!r} of job {self.job_id!r} preempted by {self.signal}: "
+            f"{what} ({self.seconds:.1f}s); exit code {self.code}"
+        )

@@ -259,6 +259,11 @@ class Keys:
         write."""
         return f"{self.base}:round_checkpoints:{round_}"
 
+    def preempt_stop(self, round_: int) -> str:
+        """STRING the step at which a round's members stop and save on preemption (the
+        first signalled member's proposal, ``preemption.py``); kept a day."""
+        return f"{self.base}:preempt_stop:{round_}"
+
     def torch_store(self, round_: int) -> str:
         """HASH a round's ``torch.distributed`` store (``strata_redis.torch.RedisStore``):
         key -> value; kept a day after its last write."""

@@ -31,8 +31,10 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -62,6 +64,7 @@ from .errors import (
 )
 from .launch import hosts_warning, start_line
 from .outage import ride_out
+from .preemption import DEFAULT_BUDGET_S, EXIT_BUDGET_EXCEEDED, Preempted, Preemption, parse_signals
 from .resume import Resume
 from .storage import Storage, open_storage
 from .storage.outage import retrying
@@ -87,14 +90,16 @@ class _Host:
             o.lease_ttl,
             o,
         )
-        self.guard, self.retry, self.set_status = o._guard, o._retry, o._set_status
+        self.retry, self.set_status = o._retry, o._set_status
+        self.guard = o._step_guard
 
     @property
     def round(self) -> Round:
         return self._o.round
 
     def interrupted(self) -> bool:
-        return self._o._watch.broken is not None or self._o.worker.lost is not None
+        o = self._o
+        return o._watch.broken is not None or o.worker.lost is not None or o.preempted
 
     def begin_epoch(self) -> int:
         self._o._between_epochs = False
@@ -164,6 +169,13 @@ class TrainingOrchestrator:
         job_retention: seconds the job's keys are kept in Redis once it ended (default
             ``$STRATA_JOB_RETENTION``, else 3 days). The job ends when its last rank closes
             after the loop's last epoch (see ``close``).
+        preempt_signals: the signals that preempt the loop (names or numbers, or a
+            comma-separated string; empty: none). None: ``$STRATA_PREEMPT_SIGNALS``, else
+            SIGTERM. Handled only when the orchestrator is made on the main thread; see
+            ``preempted``, ``should_stop``, ``preempt_exit`` and ``strata_redis.preemption``.
+        preempt_budget: seconds from the preemption signal for the checkpoint to commit
+            (default 25: a 30 s spot notice with room to leave); past it the save is abandoned
+            and ``Preempted`` exits with 75 instead of 0.
 
     Raises:
         TypeError, ValueError: a bad argument, named in the message (nothing is written).
@@ -198,8 +210,12 @@ class TrainingOrchestrator:
         replace: bool | None = None,
         job_retention: float | None = None,
         durability: str | None = None,
+        preempt_signals: str | Iterable[int | str] | None = None,
+        preempt_budget: float = DEFAULT_BUDGET_S,
     ) -> None:
         # Every argument is checked before anything is written to Redis or storage.
+        signals = parse_signals(preempt_signals)
+        preempt_budget = check_seconds("preempt_budget", preempt_budget, high=86400)
         if worker_id is None:
             worker_id = identity.worker_id()
         self.worker_id = check_id("worker_id", worker_id)
@@ -268,10 +284,13 @@ class TrainingOrchestrator:
         # the job when this is its last live worker
         self._between_epochs = False
         self._resume: Resume | None = None  # a fresh round's (resume.py)
+        self._exiting = False  # preempt_exit runs
 
         self.worker: Worker = register_worker(
             self.context, self.worker_id, replace=replace, heartbeat_interval=heartbeat_interval
         )
+        # the handlers go in once nothing can fail before the try below (close puts them back)
+        self._preemption = Preemption(signals, preempt_budget)
         try:
             self._join(leaving=0)
             if self.round.fresh and resume:
@@ -393,6 +412,27 @@ class TrainingOrchestrator:
             raise broken
         self._join(leaving=broken.round, abort=broken.reason != "superseded")
         self._rebase()
+
+    def _step_guard(self) -> None:
+        """The walks' per-batch check (``_guard``), and the automatic preemption: at the
+        agreed stop step, a loop that did not call ``preempt_exit`` itself exits here."""
+        if self._preemption.requested and not self._exiting:
+            step = self._steps_done() - 1
+            if step >= 0 and self.should_stop(step):
+                if self.state_provider is None:
+                    log.warning(
+                        "worker %r: preempted with no state_provider and no preempt_exit call: "
+                        "leaving without a checkpoint (the relaunch resumes from the previous "
+                        "one)", self.worker_id,
+                    )  # fmt: skip
+                    self._leave_preempted(None, False)
+                self.preempt_exit(step, self._job_epoch)
+        self._guard()
+
+    def _steps_done(self) -> int:
+        """The steps the loop finished in this walk: the batches it took (handed out, or
+        reported consumed with ``track_consumption``), of its busiest stream."""
+        return max((s.handed_count - s.in_flight for s in self._streams.values()), default=0)
 
     def _rebase(self) -> None:
         for stream in self._streams.values():
@@ -573,6 +613,108 @@ class TrainingOrchestrator:
             run=info.run,
         )  # fmt: skip
 
+    # -- preemption -----------------------------------------------------------------------
+    @property
+    def preempted(self) -> bool:
+        """A preemption signal came (``preempt_signals``), or ``request_preemption`` was
+        called: a flag read, for the loop (or a framework's callback) at each step."""
+        return self._preemption.requested
+
+    def request_preemption(self) -> None:
+        """Act as if a preemption signal came now (e.g. a cloud's notice read another way)."""
+        self._preemption.request()
+
+    def should_stop(self, step: int) -> bool:
+        """Whether the loop stops after ``step`` (the step it just finished) to save and leave.
+
+        False with no preemption (a flag read). Once preempted, the round agrees on a stop
+        step (the first signalled member proposes the step after its current one; one Redis
+        call the first time, a flag read after): True from that step on. Call it at every
+        step boundary with the step you pass to ``save_checkpoint``; when True, call
+        ``preempt_exit``. A loop that never calls it is stopped by the orchestrator's own
+        check at its next batch (saving ``state_provider``'s state).
+        """
+        if not self._preemption.requested:
+            return False
+        check_int("step", step, low=0, high=MAX_NUMBER)
+        agreed = self._preemption.stop_step(self.context, self.round.number, step, self._retry)
+        return step >= agreed
+
+    def preempt_exit(
+        self,
+        step: int,
+        epoch: int,
+        state: State = None,
+        *,
+        save: Callable[[], Future[Any] | None] | None = None,
+    ) -> None:
+        """Save checkpoint (``epoch``, ``step``) within the budget, release the leases at
+        the data position, leave the round, deregister, and raise ``Preempted``.
+
+        Args:
+            step: as for ``save_checkpoint`` (the step ``should_stop`` said True to).
+            epoch: as for ``save_checkpoint``.
+            state: as for ``save_checkpoint`` (None: the ``state_provider``'s).
+            save: instead of ``save_checkpoint(step, epoch, state)``, a callable that starts
+                the save (a framework's, through strata: ``strata_redis.torch.save``, a
+                ``CheckpointIO``) and returns its future (None: it saved synchronously, or
+                there was nothing to save). Its commit is awaited within the budget.
+
+        Raises:
+            Preempted: always (a ``SystemExit``): code 0 when the checkpoint committed within
+                ``preempt_budget``, else 75 (``preemption.EXIT_BUDGET_EXCEEDED``): the save was
+                aborted (never commits: the relaunch resumes from the one before), and the
+                leases were released and the worker left all the same.
+        """
+        self._exiting = True
+        budget = self._preemption
+        label: str | None = None
+        committed = False
+        try:
+            future = save() if save is not None else self.save_checkpoint(step, epoch, state)
+            checkpoint = getattr(future, "checkpoint", None)
+            label = getattr(checkpoint, "label", None) or f"epoch {epoch} step {step}"
+            left = max(0.0, budget.deadline - time.monotonic())
+            if future is not None:
+                future.result(timeout=left)
+                committed = True
+            else:  # this step was saved already (or was a joiner's): wait for what is in flight
+                self.wait_for_checkpoints(left)
+                last = self._rounds.last
+                label = None if last is None else last.label
+                committed = last is not None and any(
+                    info.id == last for info in self._retry(self.checkpoints.list)
+                )
+        except (FutureTimeout, TimeoutError):
+            aborted = self._rounds.abort_pending(
+                f"worker {self.worker_id!r} preempted: not committed within "
+                f"{budget.budget:g}s of {budget.signal_name}"
+            )
+            log.warning("worker %r: preemption budget exceeded: aborted %s", self.worker_id,
+                        [c.label for c in aborted])  # fmt: skip
+        except Exception as exc:  # the worker leaves all the same
+            log.warning("worker %r: the preemption checkpoint failed: %s", self.worker_id, exc)
+        self._leave_preempted(label, committed)
+
+    def _leave_preempted(self, label: str | None, committed: bool) -> None:
+        """Release the leases at the data position, leave, raise ``Preempted``."""
+        self._exiting = True
+        for stream in self._streams.values():
+            released = stream.release_held()
+            if released:
+                log.info("worker %r: released %s at %s", self.worker_id, stream.params.name,
+                         released)  # fmt: skip
+        budget = self._preemption
+        seconds = time.monotonic() - budget.since
+        code = 0 if committed else EXIT_BUDGET_EXCEEDED
+        error = Preempted(
+            code, job_id=self.job_id, worker_id=self.worker_id, signal=budget.signal_name,
+            checkpoint=label, committed=committed, seconds=seconds,
+        )  # fmt: skip
+        log.warning("%s", error)
+        self.close(end=False)
+        raise error
+
     # -- epochs ---------------------------------------------------------------------------
     def epochs(self, count: int) -> Iterator[int]:
         """The job's epochs from where it is up to ``count - 1``: the loop's outer iterator.
@@ -733,6 +875,9 @@ class TrainingOrchestrator:
             self.storage.close()
         if self._owns_client:
             self.context.close()
+        preemption = getattr(self, "_preemption", None)
+        if preemption is not None:
+            preemption.close()
 
     def _end_if_last(self) -> None:
         """End the job if no worker is live now (this one has left; silent ones are reaped

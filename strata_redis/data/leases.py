@@ -355,6 +355,11 @@ class ShardLeases:
         with self._lock:
             self._held.pop(lease.shard_id, None)
 
+    def held(self) -> list[Lease]:
+        """The leases this worker holds now (granted, neither completed nor released)."""
+        with self._lock:
+            return list(self._held.values())
+
     # -- reading the record (record.py) ----------------------------------------------------
     @riding_out
     def progress(self) -> EpochProgress:

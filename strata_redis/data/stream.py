@@ -22,17 +22,24 @@ member finishes them, so a later resume at any world size trains each sample onc
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+import redis
+
+from ..errors import LeaseLostError, NotReplicatedError
 from ..validate import check_int
+from .leases import ShardLeases
 from .position import Position
 from .record import done_count, done_shards, epoch_record
 from .sharding import DatasetParams
 from .walks import WALKS, Batch, LockstepWalk, WalkHost, WalkSpec
 
 __all__ = ["MODES", "ShardStream", "StreamHost"]
+
+log = logging.getLogger("strata_redis.data")
 
 #: what ``mode`` may be
 MODES = ("leases", "static")
@@ -129,6 +136,10 @@ class ShardStream:
         # as its pieces [(shard, samples of it after the piece)], or a shard id: its end
         self._pending: deque[list[tuple[int, int]] | int] = deque()
         self._finishers: dict[int, Callable[[], None] | None] = {}
+        #: the lease sets the current walk drains (``release_held``)
+        self._drained: list[ShardLeases] = []
+        #: batches handed out by the current walk
+        self.handed_count = 0
 
     def __repr__(self) -> str:
         return f"ShardStream({self.params.name!r}, batch_size={self.batch_size})"
@@ -163,6 +174,8 @@ class ShardStream:
         self._position, self._round = position, host.round.number
         self._pending.clear()
         self._finishers.clear()
+        self._drained.clear()
+        self.handed_count = 0
         spec = WalkSpec(
             params, epoch, self.batch_size, frozenset(done), dict(self.starts),
             wait_for_others=self.wait_for_others, drop_last=self.drop_last,
@@ -238,6 +251,7 @@ class ShardStream:
 
     def handed(self, pieces: list[tuple[int, int]]) -> None:
         """A batch made of ``pieces`` [(shard, samples of it after the piece)] is handed out."""
+        self.handed_count += 1
         if self.track_consumption:
             self._pending.append(pieces)
         else:
@@ -275,6 +289,31 @@ class ShardStream:
                 finish()
                 ran = True
         return ran
+
+    def drains(self, leases: ShardLeases) -> None:
+        """The current walk leases from ``leases`` (``release_held`` gives them back)."""
+        self._drained.append(leases)
+
+    def release_held(self) -> list[tuple[int, int | None]]:
+        """Give back every lease the current walk holds, at the data position: the next holder
+        starts after the samples this worker trained (counted in its position, so in its
+        checkpoint and, data-parallel, in every member's model). For a host that leaves
+        mid-walk (preemption). Returns [(shard, offset or None: from the lease's start)].
+
+        Errors are logged, not raised: a lease that cannot be released expires.
+        """
+        position = self._position
+        released: list[tuple[int, int | None]] = []
+        for leases in self._drained:
+            for lease in leases.held():
+                trained = 0 if position is None else position.partial.get(lease.shard_id, 0)
+                offset = trained if lease.start < trained < len(lease.shard) else None
+                try:
+                    leases.release(lease, offset)
+                    released.append((lease.shard_id, offset))
+                except (LeaseLostError, NotReplicatedError, redis.RedisError) as exc:
+                    log.warning("shard %s not released: %s", lease.shard_id, exc)
+        return released
 
     # -- round changes ------------------------------------------------------------------------
     def rebase(self) -> None:

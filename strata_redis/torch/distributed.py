@@ -4,6 +4,7 @@ the process group's store in one Redis hash of the job (no extra server, no mast
 from __future__ import annotations
 
 import base64
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from ..connection import another_client
 from ..context import HasContext, JobContext, as_context
 from ..orchestrator import TrainingOrchestrator
 from ..validate import check_seconds
+from .peers import PeerWatch
 
 __all__ = ["RedisStore", "init_process_group", "store_of"]
 
@@ -211,6 +213,8 @@ class RedisStore(dist.Store):  # type: ignore[misc]
 #: Python object behind torch's C++ store, and the group holds only the C++ half; freed,
 #: every later call through it (``new_group``, a device mesh) fails "Not implemented"
 _LIVE_STORES: dict[Any, RedisStore] = {}
+#: the peer watch of the running default group (``peers.py``)
+_WATCHES: list[PeerWatch] = []
 
 
 def store_of(group: Any = None) -> RedisStore | None:
@@ -226,6 +230,7 @@ def init_process_group(
     backend: str = "gloo",
     *,
     timeout: float = 300.0,
+    peer_watch: bool | None = None,
     **kwargs: Any,
 ) -> RedisStore:
     """Start ``torch.distributed`` for the orchestrator's current round.
@@ -244,6 +249,11 @@ def init_process_group(
         orchestrator: this worker's orchestrator.
         backend: ``"gloo"`` (CPU), ``"nccl"`` (GPU), ...
         timeout: seconds for the group's collectives and for the store's waits.
+        peer_watch: when a member of the round is declared failed, abort the group and exit
+            this process with 76 (``peers.PeerWatch``), so no rank waits for ``timeout`` in a
+            collective: torchrun restarts it without the dead member (give torchrun
+            ``--max-restarts`` of 1 or more). None: on under torchrun (``TORCHELASTIC_RUN_ID``
+            set), where the alternative is the same restart after the backend's timeout.
         kwargs: passed to ``torch.distributed.init_process_group``.
 
     Returns:
@@ -264,6 +274,9 @@ def init_process_group(
             "torch.distributed.destroy_process_group() first (e.g. in on_round)"
         )
     _LIVE_STORES.clear()  # no group is running: every group they served was destroyed
+    for watch in _WATCHES:
+        watch.stop()
+    _WATCHES.clear()
     round_ = orchestrator.round
     store = RedisStore(orchestrator.context, round_.number, timeout=timeout)
     dist.init_process_group(
@@ -271,4 +284,8 @@ def init_process_group(
         timeout=timedelta(seconds=timeout), **kwargs,
     )  # fmt: skip
     _LIVE_STORES[dist.group.WORLD] = store
+    if peer_watch is None:
+        peer_watch = "TORCHELASTIC_RUN_ID" in os.environ
+    if peer_watch:
+        _WATCHES.append(PeerWatch(orchestrator))
     return store

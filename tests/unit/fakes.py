@@ -323,6 +323,9 @@ class RecordingLedger:
     def trained_before(self, shard: int) -> None:
         self.calls.append(("trained_before", shard))
 
+    def drains(self, leases: Any) -> None:
+        pass
+
     def handed(self, pieces: list[tuple[int, int]]) -> None:
         self.calls.append(("handed", list(pieces)))
 

@@ -18,6 +18,7 @@ from ..sharding import DatasetParams, I64Array
 
 if TYPE_CHECKING:
     from ...coordination.rendezvous import Round
+    from ..leases import ShardLeases
 
 __all__ = ["Batch", "Ledger", "Walk", "WalkHost", "WalkSpec"]
 
@@ -103,6 +104,10 @@ class Ledger(Protocol):
 
     def finish_now(self) -> bool:
         """Run every pending completion now (the epoch's tail). Returns whether any ran."""
+
+    def drains(self, leases: ShardLeases) -> None:
+        """The walk leases from ``leases``: a host that leaves mid-walk (preemption) gives
+        what they hold back at the data position."""
 
 
 class Walk(Protocol):

@@ -39,6 +39,7 @@ def leases_walk(spec: WalkSpec, ledger: Ledger, host: WalkHost) -> Iterator[Batc
     until nothing can be leased now)."""
     size = spec.batch_size
     leases = ShardLeases(host.context, spec.params, spec.epoch, host.worker_id, ttl=host.lease_ttl)
+    ledger.drains(leases)
     with leases.draining():
         last_id = "$"
         while True:

@@ -70,6 +70,7 @@ class LockstepWalk:
         leases = ShardLeases(
             host.context, spec.params, spec.epoch, host.worker_id, ttl=host.lease_ttl
         )
+        ledger.drains(leases)
         self.quota = quota = host.retry(agree_quota, spec, host)
         self.quota_met = False
         walk = (spec.epoch, walk_round)
