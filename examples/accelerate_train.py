@@ -6,7 +6,8 @@ Batches come from strata's fenced shard leases (``prepare()`` does not split the
 and a relaunch after a lost or added node resumes mid-epoch with any number of processes,
 reading no trained sample again. Each trainer logs ``START <pid> <agent pid> <round> <rank>
 <world> <resumed: run epoch step | - - ->`` to ``<log-dir>/starts.log`` and ``<round> <epoch>
-<step> <sample ids...>`` per step to ``<log-dir>/samples-<pid>.log``.
+<step> <sample ids...>`` per step to ``<log-dir>/samples-<pid>.log`` (and ``FIRST <round>
+<samples read> <unix time>`` at its first step).
 
 Run it on one machine (two nodes of one process; add or kill nodes at will)::
 
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             loader.set_epoch(epoch)
             for ids, x, y in loader:
                 if first:  # what the resume read before its first step (not what it skipped)
-                    log.write(f"FIRST {orch.round.number} {data.reads}\n")
+                    log.write(f"FIRST {orch.round.number} {data.reads} {time.time():.3f}\n")
                     first = False
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 accelerator.backward(loss)

@@ -5,7 +5,8 @@ Batches come from strata's fenced shard leases, checkpoints commit through strat
 S3) without stalling the step, and a relaunch after a lost or added node resumes mid-epoch at
 the new world size with every sample trained once. Each trainer logs ``START <pid> <agent
 pid> <round> <rank> <world> <resumed: run epoch step | - - ->`` to ``<log-dir>/starts.log``
-and ``<round> <epoch> <step> <sample ids...>`` per step to ``<log-dir>/samples-<pid>.log``.
+and ``<round> <epoch> <step> <sample ids...>`` per step to ``<log-dir>/samples-<pid>.log``
+(and ``FIRST <round> <samples read> <unix time>`` at its first step).
 
 Run it on one machine (two nodes of one trainer; add or kill nodes at will)::
 
@@ -67,7 +68,7 @@ class Regression(lightning.LightningModule):
         # the step this batch makes: the checkpoint after it is numbered so (global_step)
         step = self.trainer.global_step + 1
         if self.first:  # what the resume read before its first step (not what it skipped)
-            self.log_file.write(f"FIRST {self.round} {self.data.reads}\n")
+            self.log_file.write(f"FIRST {self.round} {self.data.reads} {time.time():.3f}\n")
             self.first = False
         ids_text = " ".join(map(str, ids.tolist()))
         self.log_file.write(f"{self.round} {self.current_epoch} {step} {ids_text}\n")
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--save-every", type=int, default=4, help="optimizer steps")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (demo, tests)")
+    p.add_argument("--max-steps", type=int, default=-1, help="stop after (a relaunch resumes)")
     args = p.parse_args(argv)
     if not args.redis_url:
         sys.exit("--redis-url (or STRATA_REDIS_URL) is needed")
@@ -118,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         data = Points(args.samples)
         loader = strata_redis.lightning.DataLoader(data, orch, DATASET, batch_size=args.batch_size)
         trainer = lightning.Trainer(
-            accelerator="cpu", max_epochs=args.epochs, logger=False, enable_progress_bar=False,
-            enable_checkpointing=False, enable_model_summary=False,
+            accelerator="cpu", max_epochs=args.epochs, max_steps=args.max_steps, logger=False,
+            enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
             **strata_redis.lightning.trainer_kwargs(orch, every_n_steps=args.save_every),
         )  # fmt: skip
         model = Regression(log, orch.round.number, args.sleep, data)

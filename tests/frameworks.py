@@ -4,7 +4,7 @@ then a node joining; every sample checked along the checkpoints each launch resu
 
 The scripts log ``START <pid> <agent pid> <round> <rank> <world> <run epoch step | - - ->``
 to ``starts.log``, ``<round> <epoch> <step> <ids...>`` per step and ``FIRST <round> <samples
-read>`` at a launch's first step to ``samples-<pid>.log``.
+read> <unix time>`` at a launch's first step to ``samples-<pid>.log``.
 """
 
 from __future__ import annotations
