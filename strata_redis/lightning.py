@@ -255,14 +255,18 @@ class DataLoader(strata_torch.DataLoader):
     ) -> None:
         sampler = strata_torch.LeaseBatchSampler(orchestrator, name, batch_size, lockstep=lockstep)
         super().__init__(dataset, batch_sampler=sampler, **kwargs)
+        #: the last iteration ran to the epoch's end (not stopped early: ``max_steps``, a stop)
+        self.exhausted = False
 
     def __iter__(self) -> Iterator[Any]:
         sampler = self.lease_sampler
         walk = None
+        self.exhausted = False
         try:
             for batch in torch.utils.data.DataLoader.__iter__(self):
                 walk = walk or sampler._walk
                 yield batch
+            self.exhausted = True
         finally:
             if walk is not None:
                 sampler.close(walk)
@@ -323,7 +327,10 @@ class StrataCallback(pl.Callback):  # type: ignore[misc]
         trainer.should_stop = True
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.orchestrator.advance_epoch()
+        # Lightning ends an epoch stopped early (max_steps, should_stop) with this hook too:
+        # the job's epoch advances only when the loader ran through
+        if all(loader.exhausted for loader in self._loaders(trainer)):
+            self.orchestrator.advance_epoch()
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         strata_torch.wait(self.orchestrator)

@@ -63,7 +63,9 @@ class Run:
     resumed: dict[int, tuple[int, int, int] | None] = field(default_factory=dict)
 
 
-def _agent(url: str, tmp: Path, script: Path, rdzv_id: str, log: Path) -> subprocess.Popen[bytes]:
+def _agent(
+    url: str, tmp: Path, script: Path, rdzv_id: str, log: Path, storage: str
+) -> subprocess.Popen[bytes]:
     """One node: a torchrun agent of one trainer, in a session of its own."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
            "PYTHONWARNINGS": "ignore"}  # fmt: skip
@@ -73,7 +75,7 @@ def _agent(url: str, tmp: Path, script: Path, rdzv_id: str, log: Path) -> subpro
         str(TORCHRUN), "--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-backend", "strata",
         "--rdzv-endpoint", url, "--rdzv-id", rdzv_id, "--rdzv-conf", conf,
         "--local-addr", "127.0.0.1", "--max-restarts", "5", "--monitor-interval", "0.2",
-        str(script), "--redis-url", url, "--storage", str(tmp / "ckpt"), "--log-dir", str(tmp),
+        str(script), "--redis-url", url, "--storage", storage, "--log-dir", str(tmp),
         *SHAPE.args(),
     ]  # fmt: skip
     with log.open("ab") as out:
@@ -95,14 +97,17 @@ def _lose_node(agent: subprocess.Popen[bytes], tmp: Path) -> None:
     agent.wait(10)
 
 
-def elastic_run(url: str, tmp: Path, script: str, rdzv_id: str) -> Run:
+def elastic_run(url: str, tmp: Path, script: str, rdzv_id: str, storage: str = "") -> Run:
     """Two nodes; the second SIGKILLed after a 2-rank checkpoint; a third joining after the
-    survivor's 1-rank checkpoint; both finish. Returns what the logs and checkpoints say."""
+    survivor's 1-rank checkpoint; both finish. Checkpoints in ``storage`` (a URL; default
+    a directory of ``tmp``; for S3, ``AWS_ENDPOINT_URL`` set in this process' environment).
+    Returns what the logs and checkpoints say."""
     path = EXAMPLES / script
+    storage = storage or str(tmp / "ckpt")
     logs = [tmp / f"agent-{n}.log" for n in "ABC"]
-    agents = [_agent(url, tmp, path, rdzv_id, logs[0])]
-    agents.append(_agent(url, tmp, path, rdzv_id, logs[1]))
-    ckpt = CheckpointManager(tmp / "ckpt", job_id=f"{rdzv_id}-trainers", redis=url)
+    agents = [_agent(url, tmp, path, rdzv_id, logs[0], storage)]
+    agents.append(_agent(url, tmp, path, rdzv_id, logs[1], storage))
+    ckpt = CheckpointManager(storage, job_id=f"{rdzv_id}-trainers", redis=url)
 
     def tails() -> str:
         return "\n=====\n".join(p.read_text()[-3000:] for p in logs if p.exists())
@@ -118,7 +123,7 @@ def elastic_run(url: str, tmp: Path, script: str, rdzv_id: str) -> Run:
         wait_for(lambda: committed(2), 90, step=0.05, why=tails)
         _lose_node(agents.pop(), tmp)  # after the 2-rank checkpoint, mid-epoch 0
         wait_for(lambda: committed(1), 90, step=0.05, why=tails)
-        agents.append(_agent(url, tmp, path, rdzv_id, logs[2]))  # a node joins
+        agents.append(_agent(url, tmp, path, rdzv_id, logs[2], storage))  # a node joins
         codes = [a.wait(150) for a in agents]  # 150 s: a finish vs. a hang after the growth
         assert codes == [0, 0], tails()
     finally:

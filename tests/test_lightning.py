@@ -2,8 +2,8 @@
 strata``, a node lost and a node joining, every sample trained once along the checkpoints
 (``examples/lightning_train.py``, the script docs/guides/lightning.md shows).
 
-The long form (more samples, three epochs): ``STRATA_FRAMEWORKS_LONG=1 pytest
-tests/test_lightning.py``."""
+The long form (more samples, three epochs, and a stop at ``max_steps`` resumed from S3):
+``STRATA_FRAMEWORKS_LONG=1 pytest tests/test_lightning.py``."""
 
 from __future__ import annotations
 
@@ -18,24 +18,28 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from .frameworks import EXAMPLES, check, elastic_run
+from .frameworks import EXAMPLES, LONG, check, elastic_run
 
 pytestmark = pytest.mark.torch
 
 
 @pytest.mark.timeout(400)  # above elastic_run's waits (90 + 90 + 150 s): they fail first
 def test_lightning_node_lost_and_joined_trains_every_sample_once(
-    redis_url: str, tmp_path: Path
+    redis_url: str, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two nodes train from leases; one is SIGKILLed mid-epoch after a checkpoint; the
+    """Checkpoints on S3 (the Accelerate test keeps them in a directory). Two nodes train
+    from leases; one is SIGKILLed mid-epoch after a checkpoint; the
     survivor's Trainer resumes from it at world size 1 (model, optimizer, loops through the
     ``StrataCheckpointIO``; the data position through the orchestrator) and checkpoints; a
     node joins, and both resume at world size 2 and finish. Following the checkpoints each
     launch resumed from, no sample is trained twice, none is missing beyond the lockstep
     remainder, and no launch read more than two batches before its first step."""
-    check(elastic_run(redis_url, tmp_path, "lightning_train.py", "lit"))
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="ckpt")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # (the agents inherit it)
+    check(elastic_run(redis_url, tmp_path, "lightning_train.py", "lit", "s3://ckpt/lit"))
 
 
+@pytest.mark.skipif(not LONG, reason="the long form: STRATA_FRAMEWORKS_LONG=1")
 @pytest.mark.timeout(240)  # above the two runs' 90 s each: they fail first
 def test_lightning_checkpoints_on_s3_and_resumes_mid_epoch(
     redis_url: str, s3_endpoint: str, tmp_path: Path
