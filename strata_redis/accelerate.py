@@ -28,8 +28,9 @@ give each process its own batches, so a second split would drop most of them. Th
 not a ``torch.utils.data.DataLoader`` (it holds one), so ``prepare()`` hands it back as it is;
 it moves batches to ``device`` itself. Every process gets the same number of batches
 (``lockstep``), as DDP needs, so ``even_batches`` has nothing to pad. And where
-``accelerator.skip_first_batches`` re-reads the batches it skips to resume, the leases resume
-at the checkpoint's data position: nothing trained is read again.
+``accelerator.skip_first_batches`` walks past the batches it skips to resume (a streaming
+dataset reads each one again) and counts them per process (at another process count the
+split differs), the leases resume at the job's data position: nothing trained is read again.
 """
 
 from __future__ import annotations
