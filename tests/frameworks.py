@@ -48,7 +48,9 @@ class Shape:
         ]  # fmt: skip
 
 
-SHAPE = Shape(samples=4800, epochs=3, sleep=0.01) if LONG else Shape()
+#: (the long form checkpoints every 40 steps: the examples keep 100, and the check reads
+#: back every checkpoint a launch resumed from)
+SHAPE = Shape(samples=4800, epochs=3, save_every=40, sleep=0.01) if LONG else Shape()
 
 
 @dataclass
