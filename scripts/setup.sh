@@ -103,6 +103,7 @@ if [ "$DEMO" = 1 ]; then
   exit 0
 fi
 EXTRAS=dev,docs
-[ "$TORCH" = 1 ] && EXTRAS=dev,docs,torch
+# (with Lightning and Accelerate: strata_redis.lightning and strata_redis.accelerate's tests)
+[ "$TORCH" = 1 ] && EXTRAS=dev,docs,torch,lightning,accelerate
 say "installing strata-redis[$EXTRAS] into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"

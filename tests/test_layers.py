@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: ``strata_redis`` itself is pinned by tests/unit/test_public_names.py
 SUPPORTED = [
     "checkpoint", "context", "coordination", "data", "dashboard", "errors", "storage",
-    "testing", "torch",
+    "testing", "torch", "lightning", "accelerate",
 ]  # fmt: skip
+#: supported modules needing an optional framework (imported when it is installed)
+OPTIONAL = {"torch": "torch", "lightning": "lightning", "accelerate": "accelerate"}
 
 #: packages that are one layer as a whole (their modules import each other freely)
 WHOLE = ("storage", "dashboard", "torch", "chaos", "cli")
@@ -141,7 +143,7 @@ def test_supported_submodules_import_and_are_documented() -> None:
     table = (ROOT / "docs" / "design" / "architecture.md").read_text()
     rows = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
     for name in SUPPORTED:
-        if name != "torch" or importlib.util.find_spec("torch") is not None:
+        if name not in OPTIONAL or importlib.util.find_spec(OPTIONAL[name]) is not None:
             importlib.import_module(f"strata_redis.{name}")
     for unit in sorted({m.split(".")[0] for m in _modules()} - {"__main__"}):
         path = f"`{unit}/`" if (ROOT / "strata_redis" / unit).is_dir() else f"`{unit}.py`"
