@@ -158,7 +158,7 @@ class ShardFeed:
                     future = self.fetcher.demand(shard, positions)
                     self._out.setdefault(shard, 0)
                     self._closed_shards.discard(shard)
-                    self._advance(shard)
+                    self._advance(shard, position.epoch)
                     fetched = future.result()
                     current, left = shard, len(order) - start
                 assert fetched is not None
@@ -226,11 +226,21 @@ class ShardFeed:
             own = []
         self._expected = [s for s in own if s not in done]
 
-    def _advance(self, shard: int) -> None:
-        """``shard`` was leased: expect the ones after it."""
+    def _advance(self, shard: int, epoch: int) -> None:
+        """``shard`` was leased: expect the ones after it (those a resume starts part-way:
+        only what is left of them)."""
         if shard in self._expected:
             del self._expected[: self._expected.index(shard) + 1]
-        self.fetcher.expect(self._expected)
+        per = self.params.samples_per_shard
+        expected: list[tuple[int, list[int] | None]] = []
+        for s in self._expected[: self.fetcher.prefetch]:
+            start = self.stream.starts.get(s, 0)
+            if start:
+                order = self.params.shard(s, epoch).indices()
+                expected.append((s, (order[start:] - s * per).tolist()))
+            else:
+                expected.append((s, None))
+        self.fetcher.expect(expected)
 
 
 def _check_registration(params: DatasetParams, manifest: Manifest, storage: Storage) -> None:
