@@ -144,7 +144,8 @@ def register_shards(
             URL (what ``ShardManager`` takes).
         storage: where the dataset is.
         dataset_id: the dataset (and the registered name).
-        shuffle, seed: as ``register_dataset_params``.
+        shuffle: reorder shards and samples every epoch (``register_dataset_params``).
+        seed: the shuffle seed.
 
     Returns:
         The registered parameters.

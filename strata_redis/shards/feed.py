@@ -93,7 +93,10 @@ class ShardFeed:
         members: the round's worker ids, and this worker's (for the shards expected next):
             a callable, read at each walk's start.
         worker_id: this worker.
-        prefetch, cache_dir, cache_bytes, storage_wait: ``ShardFetcher``'s.
+        prefetch: shards fetched ahead at most (``ShardFetcher``).
+        cache_dir: a cache directory of whole shards (``ShardFetcher``).
+        cache_bytes: its size limit (``ShardFetcher``).
+        storage_wait: seconds a fetch retries while the storage fails (``ShardFetcher``).
 
     Raises:
         StorageNotFoundError: the dataset has no manifest.
