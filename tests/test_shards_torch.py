@@ -3,7 +3,7 @@ worker processes; and the job killed mid-epoch (3 workers, one SIGKILLed) relaun
 every sample once relative to the kept checkpoint, no done shard read again.
 
 The elastic test runs a short fixed form here (200 shards of 10 samples, local storage and
-the S3 stand-in); ``STRATA_SHARDS_LONG=1`` runs a long form (2,000 shards of 50 samples).
+the S3 stand-in); ``STRATA_SHARDS_LONG=1`` runs a long form (2,000 shards).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def test_killed_mid_epoch_relaunched_with_fewer_workers_trains_each_sample_once(
     checkpoint committed, then the rest (the job is killed); relaunched with 2: every sample
     of the epoch is trained exactly once relative to the kept checkpoint, and no shard the
     checkpoint had done is read again (the resume's cost does not grow with the work done)."""
-    shards, per = (2000, 50) if LONG else (200, 10)
+    shards, per = (2000, 10) if LONG else (200, 10)
     if kind == "local":
         spec: dict[str, Any] = {"kind": "local", "root": str(tmp_path / "root")}
     else:
