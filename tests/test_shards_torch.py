@@ -82,9 +82,10 @@ def test_a_loader_with_workers_reads_each_sample_once_and_saves_what_was_consume
         ds = strata_torch.ShardDataset(orch, DATASET, storage, batch_size=6, decode=decode_id)
         loader = strata_torch.DataLoader(ds, batch_size=None, num_workers=2, pin_memory=True,
                                          prefetch_factor=3)  # fmt: skip
-        for epoch in (0, 1):
+        in_process = strata_torch.DataLoader(ds, num_workers=0)  # read in this process
+        for epoch, epoch_loader in ((0, loader), (1, in_process)):
             ds.set_epoch(epoch)
-            assert Counter(int(i) for b in loader for i in b) == Counter(range(230))
+            assert Counter(int(i) for b in epoch_loader for i in b) == Counter(range(230))
             orch.advance_epoch()
         ds.set_epoch(2)
         consumed: list[int] = []
