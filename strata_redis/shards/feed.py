@@ -48,6 +48,9 @@ class WorkItem:
         path: the local file holding the shard's bytes at their tar offsets.
         ids: the samples' dataset-wide ids, in the epoch's order.
         spans: each sample's (offset, size) in the tar.
+        fields: each sample's fields as (name, offset in its span, size), when the index
+            has them (then no tar header is parsed); None: parse the headers.
+        keys: each sample's key, with ``fields``.
         backend, object_path: where the shard is in storage (for errors).
     """
 
@@ -58,6 +61,8 @@ class WorkItem:
     spans: list[tuple[int, int]]
     backend: str = ""
     object_path: str = ""
+    fields: list[list[tuple[str, int, int]]] | None = None
+    keys: list[str] | None = None
 
     def samples(self) -> list[dict[str, Any]]:
         """The samples: ``{"__key__": key, "__id__": id, field: bytes, ...}`` each.
@@ -68,6 +73,18 @@ class WorkItem:
         out = []
         fd = os.open(self.path, os.O_RDONLY)
         try:
+            if self.fields is not None:
+                keys = self.keys or [""] * len(self.ids)
+                for sample_id, key, (offset, size), members in zip(
+                    self.ids, keys, self.spans, self.fields, strict=True
+                ):
+                    span = os.pread(fd, size, offset)
+                    sample: dict[str, Any] = {"__key__": key}
+                    for name, at, n in members:
+                        sample[name] = span[at : at + n]
+                    sample["__id__"] = sample_id
+                    out.append(sample)
+                return out
             for sample_id, (offset, size) in zip(self.ids, self.spans, strict=True):
                 try:
                     fields = sample_fields(os.pread(fd, size, offset), offset)
@@ -166,15 +183,16 @@ class ShardFeed:
                     current, left = shard, len(order) - start
                 assert fetched is not None
                 index = fetched.index
-                spans = [
-                    (index.offsets[i - shard * per], index.sizes[i - shard * per]) for i in ids
-                ]
+                at = [i - shard * per for i in ids]
+                spans = [(index.offsets[p], index.sizes[p]) for p in at]
+                fields = None if index.fields is None else [index.fields[p] for p in at]
+                keys = None if index.fields is None else [index.keys[p] for p in at]
                 left -= len(ids)
                 self._pending.append(shard)
                 self._out[shard] += 1
                 yield WorkItem(self.params.name, index.name, fetched.path, ids, spans,
-                               self.storage.describe(),
-                               shard_path(self.params.name, index.name))  # fmt: skip
+                               self.storage.describe(), shard_path(self.params.name, index.name),
+                               fields, keys)  # fmt: skip
                 if left <= 0:
                     self._close_shard(shard)
                     current = -1
