@@ -66,8 +66,7 @@ from .launch import hosts_warning, start_line
 from .outage import ride_out
 from .preemption import DEFAULT_BUDGET_S, EXIT_BUDGET_EXCEEDED, Preempted, Preemption, parse_signals
 from .resume import Resume
-from .storage import Storage, open_storage
-from .storage.outage import retrying
+from .storage import Storage, open_storage, retrying
 from .validate import check_id, check_int, check_seconds
 
 __all__ = ["TrainingOrchestrator"]

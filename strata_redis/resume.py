@@ -38,7 +38,7 @@ from .data.position import POSITION_PART, Position, decode_positions, merge_posi
 from .data.position import restore_position as put_back
 from .data.sharding import DatasetParams
 from .errors import CheckpointError
-from .storage.outage import retrying
+from .storage import retrying
 
 __all__ = ["Resume"]
 

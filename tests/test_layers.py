@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: ``strata_redis`` itself is pinned by tests/unit/test_public_names.py
 SUPPORTED = [
     "checkpoint", "context", "coordination", "data", "dashboard", "errors", "storage",
-    "testing", "torch", "lightning", "accelerate",
+    "testing", "torch", "lightning", "accelerate", "shards",
 ]  # fmt: skip
 #: supported modules needing an optional framework (imported when it is installed)
 OPTIONAL = {"torch": "torch", "lightning": "lightning", "accelerate": "accelerate"}
@@ -38,7 +38,7 @@ OPTIONAL = {"torch": "torch", "lightning": "lightning", "accelerate": "accelerat
 #: packages that are one layer as a whole (their modules import each other freely)
 WHOLE = ("storage", "dashboard", "torch", "chaos", "cli")
 #: packages whose modules are ordered by a layers contract of their own
-FEATURES = ("checkpoint", "data", "coordination")
+FEATURES = ("checkpoint", "data", "coordination", "shards")
 
 
 def _modules() -> set[str]:
@@ -82,11 +82,13 @@ def test_tools_and_facades_never_touch_the_key_schema() -> None:
         c for c in _contracts()
         if c["type"] == "forbidden" and "strata_redis.keys" in c["forbidden_modules"]
     ]  # fmt: skip
-    tools = ["orchestrator", "torch", "dashboard", "demo", "cli"]
+    tools = ["orchestrator", "torch", "shards", "lightning", "accelerate", "dashboard", "demo",
+             "cli"]  # fmt: skip
     assert set(contract["source_modules"]) == {f"strata_redis.{m}" for m in tools}
     pkg = ROOT / "strata_redis"
     paths = [*(pkg / "dashboard").rglob("*.py"), *(pkg / "torch").rglob("*.py")]
-    paths += [*(pkg / "cli").rglob("*.py"), pkg / "orchestrator.py", pkg / "demo.py"]
+    paths += [*(pkg / "cli").rglob("*.py"), *(pkg / "shards").rglob("*.py")]
+    paths += [pkg / m for m in ("orchestrator.py", "demo.py", "lightning.py", "accelerate.py")]
     for path in paths:
         text = path.read_text()
         assert not re.search(r"\bKeys\b|strata_redis\.keys|from \.+keys import", text), path

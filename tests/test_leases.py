@@ -45,7 +45,11 @@ def drainer(
     job = strata_redis.connect(url, job_id, heartbeat_timeout=HEARTBEAT_TIMEOUT)
     job.register_worker(worker_id, heartbeat_interval=0.2)
     log = decoding_client(url)
-    log.blpop(["test:go"], timeout=60)
+    # short waits (the client's socket timeout may be shorter than a long BLPOP), up to
+    # 120 s: twenty interpreters starting beside other tests take their time to register
+    deadline = time.monotonic() + 120
+    while log.blpop(["test:go"], timeout=1) is None and time.monotonic() < deadline:
+        pass
     # 3 s: a drainer descheduled past its ttl loses its lease (LeaseLostError, exit 1); the
     # victims' shards come back 3 s after the kill, well inside join_all's 120 s
     leases = job.leases(dataset, epoch, worker_id, ttl=LEASE_TTL)

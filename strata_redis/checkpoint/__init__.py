@@ -5,12 +5,12 @@ verified reads, retention, and the round-scoped protocol the training loop compo
 what it returns (``SaveFuture``, ``CheckpointInfo``, ``FileEntry``, ``LoadedCheckpoint``,
 ``CheckpointId``, ``SaveRecord``, ``CheckpointSkippedWarning``), ``RoundCheckpoints`` (the
 training loop's), and the owner modules other packages call or read through (``commit``,
-``ids``, ``index``, ``manifest``: the storage layout, ``records``, ``rounds``, ``snapshot``).
-``pipeline``, ``retention``, ``reader`` and ``checksum`` are this package's own beyond those
-names.
+``ids``, ``index``, ``manifest``: the storage layout, ``records``, ``rounds``, ``snapshot``,
+``checksum``: the CRC-32 a shard's index records too). ``pipeline``, ``retention`` and
+``reader`` are this package's own beyond those names.
 """
 
-from . import commit, ids, index, manifest, records, rounds, snapshot
+from . import checksum, commit, ids, index, manifest, records, rounds, snapshot
 from .ids import CheckpointId
 from .manager import CheckpointManager
 from .manifest import CheckpointInfo, FileEntry
@@ -29,6 +29,7 @@ __all__ = [
     "RoundCheckpoints",
     "SaveFuture",
     "SaveRecord",
+    "checksum",
     "commit",
     "ids",
     "index",

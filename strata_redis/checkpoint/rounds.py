@@ -39,8 +39,7 @@ from typing import Any
 
 from ..context import JobContext
 from ..errors import CheckpointError
-from ..storage import Storage, as_byte_view
-from ..storage.outage import retrying
+from ..storage import Storage, as_byte_view, retrying
 from .ids import CheckpointId
 from .index import CheckpointIndex
 from .manager import CheckpointManager

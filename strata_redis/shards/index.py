@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ..checkpoint.checksum import format_checksum
+from ..checkpoint import checksum as crc
 from ..errors import ShardFormatError, ShardManifestError
 from ..storage import Storage
 from ..validate import check_id
@@ -80,7 +80,7 @@ def manifest_path(dataset_id: str) -> str:
 
 def checksum(data: bytes | memoryview) -> str:
     """A shard's checksum as the indexes record it: ``"crc32:<8 hex digits>"``."""
-    return format_checksum(zlib.crc32(data))
+    return crc.format_checksum(zlib.crc32(data))
 
 
 @dataclass(frozen=True)
