@@ -39,10 +39,10 @@ def test_accelerate_sigterm_saves_the_agreed_step_and_the_relaunch_trains_each_s
     """SIGTERM to the torchrun agent of two processes mid-epoch (between two periodic
     checkpoints): the loop's ``orch.should_stop(step)`` turns True at the round's agreed step
     and ``strata_redis.accelerate.preempt_exit`` saves it; both processes leave through
-    ``Preempted`` with code 0 after the same step, the one the checkpoint holds; the relaunch
-    resumes from it and every sample of the epoch is trained exactly once. With
-    ``STRATA_PREEMPT_SIGNALS=""`` it fails (SIGTERM kills the processes: no PREEMPTED line,
-    the last steps lost)."""
+    ``Preempted`` with code 0 after the same step, the one the checkpoint holds; a relaunch of
+    one process (world 1) resumes from it and every sample of the epoch is trained exactly
+    once. With ``STRATA_PREEMPT_SIGNALS=""`` it fails (SIGTERM kills the processes: no
+    PREEMPTED line, the steps after the last checkpoint lost)."""
     run = preempt_run(redis_url, tmp_path, "accelerate_train.py", job_id)
     assert len(run.ends) == 2 and all(e[:2] == ["PREEMPTED", "0"] for e in run.ends.values()), (
         run.ends

@@ -47,10 +47,10 @@ def test_lightning_sigterm_saves_the_agreed_step_and_the_relaunch_trains_each_sa
     checkpoints): Lightning's own SIGTERM handling is set aside, the ``StrataCallback``
     saves the round's agreed stop step; both trainers leave ``trainer.fit`` through
     ``Preempted`` with code 0 (committed within the budget) after the same step, the one
-    the checkpoint holds (no step lost); the relaunch resumes from it and every sample of
-    the epoch is trained exactly once. With ``STRATA_PREEMPT_SIGNALS=""`` (Lightning's
-    handling alone) it fails: no PREEMPTED line, the run ends with no checkpoint of its
-    last step."""
+    the checkpoint holds (no step lost); a relaunch of one trainer (world 1) resumes from
+    it and every sample of the epoch is trained exactly once. It fails with
+    ``STRATA_PREEMPT_SIGNALS=""`` (Lightning's handling alone), and with Lightning's handler
+    left in place: no PREEMPTED line, the run ends two steps past the last checkpoint."""
     run = preempt_run(redis_url, tmp_path, "lightning_train.py", job_id)
     assert len(run.ends) == 2 and all(e[:2] == ["PREEMPTED", "0"] for e in run.ends.values()), (
         run.ends)  # fmt: skip
