@@ -421,7 +421,7 @@ class TrainingOrchestrator:
         counted in this walk's batches could stop its ranks at different steps)."""
         if self._preemption.requested and not self._exiting and not self._loop_checks:
             step = self._steps_done() - 1
-            if step >= 0 and self.should_stop(step):
+            if step >= 0 and self._stop_at(step):
                 if self.state_provider is None:
                     log.warning(
                         "worker %r: preempted with no state_provider and no preempt_exit call: "
@@ -642,6 +642,10 @@ class TrainingOrchestrator:
         if not self._preemption.requested:
             return False
         check_int("step", step, low=0, high=MAX_NUMBER)
+        return self._stop_at(step)
+
+    def _stop_at(self, step: int) -> bool:
+        """``should_stop`` once preempted: the round's stop step proposed or read."""
         agreed = self._preemption.stop_step(self.context, self.round.number, step, self._retry)
         return step >= agreed
 
