@@ -145,7 +145,7 @@ def elastic_run(url: str, tmp: Path, script: str, rdzv_id: str, storage: str = "
             parts = line.split()
             if parts[0] == "FIRST":
                 run.first_reads.setdefault(int(parts[1]), []).append(int(parts[2]))
-            else:
+            elif parts[0] != "PREEMPTED":  # (an agent's restart stops its trainers by SIGTERM)
                 lines.append(parts)
     final = max(run.resumed)
     # walk back from the last launch: what each checkpoint in the chain holds of each epoch
