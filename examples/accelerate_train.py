@@ -33,6 +33,7 @@ from accelerate import Accelerator
 
 import strata_redis
 import strata_redis.accelerate
+from strata_redis.preemption import Preempted
 
 DATASET = "points"
 
@@ -63,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--save-every", type=int, default=4, help="optimizer steps")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (demo, tests)")
+    p.add_argument("--job", help="the job (default: <rdzv-id>-trainers; a relaunch after a "
+                   "preemption passes the same with a new --rdzv-id)")  # fmt: skip
     args = p.parse_args(argv)
     if not args.redis_url:
         sys.exit("--redis-url (or STRATA_REDIS_URL) is needed")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine (set yours across hosts)
     out = Path(args.log_dir)
     out.mkdir(parents=True, exist_ok=True)
-    job = os.environ.get("TORCHELASTIC_RUN_ID", "accelerate-example") + "-trainers"
+    job = args.job or os.environ.get("TORCHELASTIC_RUN_ID", "accelerate-example") + "-trainers"
     strata_redis.ShardManager(args.redis_url, job_id=job).register_dataset_params(
         DATASET, args.samples, args.samples_per_shard, True, 7
     )  # the same from every process: a no-op after the first
@@ -101,24 +104,35 @@ def main(argv: list[str] | None = None) -> int:
                     f"{orch.world_size} {where}\n")  # fmt: skip
         log = (out / f"samples-{os.getpid()}.log").open("a", buffering=1)
         first = True
-        for epoch in orch.epochs(args.epochs):
-            loader.set_epoch(epoch)
-            for ids, x, y in loader:
-                if first:  # what the resume read before its first step (not what it skipped)
-                    log.write(f"FIRST {orch.round.number} {data.reads} {time.time():.3f}\n")
-                    first = False
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
-                step += 1
-                log.write(
-                    f"{orch.round.number} {epoch} {step} {' '.join(map(str, ids.tolist()))}\n"
-                )
-                if step % args.save_every == 0:
-                    strata_redis.accelerate.save_state(accelerator, orch, step=step, epoch=epoch)
-                time.sleep(args.sleep)
-            orch.advance_epoch()
+        try:
+            for epoch in orch.epochs(args.epochs):
+                loader.set_epoch(epoch)
+                for ids, x, y in loader:
+                    if first:  # what the resume read before its first step (not what it skipped)
+                        log.write(f"FIRST {orch.round.number} {data.reads} {time.time():.3f}\n")
+                        first = False
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    accelerator.backward(loss)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    step += 1
+                    ids_text = " ".join(map(str, ids.tolist()))
+                    log.write(f"{orch.round.number} {epoch} {step} {ids_text}\n")
+                    # preempted (SIGTERM, forwarded by torchrun): at the step the round agrees
+                    # on, save it, leave, and exit 0 through Preempted (a SystemExit)
+                    if orch.should_stop(step):
+                        strata_redis.accelerate.preempt_exit(
+                            accelerator, orch, step=step, epoch=epoch
+                        )
+                    if step % args.save_every == 0:
+                        strata_redis.accelerate.save_state(
+                            accelerator, orch, step=step, epoch=epoch
+                        )
+                    time.sleep(args.sleep)
+                orch.advance_epoch()
+        except Preempted as exc:
+            log.write(f"PREEMPTED {exc.code} {exc.checkpoint} {exc.seconds:.2f}\n")
+            raise
         log.close()
         orch.wait_for_checkpoints(60)
         accelerator.end_training()  # (destroys the process group)

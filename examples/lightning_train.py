@@ -33,6 +33,7 @@ import torch
 
 import strata_redis
 import strata_redis.lightning
+from strata_redis.preemption import Preempted
 
 DATASET = "points"
 
@@ -91,13 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-every", type=int, default=4, help="optimizer steps")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (demo, tests)")
     p.add_argument("--max-steps", type=int, default=-1, help="stop after (a relaunch resumes)")
+    p.add_argument("--job", help="the job (default: <rdzv-id>-trainers; a relaunch after a "
+                   "preemption passes the same with a new --rdzv-id)")  # fmt: skip
     args = p.parse_args(argv)
     if not args.redis_url:
         sys.exit("--redis-url (or STRATA_REDIS_URL) is needed")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine (set yours across hosts)
     out = Path(args.log_dir)
     out.mkdir(parents=True, exist_ok=True)
-    job = os.environ.get("TORCHELASTIC_RUN_ID", "lightning-example") + "-trainers"
+    job = args.job or os.environ.get("TORCHELASTIC_RUN_ID", "lightning-example") + "-trainers"
     strata_redis.ShardManager(args.redis_url, job_id=job).register_dataset_params(
         DATASET, args.samples, args.samples_per_shard, True, 7
     )  # the same from every trainer: a no-op after the first
@@ -125,8 +128,14 @@ def main(argv: list[str] | None = None) -> int:
             **strata_redis.lightning.trainer_kwargs(orch, every_n_steps=args.save_every),
         )  # fmt: skip
         model = Regression(log, orch.round.number, args.sleep, data)
-        # resume where the job's newest checkpoint is (None: from the start)
-        trainer.fit(model, loader, ckpt_path=strata_redis.lightning.resume_path(orch))
+        # resume where the job's newest checkpoint is (None: from the start); preempted
+        # (SIGTERM), the callback saves the round's agreed step and fit raises Preempted
+        # (a SystemExit: the process exits 0 once the checkpoint committed)
+        try:
+            trainer.fit(model, loader, ckpt_path=strata_redis.lightning.resume_path(orch))
+        except Preempted as exc:
+            log.write(f"PREEMPTED {exc.code} {exc.checkpoint} {exc.seconds:.2f}\n")
+            raise
         log.close()
         orch.wait_for_checkpoints(60)
         torch.distributed.destroy_process_group()

@@ -18,6 +18,8 @@ A script launched by ``torchrun --rdzv-backend strata --nnodes MIN:MAX`` changes
         loader.set_epoch(epoch)
         for batch in loader:
             ...; step += 1
+            if orch.should_stop(step):  # preempted (SIGTERM): the round's agreed step
+                strata_redis.accelerate.preempt_exit(accelerator, orch, step=step, epoch=epoch)
             if step % 100 == 0:
                 strata_redis.accelerate.save_state(accelerator, orch, step=step, epoch=epoch)
 
@@ -31,6 +33,12 @@ it moves batches to ``device`` itself. Every process gets the same number of bat
 ``accelerator.skip_first_batches`` walks past the batches it skips to resume (a streaming
 dataset reads each one again) and counts them per process (at another process count the
 split differs), the leases resume at the job's data position: nothing trained is read again.
+
+Preempted (SIGTERM: torchrun forwards it to every process; Accelerate installs no handler of
+its own), ``orch.should_stop(step)`` turns True at the step the round agrees on, and
+``preempt_exit`` saves it, waits for the commit within the orchestrator's ``preempt_budget``,
+releases the leases, leaves and raises ``Preempted``: the process exits 0, and the relaunch
+(the same job, a new ``--rdzv-id``) loses at most one step.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from . import torch as strata_torch
 from .checkpoint.manifest import CheckpointInfo
 from .orchestrator import TrainingOrchestrator
 
-__all__ = ["DataLoader", "init_process_group", "load_state", "save_state"]
+__all__ = ["DataLoader", "init_process_group", "load_state", "preempt_exit", "save_state"]
 
 
 def init_process_group(
@@ -162,3 +170,24 @@ def load_state(
     objects = _objects(accelerator)
     named = {k: objects.pop(k, None) for k in ("model", "optimizer", "scheduler")}
     return strata_torch.load(orchestrator, extra=objects, **named)
+
+
+def preempt_exit(
+    accelerator: accelerate.Accelerator, orchestrator: TrainingOrchestrator, *, step: int,
+    epoch: int,
+) -> None:  # fmt: skip
+    """Preempted (``orchestrator.should_stop(step)`` said True): save checkpoint (epoch,
+    step) as ``save_state`` does, wait for its commit within the orchestrator's
+    ``preempt_budget``, release the leases, leave the round and raise ``Preempted`` (a
+    ``SystemExit``: code 0, or 75 when the checkpoint did not commit in time).
+
+    Call it on every process at the step ``should_stop`` said True to (the same on each),
+    instead of a periodic ``save_state`` of that step: one that was just saved is not saved
+    again, its commit is waited for.
+
+    Raises:
+        Preempted: always.
+    """
+    orchestrator.preempt_exit(
+        step, epoch, save=lambda: save_state(accelerator, orchestrator, step=step, epoch=epoch)
+    )

@@ -20,6 +20,11 @@ survivors' agents restart their trainers: each relaunched trainer's orchestrator
 job from its newest committed checkpoint, and ``resume_path`` hands that checkpoint to
 Lightning (model, optimizers, loops: ``global_step``, ``current_epoch``), while the data
 position comes back with the orchestrator: nothing trained is re-read, nothing is skipped.
+
+Preempted (SIGTERM: torchrun forwards it to every rank), the ``StrataCallback`` saves the
+round's agreed stop step, releases the leases, leaves and raises ``Preempted`` out of
+``trainer.fit``: the process exits 0, and the relaunch (the same job, a new ``--rdzv-id``)
+loses at most one step.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from __future__ import annotations
 import io
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -45,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without lightnin
 import torch
 import torch.utils.data
 
+from . import preemption
 from . import torch as strata_torch
 from .orchestrator import TrainingOrchestrator
 
@@ -105,12 +113,15 @@ class StrataCheckpointIO(CheckpointIO):  # type: ignore[misc]
 
     def __init__(self, orchestrator: TrainingOrchestrator) -> None:
         self.orchestrator = orchestrator
+        #: the last save's future (None: not saved), for a caller that waits for its commit
+        self.last_save: strata_torch.SavedFuture | None = None
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         step, epoch = int(checkpoint["global_step"]), int(checkpoint["epoch"])
-        strata_torch.save(
+        self.last_save = None
+        self.last_save = strata_torch.save(
             self.orchestrator, step=step, epoch=epoch, extra={PART_NAME: _Checkpoint(checkpoint)}
         )
 
@@ -274,7 +285,18 @@ class DataLoader(strata_torch.DataLoader):
 
 class StrataCallback(pl.Callback):  # type: ignore[misc]
     """Counts each trained batch into the data position, checkpoints every ``every_n_steps``
-    optimizer steps through strata, and advances the job's epoch at each epoch's end.
+    optimizer steps through strata, advances the job's epoch at each epoch's end, and on
+    preemption saves the round's agreed stop step and leaves (``preempt_exit``).
+
+    Preemption (SIGTERM, which torchrun forwards to every rank): at each step's end the
+    callback asks ``orchestrator.should_stop(global_step)``; at the round's agreed step it
+    saves that step through ``StrataCheckpointIO`` (unless the step was just saved), waits
+    for the commit within the orchestrator's ``preempt_budget``, releases the leases, leaves
+    the round and raises ``Preempted``, a ``SystemExit`` that ``Trainer.fit`` re-raises
+    after its teardown: the process exits 0 (75 past the budget). Lightning's own SIGTERM
+    handling (a broadcast from inside its signal handler, then ``SIGTERMException``, exit 0
+    with no checkpoint, at the end of the step the signal came in) is taken off the signals
+    strata handles at ``on_train_start``; ``Trainer.fit`` puts the handlers back at its end.
 
     Args:
         orchestrator: this worker's orchestrator.
@@ -303,6 +325,7 @@ class StrataCallback(pl.Callback):  # type: ignore[misc]
                 "StrataCallback: the training loader is not a strata_redis.lightning.DataLoader"
             )
         self._saved_step = trainer.global_step  # (resumed there: saved already)
+        _unwrap_signal_handlers()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -311,20 +334,36 @@ class StrataCallback(pl.Callback):  # type: ignore[misc]
         for loader in self._loaders(trainer):
             loader.lease_sampler.stream.consumed(1)
         step = trainer.global_step
+        # a step's end, where a checkpoint is consistent: preempted (a flag read until then),
+        # the round's agreed stop step is saved and the run ends here
+        if self.orchestrator.should_stop(step):
+            self.preempt_exit(trainer)
         if self.every_n_steps and step % self.every_n_steps == 0 and step != self._saved_step:
-            self._saved_step = step
-            trainer.save_checkpoint(
-                f"{PATH_PREFIX}{trainer.current_epoch}/{step}", weights_only=False
-            )
-        # the preemption hook: an orchestrator told to stop (SIGTERM) ends the run here, at a
-        # step's end, where a checkpoint is consistent
-        if getattr(self.orchestrator, "preempted", False):
-            self.on_preempted(trainer)
+            self._save(trainer)
 
-    def on_preempted(self, trainer: pl.Trainer) -> None:
-        """The orchestrator was preempted: stop after this step (the preemption module wires
-        the checkpoint and the exit)."""
-        trainer.should_stop = True
+    def _save(self, trainer: pl.Trainer) -> strata_torch.SavedFuture | None:
+        """Checkpoint (``current_epoch``, ``global_step``) through ``StrataCheckpointIO``;
+        its future (None: not saved)."""
+        self._saved_step = trainer.global_step
+        io_plugin = trainer.strategy.checkpoint_io
+        if isinstance(io_plugin, StrataCheckpointIO):
+            io_plugin.last_save = None
+        trainer.save_checkpoint(
+            f"{PATH_PREFIX}{trainer.current_epoch}/{trainer.global_step}", weights_only=False
+        )
+        return io_plugin.last_save if isinstance(io_plugin, StrataCheckpointIO) else None
+
+    def preempt_exit(self, trainer: pl.Trainer) -> None:
+        """Save this step (unless it was just saved) and leave: ``orchestrator.preempt_exit``,
+        which raises ``Preempted`` (every rank at the same step: ``save_checkpoint`` ends in
+        a barrier)."""
+        step = trainer.global_step
+
+        def save() -> strata_torch.SavedFuture | None:
+            # None: this step was saved already; preempt_exit waits for its commit
+            return None if step == self._saved_step else self._save(trainer)
+
+        self.orchestrator.preempt_exit(step, trainer.current_epoch, save=save)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning ends an epoch stopped early (max_steps, should_stop) with this hook too:
@@ -334,6 +373,23 @@ class StrataCallback(pl.Callback):  # type: ignore[misc]
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         strata_torch.wait(self.orchestrator)
+
+
+def _unwrap_signal_handlers() -> None:
+    """Put strata's preemption handler back alone on the signals Lightning wrapped it in
+    its own handler for (``_SignalConnector``: SIGTERM): Lightning's broadcasts from inside
+    the handler and ends the run at the step's end with no checkpoint, where strata agrees on
+    a stop step and saves it. Signals strata does not handle keep Lightning's handling."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # (signal.signal works only there, as Lightning's own registration)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        current = signal.getsignal(sig)
+        for handler in getattr(current, "signal_handlers", None) or ():
+            if preemption.is_handler(handler):
+                signal.signal(sig, handler)
+                log.debug("Lightning's %s handler set aside: strata's preemption handles it",
+                          sig.name)  # fmt: skip
+                break
 
 
 def trainer_kwargs(

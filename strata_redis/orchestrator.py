@@ -284,6 +284,7 @@ class TrainingOrchestrator:
         self._between_epochs = False
         self._resume: Resume | None = None  # a fresh round's (resume.py)
         self._exiting = False  # preempt_exit runs
+        self._loop_checks = False  # the loop calls should_stop itself (numbering its steps)
 
         self.worker: Worker = register_worker(
             self.context, self.worker_id, replace=replace, heartbeat_interval=heartbeat_interval
@@ -414,10 +415,12 @@ class TrainingOrchestrator:
 
     def _step_guard(self) -> None:
         """The walks' per-batch check (``_guard``), and the automatic preemption: at the
-        agreed stop step, a loop that did not call ``preempt_exit`` itself exits here."""
-        if self._preemption.requested and not self._exiting:
+        agreed stop step, a loop that does not call ``should_stop`` itself exits here (one
+        that does numbers its steps its own way, e.g. a framework's global step: a proposal
+        counted in this walk's batches could stop its ranks at different steps)."""
+        if self._preemption.requested and not self._exiting and not self._loop_checks:
             step = self._steps_done() - 1
-            if step >= 0 and self.should_stop(step):
+            if step >= 0 and self._stop_at(step):
                 if self.state_provider is None:
                     log.warning(
                         "worker %r: preempted with no state_provider and no preempt_exit call: "
@@ -631,11 +634,17 @@ class TrainingOrchestrator:
         call the first time, a flag read after): True from that step on. Call it at every
         step boundary with the step you pass to ``save_checkpoint``; when True, call
         ``preempt_exit``. A loop that never calls it is stopped by the orchestrator's own
-        check at its next batch (saving ``state_provider``'s state).
+        check at its next batch (saving ``state_provider``'s state); once called, that check
+        stands aside (the loop's step numbers, not the walk's batch count, are agreed on).
         """
+        self._loop_checks = True  # (the walks' own check stands aside: see ``_step_guard``)
         if not self._preemption.requested:
             return False
         check_int("step", step, low=0, high=MAX_NUMBER)
+        return self._stop_at(step)
+
+    def _stop_at(self, step: int) -> bool:
+        """``should_stop`` once preempted: the round's stop step proposed or read."""
         agreed = self._preemption.stop_step(self.context, self.round.number, step, self._retry)
         return step >= agreed
 

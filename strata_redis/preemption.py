@@ -50,6 +50,7 @@ __all__ = [
     "Preempted",
     "Preemption",
     "agreed_stop",
+    "is_handler",
     "parse_signals",
     "propose_stop",
 ]
@@ -150,6 +151,13 @@ class _Handlers:
 
 
 _HANDLERS = _Handlers()
+
+
+def is_handler(handler: object) -> bool:
+    """Whether ``handler`` (as ``signal.getsignal`` returns it) is the preemption handler: for
+    a framework that wraps the process's handlers in its own (Lightning's SIGTERM handling) to
+    put it back alone."""
+    return handler == _HANDLERS.handle
 
 
 class Preemption:

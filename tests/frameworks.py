@@ -66,19 +66,20 @@ class Run:
 
 
 def _agent(
-    url: str, tmp: Path, script: Path, rdzv_id: str, log: Path, storage: str
-) -> subprocess.Popen[bytes]:
-    """One node: a torchrun agent of one trainer, in a session of its own."""
+    url: str, tmp: Path, script: Path, rdzv_id: str, log: Path, storage: str, nproc: int = 1,
+    args: list[str] | None = None, env_extra: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:  # fmt: skip
+    """One node: a torchrun agent of ``nproc`` trainers, in a session of its own."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}  # fmt: skip
+           "PYTHONWARNINGS": "ignore", **(env_extra or {})}  # fmt: skip
     env.pop("STRATA_JOB_ID", None)
     conf = "last_call_timeout=1,join_timeout=60,keep_alive_interval=1,keep_alive_max_attempt=3"
     cmd = [
-        str(TORCHRUN), "--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-backend", "strata",
-        "--rdzv-endpoint", url, "--rdzv-id", rdzv_id, "--rdzv-conf", conf,
+        str(TORCHRUN), "--nnodes", "1:3", "--nproc-per-node", str(nproc), "--rdzv-backend",
+        "strata", "--rdzv-endpoint", url, "--rdzv-id", rdzv_id, "--rdzv-conf", conf,
         "--local-addr", "127.0.0.1", "--max-restarts", "5", "--monitor-interval", "0.2",
         str(script), "--redis-url", url, "--storage", storage, "--log-dir", str(tmp),
-        *SHAPE.args(),
+        *(SHAPE.args() if args is None else args),
     ]  # fmt: skip
     with log.open("ab") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -144,7 +145,7 @@ def elastic_run(url: str, tmp: Path, script: str, rdzv_id: str, storage: str = "
             parts = line.split()
             if parts[0] == "FIRST":
                 run.first_reads.setdefault(int(parts[1]), []).append(int(parts[2]))
-            else:
+            elif parts[0] != "PREEMPTED":  # (an agent's restart stops its trainers by SIGTERM)
                 lines.append(parts)
     final = max(run.resumed)
     # walk back from the last launch: what each checkpoint in the chain holds of each epoch
@@ -191,3 +192,99 @@ def check(run: Run) -> None:
     assert resumed_rounds, run.resumed
     for r, reads in run.first_reads.items():
         assert all(n <= 2 * SHAPE.batch for n in reads), (r, reads)
+
+
+#: what tells a script it runs under torchrun (a relaunch without it drops them)
+_TORCHRUN_VARS = ("STRATA_JOB_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+                  "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
+
+
+def _sample_lines(tmp: Path) -> dict[int, list[list[str]]]:
+    """Each trainer's ``samples-<pid>.log`` lines, by pid."""
+    return {int(f.stem.split("-")[1]): [line.split() for line in f.read_text().splitlines()]
+            for f in tmp.glob("samples-*.log")}  # fmt: skip
+
+
+@dataclass
+class Preemption:
+    """What a preempted run and its relaunch left."""
+
+    ends: dict[int, list[str]]  # pid -> its PREEMPTED line (code, checkpoint, seconds)
+    last_steps: dict[int, int]  # pid -> the last step it trained before it left
+    saved: tuple[int, int]  # (epoch, step) of the newest committed checkpoint
+    trained: Counter[int]  # every sample trained along the kept checkpoint, by id
+    lost: int  # steps trained after the checkpoint the relaunch resumed from
+
+
+def preempt_run(
+    url: str, tmp: Path, script: str, job: str, env: dict[str, str] | None = None
+) -> Preemption:
+    """One node of two trainers trains one epoch; after a 2-rank checkpoint and a few steps
+    more (mid-epoch), its torchrun agent gets SIGTERM (a spot notice: the agent forwards it
+    to both trainers); then a relaunch of one trainer (the same job) finishes the epoch.
+    ``env`` adds to the trainers' environment (``STRATA_PREEMPT_SIGNALS``)."""
+    path, storage = EXAMPLES / script, str(tmp / "ckpt")
+    shape = ["--samples", "480", "--samples-per-shard", "24", "--batch-size", "4",
+             "--epochs", "1", "--save-every", "5", "--sleep", "0.05", "--job", job]  # fmt: skip
+    logs = [tmp / "agent-1.log", tmp / "agent-2.log"]
+
+    def tails() -> str:
+        return "\n=====\n".join(p.read_text()[-3000:] for p in logs if p.exists())
+
+    ckpt = CheckpointManager(storage, job_id=job, redis=url)
+
+    def mid_epoch() -> bool:
+        lines = _sample_lines(tmp)
+        steps = [int(ln[2]) for lines_ in lines.values() for ln in lines_ if ln[0] != "FIRST"]
+        return (
+            any(i.world_size == 2 for i in ckpt.list())
+            and len(lines) == 2
+            and (
+                max(steps, default=0) % 5 == 2  # between two checkpoints: the stop step saves
+            )
+        )
+
+    agent = _agent(url, tmp, path, f"{job}-1", logs[0], storage, 2, shape, env)
+    try:
+        # bounds: framework imports and rendezvous on a loaded 2-core machine (tens of
+        # seconds), far below a job that never trains
+        wait_for(mid_epoch, 90, step=0.02, why=tails)
+        os.kill(agent.pid, signal.SIGTERM)
+        agent.wait(60)  # 60 s: the 25 s budget and the agent's 30 s grace before SIGKILL
+    finally:
+        if agent.poll() is None:
+            _lose_node(agent, tmp)
+    first = _sample_lines(tmp)
+    ends = {pid: next((ln for ln in lines if ln[0] == "PREEMPTED"), []) for pid, lines in
+            first.items()}  # fmt: skip
+    last_steps = {pid: max(int(ln[2]) for ln in lines if ln[0] not in ("FIRST", "PREEMPTED"))
+                  for pid, lines in first.items()}  # fmt: skip
+    infos = ckpt.list()
+    newest = max(infos, key=lambda i: (i.epoch, i.step))
+    saved = (newest.epoch, newest.step)
+
+    # the relaunch: one trainer without torchrun (a smaller world: a spot pool shrank;
+    # and one framework import instead of three processes' on a loaded machine)
+    solo = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
+    solo.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+                 **(env or {})})  # fmt: skip
+    cmd = [sys.executable, str(path), "--redis-url", url, "--storage", storage, "--log-dir",
+           str(tmp), *shape]  # fmt: skip
+    with logs[1].open("ab") as out:  # 90 s: the import and the rest of the epoch vs. a hang
+        relaunch = subprocess.run(cmd, env=solo, stdout=out, stderr=subprocess.STDOUT, timeout=90)
+    assert relaunch.returncode == 0, tails()
+    second = {pid: lines for pid, lines in _sample_lines(tmp).items() if pid not in first}
+    starts = [s for s in _starts(tmp) if int(s[0]) in second]
+    assert starts and all(s[-2:] == [str(saved[0]), str(saved[1])] for s in starts), (
+        starts, saved, tails())  # fmt: skip
+    trained: Counter[int] = Counter()
+    for lines in first.values():
+        for ln in lines:
+            if ln[0] not in ("FIRST", "PREEMPTED") and int(ln[2]) <= saved[1]:
+                trained.update(int(i) for i in ln[3:])
+    for lines in second.values():
+        for ln in lines:
+            if ln[0] not in ("FIRST", "PREEMPTED"):
+                trained.update(int(i) for i in ln[3:])
+    ckpt.close()
+    return Preemption(ends, last_steps, saved, trained, max(last_steps.values()) - saved[1])

@@ -7,13 +7,14 @@ tests/test_accelerate.py``."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("accelerate")
 
-from .frameworks import check, elastic_run
+from .frameworks import check, elastic_run, preempt_run
 
 pytestmark = pytest.mark.torch
 
@@ -29,3 +30,25 @@ def test_accelerate_node_lost_and_joined_trains_every_sample_once(
     from, no sample is trained twice, none is missing beyond the lockstep remainder, and no
     launch read more than two batches before its first step (it skips nothing by reading)."""
     check(elastic_run(redis_url, tmp_path, "accelerate_train.py", "acc"))
+
+
+@pytest.mark.timeout(240)  # above preempt_run's waits (90 + 60 + 90 s): they fail first
+def test_accelerate_sigterm_saves_the_agreed_step_and_the_relaunch_trains_each_sample_once(
+    redis_url: str, tmp_path: Path, job_id: str
+) -> None:
+    """SIGTERM to the torchrun agent of two processes mid-epoch (between two periodic
+    checkpoints): the loop's ``orch.should_stop(step)`` turns True at the round's agreed step
+    and ``strata_redis.accelerate.preempt_exit`` saves it; both processes leave through
+    ``Preempted`` with code 0 after the same step, the one the checkpoint holds; a relaunch of
+    one process (world 1) resumes from it and every sample of the epoch is trained exactly
+    once. With ``STRATA_PREEMPT_SIGNALS=""`` it fails (SIGTERM kills the processes: no
+    PREEMPTED line, the steps after the last checkpoint lost)."""
+    run = preempt_run(redis_url, tmp_path, "accelerate_train.py", job_id)
+    assert len(run.ends) == 2 and all(e[:2] == ["PREEMPTED", "0"] for e in run.ends.values()), (
+        run.ends
+    )
+    assert set(run.last_steps.values()) == {run.saved[1]}, (run.last_steps, run.saved)
+    assert run.lost <= 1
+    assert run.trained == Counter(range(480))
+    print("accelerate preemption: checkpoint", run.saved, "committed",
+          max(float(e[3]) for e in run.ends.values()), "s after SIGTERM (budget 25 s)")  # fmt: skip

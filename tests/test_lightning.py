@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from .frameworks import EXAMPLES, LONG, check, elastic_run
+from .frameworks import EXAMPLES, LONG, check, elastic_run, preempt_run
 
 pytestmark = pytest.mark.torch
 
@@ -37,6 +37,33 @@ def test_lightning_node_lost_and_joined_trains_every_sample_once(
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="ckpt")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # (the agents inherit it)
     check(elastic_run(redis_url, tmp_path, "lightning_train.py", "lit", "s3://ckpt/lit"))
+
+
+@pytest.mark.timeout(240)  # above preempt_run's waits (90 + 60 + 90 s): they fail first
+def test_lightning_sigterm_saves_the_agreed_step_and_the_relaunch_trains_each_sample_once(
+    redis_url: str, tmp_path: Path, job_id: str
+) -> None:
+    """SIGTERM to the torchrun agent of two trainers mid-epoch (between two periodic
+    checkpoints): Lightning's own SIGTERM handling is set aside, the ``StrataCallback``
+    saves the round's agreed stop step; both trainers leave ``trainer.fit`` through
+    ``Preempted`` with code 0 (committed within the budget) after the same step, the one
+    the checkpoint holds (no step lost); a relaunch of one trainer (world 1) resumes from
+    it and every sample of the epoch is trained exactly once. It fails with
+    ``STRATA_PREEMPT_SIGNALS=""`` (Lightning's handling alone), and with Lightning's handler
+    left in place: no PREEMPTED line, the run ends two steps past the last checkpoint."""
+    run = preempt_run(redis_url, tmp_path, "lightning_train.py", job_id)
+    assert len(run.ends) == 2 and all(e[:2] == ["PREEMPTED", "0"] for e in run.ends.values()), (
+        run.ends)  # fmt: skip
+    assert set(run.last_steps.values()) == {run.saved[1]}, (run.last_steps, run.saved)
+    assert run.lost <= 1
+    assert run.trained == Counter(range(480))
+    print(
+        "lightning preemption: checkpoint",
+        run.saved,
+        "committed",
+        max(float(e[3]) for e in run.ends.values()),
+        "s after SIGTERM (budget 25 s)",
+    )
 
 
 @pytest.mark.skipif(not LONG, reason="the long form: STRATA_FRAMEWORKS_LONG=1")

@@ -286,3 +286,23 @@ def test_preempt_exit_past_the_budget_exits_75(redis_url: str, job_id: str, tmp_
     # the budget, not the commit_timeout (300 s) a save waits for otherwise
     assert time.monotonic() - started < 0.5 + 5.0
     assert orch._closed
+
+
+def test_a_loop_that_numbers_its_own_steps_is_not_stopped_by_the_walks_count(
+    redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    # a framework's loop numbers steps its own way (Lightning's global step: 100 here, as
+    # after a resume) and calls should_stop itself; preempted after its check, the next
+    # batch's fetch comes first: the walk's own check must not propose its count (4), which
+    # would stop the loop's ranks at whichever step each reaches next, not at one agreed step
+    orch = _single(redis_url, job_id, tmp_path)
+    stream = orch.get_shards(DATASET)
+    with pytest.raises(errors.Preempted) as caught:
+        for i, _ in enumerate(stream):
+            step = 100 + i
+            if orch.should_stop(step):
+                orch.preempt_exit(step, 0, b"model")
+            if i == 3:
+                orch.request_preemption()  # between the loop's check and the next fetch
+    assert caught.value.code == 0
+    assert caught.value.checkpoint == "epoch_0_step_105"  # the loop proposed 104 + 1
