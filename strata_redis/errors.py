@@ -40,6 +40,10 @@ The tree::
     ├── StorageError                .backend, .path (never credentials)
     │   ├── StorageNotFoundError        the object does not exist
     │   └── StorageExistsError          a create-only write found the object already there
+    ├── ShardError                  .dataset, .path: a dataset's shard object is not as indexed
+    │   ├── ShardChecksumError          its bytes' checksum is not the index's
+    │   ├── ShardFormatError            not the tar its index says (truncated, no header there)
+    │   └── ShardManifestError          the manifest and the shard objects in storage disagree
     ├── CheckpointError             .job_id, .step, .epoch
     │   ├── CheckpointAbortedError      a participant's upload failed: it never commits
     │   ├── CheckpointNotFoundError     no committed checkpoint verifies
@@ -102,6 +106,10 @@ __all__ = [
     "RendezvousTimeoutError",
     "RestartLimitError",
     "RoundBrokenError",
+    "ShardChecksumError",
+    "ShardError",
+    "ShardFormatError",
+    "ShardManifestError",
     "StateLostError",
     "StateRolledBackError",
     "StepNotForwardError",
@@ -894,6 +902,37 @@ class StorageNotFoundError(StorageError):
 
 class StorageExistsError(StorageError):
     """A create-only write (``write_if_absent``) found the object already there."""
+
+
+class ShardError(StrataError):
+    """A shard object of a dataset in storage is not what its index says: never trained from,
+    never recorded done (``strata_redis.shards``).
+
+    Attributes:
+        dataset: the dataset id.
+        path: the object's path in its storage (the shard, its index or the manifest).
+        backend: the storage's description (``s3://bucket``, ``file:///root``).
+    """
+
+    def __init__(self, message: str, *, dataset: str, path: str, backend: str) -> None:
+        super().__init__(f"{backend}: {path!r}: {message}")
+        self.dataset = dataset
+        self.path = path
+        self.backend = backend
+
+
+class ShardChecksumError(ShardError):
+    """The shard's bytes do not have the checksum its index records (read twice, the same)."""
+
+
+class ShardFormatError(ShardError):
+    """The object is not the tar its index describes: truncated, or no member header where
+    the index puts one."""
+
+
+class ShardManifestError(ShardError):
+    """The dataset's manifest names shards the storage does not have, or the storage holds
+    shards the manifest does not name."""
 
 
 class CheckpointError(StrataError):

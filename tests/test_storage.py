@@ -151,6 +151,24 @@ class TestContract:
         with pytest.raises(ValueError, match="prefix"):
             storage.list("../")
 
+    def test_read_range_reads_only_the_range(self, storage: Storage) -> None:
+        data = bytes(range(256)) * 40
+        storage.write("shards/s.tar", data)
+        assert storage.read_range("shards/s.tar", 0, 10) == data[:10]
+        assert storage.read_range("shards/s.tar", 1000, 3000) == data[1000:4000]
+        assert storage.read_range("shards/s.tar", len(data) - 5, 100) == data[-5:]  # the end
+        assert storage.read_range("shards/s.tar", len(data), 10) == b""
+        assert storage.read_range("shards/s.tar", len(data) + 7, 10) == b""
+        assert storage.read_range("shards/s.tar", 3, 0) == b""
+        with pytest.raises(StorageNotFoundError, match=re.escape("no object at 'shards/none.tar'")):
+            storage.read_range("shards/none.tar", 0, 10)
+        with pytest.raises(StorageNotFoundError):
+            storage.read_range("shards/none.tar", 0, 0)
+        with pytest.raises(ValueError, match="start must be >= 0"):
+            storage.read_range("shards/s.tar", -1, 10)
+        with pytest.raises(TypeError, match="length must be an int"):
+            storage.read_range("shards/s.tar", 0, 1.5)  # type: ignore[arg-type]
+
     def test_missing_object_is_not_found(self, storage: Storage) -> None:
         with pytest.raises(
             StorageNotFoundError, match=re.escape("no object at 'nope/x.bin'")

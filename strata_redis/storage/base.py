@@ -16,6 +16,7 @@ __all__ = [
     "as_byte_view",
     "check_path",
     "check_prefix",
+    "check_range",
 ]
 
 # S3 keys are at most 1024 bytes of UTF-8 and most filesystems cap a name at 255 bytes; both
@@ -90,6 +91,19 @@ def check_prefix(prefix: object, *, arg: str = "prefix") -> str:
     if prefix:
         check_path(prefix[:-1] if prefix.endswith("/") else prefix, arg=arg)
     return prefix
+
+
+def check_range(start: object, length: object) -> None:
+    """Check a ``read_range``'s byte range: two non-negative ints (``bool`` is not one).
+
+    Raises:
+        TypeError, ValueError: naming the bad argument.
+    """
+    for arg, value in (("start", start), ("length", length)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}")
+        if value < 0:
+            raise ValueError(f"{arg} must be >= 0, got {value}")
 
 
 def as_byte_view(data: object, *, arg: str = "data") -> memoryview:
@@ -208,6 +222,22 @@ class Storage(abc.ABC):
             StorageNotFoundError: no object at ``path``.
             StorageError: the backend failed.
         """
+
+    def read_range(self, path: str, start: int, length: int) -> bytes:
+        """Return ``length`` bytes of the object at ``path`` from byte ``start`` (fewer only
+        where the object ends first; none from its end on).
+
+        For reading part of a large object (one sample of a shard, the headers of a tar).
+        This default reads the whole object and slices it; the backends override it with a
+        read of the range alone (a ``pread``, an HTTP ``Range`` GET).
+
+        Raises:
+            ValueError: ``start`` or ``length`` is negative.
+            StorageNotFoundError: no object at ``path``.
+            StorageError: the backend failed.
+        """
+        check_range(start, length)
+        return self.read(path)[start : start + length]
 
     @abc.abstractmethod
     def exists(self, path: str) -> bool:

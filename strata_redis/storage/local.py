@@ -12,7 +12,15 @@ import time
 from collections.abc import Sequence
 
 from ..errors import StorageError, StorageExistsError, StorageNotFoundError
-from .base import TMP_PREFIX, InUse, Storage, as_byte_view, check_path, check_prefix
+from .base import (
+    TMP_PREFIX,
+    InUse,
+    Storage,
+    as_byte_view,
+    check_path,
+    check_prefix,
+    check_range,
+)
 
 __all__ = ["LocalStorage"]
 
@@ -121,6 +129,37 @@ class LocalStorage(Storage):
             raise self._not_found(path) from None
         except OSError as exc:
             raise self._error("read", path, exc) from exc
+
+    def read_range(self, path: str, start: int, length: int) -> bytes:
+        """Return up to ``length`` bytes of the file at ``path`` from ``start`` (one ``pread``
+        loop: only the range is read).
+
+        Raises:
+            StorageNotFoundError: no file at ``path``.
+            StorageError: the filesystem refused.
+        """
+        path = check_path(path)
+        check_range(start, length)
+        try:
+            fd = os.open(self._full(path), os.O_RDONLY | _O_CLOEXEC)
+        except _ABSENT:
+            raise self._not_found(path) from None
+        except OSError as exc:
+            raise self._error("read", path, exc) from exc
+        try:
+            pieces: list[bytes] = []
+            while length > 0:
+                piece = os.pread(fd, length, start)
+                if not piece:
+                    break  # the file ends here
+                pieces.append(piece)
+                start += len(piece)
+                length -= len(piece)
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        except OSError as exc:
+            raise self._error("read", path, exc) from exc
+        finally:
+            os.close(fd)
 
     def exists(self, path: str) -> bool:
         """Return whether a regular file exists at ``path``."""

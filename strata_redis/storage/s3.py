@@ -17,7 +17,15 @@ from typing import Any
 
 from ..errors import StorageError, StorageExistsError, StorageNotFoundError
 from ..validate import check_int, check_seconds
-from .base import MAX_PATH_BYTES, InUse, Storage, as_byte_view, check_path, check_prefix
+from .base import (
+    MAX_PATH_BYTES,
+    InUse,
+    Storage,
+    as_byte_view,
+    check_path,
+    check_prefix,
+    check_range,
+)
 from .s3errors import NOT_FOUND, error_code, storage_error
 from .transfer import (
     MAX_PART_SIZE,
@@ -332,6 +340,35 @@ class S3Storage(Storage):
                 )
             return data
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def read_range(self, path: str, start: int, length: int) -> bytes:
+        """Return up to ``length`` bytes of the object at ``path`` from ``start``: one GET
+        with a ``Range`` header (``length`` 0: a HEAD, to say whether it exists).
+
+        Raises:
+            StorageNotFoundError: no object at ``path``.
+            StorageError: S3 refused, the bucket does not exist, or S3 could not be reached.
+        """
+        path, key = self._key(path)
+        check_range(start, length)
+        if length == 0:
+            if not self.exists(path):
+                raise self._not_found("read", path)
+            return b""
+        try:
+            reply = self._client.get_object(
+                Bucket=self._bucket, Key=key, Range=f"bytes={start}-{start + length - 1}"
+            )
+            with reply["Body"] as stream:
+                data: bytes = stream.read()
+        except self._boto_errors as exc:
+            code = error_code(exc)
+            if code in NOT_FOUND:
+                raise self._not_found("read", path) from None
+            if code in ("InvalidRange", "416"):  # the range starts at or past the end
+                return b""
+            raise self._error("read", path, exc) from exc
+        return data
 
     def exists(self, path: str) -> bool:
         """Return whether an object exists at ``path`` (one HEAD request).

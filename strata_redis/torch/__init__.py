@@ -30,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from .dcp import DistributedCheckpointError, StrataStorageReader, StrataStorageWriter
 from .distributed import RedisStore, init_process_group, store_of
 from .sampler import DataLoader, LeaseBatchSampler
+from .shards import ShardDataset
 from .staging import StagingArea
 from .state import SavedFuture, close, load, save, staging_area, wait
 
@@ -39,6 +40,7 @@ __all__ = [
     "LeaseBatchSampler",
     "RedisStore",
     "SavedFuture",
+    "ShardDataset",
     "StagingArea",
     "StrataStorageReader",
     "StrataStorageWriter",

@@ -98,11 +98,20 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         walk = iter(self.stream)
         self._walk = walk
         try:
-            for batch in walk:
-                yield batch.tolist()
+            yield from self._items(walk)
         finally:
             if self._walk is walk:
                 self._walk = None
+
+    def _items(self, walk: Iterator[Any]) -> Iterator[Any]:
+        """What the loader gets for each batch of the walk: its indices (a subclass may hand
+        out other work items: ``ShardDataset``'s)."""
+        for batch in walk:
+            yield batch.tolist()
+
+    def consumed(self) -> None:
+        """The training loop took the oldest batch handed out (``DataLoader`` calls it)."""
+        self.stream.consumed(1)
 
     def close(self, walk: Iterator[Any] | None = None) -> None:
         """End the iteration in progress (only if it is ``walk``, when given): the leases it
@@ -207,12 +216,22 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[misc]
     ``pin_memory``, ``collate_fn``, ...) except ``in_order=False``: batches must reach the
     loop in the order the sampler handed them out.
 
+    ``DataLoader(shard_dataset, num_workers=..., pin_memory=...)`` takes a ``ShardDataset``'s
+    own sampler (``batch_size`` None or left out: the dataset's).
+
     Raises:
-        TypeError: ``batch_sampler`` is not a ``LeaseBatchSampler``.
+        TypeError: ``batch_sampler`` is not a ``LeaseBatchSampler`` (and the dataset is no
+            ``ShardDataset``).
         ValueError: ``in_order=False``.
     """
 
-    def __init__(self, dataset: Any, batch_sampler: LeaseBatchSampler, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Any, batch_sampler: LeaseBatchSampler | None = None, **kwargs: Any
+    ) -> None:
+        if batch_sampler is None:  # a ShardDataset brings its own (and its batch size)
+            batch_sampler = getattr(dataset, "lease_sampler", None)
+            if kwargs.get("batch_size", 1) in (1, None):
+                kwargs.pop("batch_size", None)
         if not isinstance(batch_sampler, LeaseBatchSampler):
             raise TypeError(
                 "batch_sampler must be a strata_redis.torch.LeaseBatchSampler, got "
@@ -229,7 +248,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[misc]
         try:
             for batch in super().__iter__():
                 walk = walk or sampler._walk
-                sampler.stream.consumed(1)
+                sampler.consumed()
                 yield batch
         finally:
             if walk is not None:

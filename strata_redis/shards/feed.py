@@ -1,0 +1,248 @@
+"""``ShardFeed``: a worker's lease walk of a sharded dataset turned into work items, in the
+one process that holds the leases.
+
+The walk (``ShardStream``) hands out batches of sample ids, each within one shard, in the
+epoch's shuffled order. For each, the feed makes sure the shard's bytes are on local disk
+(``ShardFetcher``: demanded at the shard's first batch, the shards this worker expects next
+fetched ahead) and hands out a ``WorkItem``: the ids with their byte spans in the local file.
+Reading the samples of an item (``WorkItem.samples``) needs nothing but that file: a
+``DataLoader`` worker process does it. A shard's first batch may start part-way (a resumed
+position, a part another worker handed back): only the samples still to train are fetched
+then, by ranged reads. Done shards are never read.
+
+The shards expected next are this worker's own shards of the round's assignment in the
+epoch's order, less those done when the walk began and those before the shard just leased
+(the lease walk leases its own shards in that order); a shard stolen from another worker is
+fetched on demand.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..data.sharding import DatasetParams, assignment
+from ..data.stream import ShardStream
+from ..errors import ShardFormatError, ShardManifestError
+from ..storage import Storage
+from .fetcher import ShardFetcher
+from .index import Manifest, manifest_path, read_manifest, shard_path
+from .tarball import TarError, sample_fields
+
+__all__ = ["ShardFeed", "WorkItem"]
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One batch's samples: where their bytes are on local disk. Picklable: what a
+    ``DataLoader`` worker gets in place of indices.
+
+    Attributes:
+        dataset: the dataset id.
+        shard: the shard's name (``shard-000000.tar``).
+        path: the local file holding the shard's bytes at their tar offsets.
+        ids: the samples' dataset-wide ids, in the epoch's order.
+        spans: each sample's (offset, size) in the tar.
+        backend, object_path: where the shard is in storage (for errors).
+    """
+
+    dataset: str
+    shard: str
+    path: str
+    ids: list[int]
+    spans: list[tuple[int, int]]
+    backend: str = ""
+    object_path: str = ""
+
+    def samples(self) -> list[dict[str, Any]]:
+        """The samples: ``{"__key__": key, "__id__": id, field: bytes, ...}`` each.
+
+        Raises:
+            ShardFormatError: a span is not a sample's tar members.
+        """
+        out = []
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for sample_id, (offset, size) in zip(self.ids, self.spans, strict=True):
+                try:
+                    fields = sample_fields(os.pread(fd, size, offset), offset)
+                except TarError as exc:
+                    raise ShardFormatError(
+                        f"sample {sample_id}: {exc}", dataset=self.dataset,
+                        path=self.object_path or self.shard, backend=self.backend,
+                    ) from None  # fmt: skip
+                fields["__id__"] = sample_id
+                out.append(fields)
+        finally:
+            os.close(fd)
+        return out
+
+
+class ShardFeed:
+    """Work items from a lease walk of a sharded dataset (see the module docstring).
+
+    Args:
+        stream: the worker's ``ShardStream`` of the dataset (the orchestrator's
+            ``get_shards``).
+        storage: where the dataset's shards are.
+        members: the round's worker ids, and this worker's (for the shards expected next):
+            a callable, read at each walk's start.
+        worker_id: this worker.
+        prefetch, cache_dir, cache_bytes, storage_wait: ``ShardFetcher``'s.
+
+    Raises:
+        StorageNotFoundError: the dataset has no manifest.
+        ShardManifestError: the dataset was registered with a total or a shard size its
+            manifest does not have.
+    """
+
+    def __init__(
+        self,
+        stream: ShardStream,
+        storage: Storage,
+        *,
+        members: Callable[[], tuple[str, ...]],
+        worker_id: str,
+        prefetch: int = 2,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | None = None,
+        storage_wait: float = 60.0,
+    ) -> None:
+        self.stream = stream
+        self.params: DatasetParams = stream.params
+        self.storage = storage
+        self.manifest: Manifest = read_manifest(storage, self.params.name)
+        _check_registration(self.params, self.manifest, storage)
+        self.fetcher = ShardFetcher(storage, self.manifest, prefetch=prefetch,
+                                    cache_dir=cache_dir, cache_bytes=cache_bytes,
+                                    storage_wait=storage_wait)  # fmt: skip
+        self._members = members
+        self._worker_id = worker_id
+        self._expected: list[int] = []
+        # per item handed out and not consumed: its shard; per shard, items out, and
+        # whether its last item is out (its demand is released once both say so)
+        self._pending: deque[int] = deque()
+        self._out: dict[int, int] = {}
+        self._closed_shards: set[int] = set()
+
+    def __repr__(self) -> str:
+        return f"ShardFeed({self.params.name!r}, {self.storage.describe()!r})"
+
+    def items(self, batches: Iterator[Any]) -> Iterator[WorkItem]:
+        """The work items of one walk's batches (numpy arrays of sample ids); the walk is
+        closed when they end (an error included)."""
+        per = self.params.samples_per_shard
+        current = -1
+        left = 0
+        fetched = None
+        first = True
+        try:
+            for batch in batches:
+                ids = batch.tolist()
+                shard = ids[0] // per
+                if shard != current:
+                    self._close_shard(current)
+                    position = self.stream.position
+                    assert position is not None
+                    if first:
+                        self._plan(position.epoch, position.done())
+                        first = False
+                    order = self.params.shard(shard, position.epoch).indices()
+                    start = int(np.flatnonzero(order == ids[0])[0])
+                    positions = None if start == 0 else (order[start:] - shard * per).tolist()
+                    future = self.fetcher.demand(shard, positions)
+                    self._out.setdefault(shard, 0)
+                    self._closed_shards.discard(shard)
+                    self._advance(shard)
+                    fetched = future.result()
+                    current, left = shard, len(order) - start
+                assert fetched is not None
+                index = fetched.index
+                spans = [
+                    (index.offsets[i - shard * per], index.sizes[i - shard * per]) for i in ids
+                ]
+                left -= len(ids)
+                self._pending.append(shard)
+                self._out[shard] += 1
+                yield WorkItem(self.params.name, index.name, fetched.path, ids, spans,
+                               self.storage.describe(),
+                               shard_path(self.params.name, index.name))  # fmt: skip
+                if left <= 0:
+                    self._close_shard(shard)
+                    current = -1
+        finally:
+            self._close_shard(current)
+            # a failed fetch ends the walk here: its leases go back to the pool now (their
+            # renewals stop), not whenever the suspended walk is collected
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def consumed(self) -> None:
+        """The training step took the oldest item handed out (the stream's position moves,
+        with ``track_consumption``; the shard's local copy goes once its last item is
+        taken)."""
+        self.stream.consumed(1)
+        if not self._pending:
+            return
+        shard = self._pending.popleft()
+        self._out[shard] -= 1
+        self._maybe_release(shard)
+
+    def stats(self) -> dict[str, Any]:
+        """The fetcher's bounds and counts (``ShardFetcher.stats``)."""
+        return self.fetcher.stats()
+
+    def close(self) -> None:
+        """Stop fetching and delete the temporary files."""
+        self.fetcher.close()
+
+    # -- inside -----------------------------------------------------------------------------
+    def _close_shard(self, shard: int) -> None:
+        if shard < 0 or shard in self._closed_shards or shard not in self._out:
+            return
+        self._closed_shards.add(shard)
+        self._maybe_release(shard)
+
+    def _maybe_release(self, shard: int) -> None:
+        if shard in self._closed_shards and self._out.get(shard) == 0:
+            del self._out[shard]
+            self._closed_shards.discard(shard)
+            self.fetcher.release(shard)
+
+    def _plan(self, epoch: int, done: set[int]) -> None:
+        """This walk's expected shards: the worker's own, in the epoch's order, not done."""
+        members = self._members()
+        try:
+            plan = assignment(self.params, members)
+            ids, owners = plan.grouped(epoch)
+            own = ids[owners == plan.index(self._worker_id)].tolist()
+        except ValueError:  # not a member (yet): nothing to expect
+            own = []
+        self._expected = [s for s in own if s not in done]
+
+    def _advance(self, shard: int) -> None:
+        """``shard`` was leased: expect the ones after it."""
+        if shard in self._expected:
+            del self._expected[: self._expected.index(shard) + 1]
+        self.fetcher.expect(self._expected)
+
+
+def _check_registration(params: DatasetParams, manifest: Manifest, storage: Storage) -> None:
+    manifest.check_counts(backend=storage.describe())
+    if (params.total_samples, params.samples_per_shard) != (
+        manifest.total,
+        manifest.samples_per_shard,
+    ):
+        raise ShardManifestError(
+            f"the dataset is registered with {params.total_samples} samples in shards of "
+            f"{params.samples_per_shard} ({params.num_shards} shards), but its manifest has "
+            f"{manifest.total} in {len(manifest.shards)} shards of "
+            f"{manifest.samples_per_shard}: register it with register_shards",
+            dataset=params.name, path=manifest_path(params.name), backend=storage.describe(),
+        )  # fmt: skip

@@ -1,0 +1,455 @@
+"""``ShardFetcher``: shards' bytes from storage to local files, ahead of use, bounded, checked,
+optionally kept in a size-limited cache directory.
+
+One fetcher lives in the process that holds the leases. A shard is fetched whole (one read,
+its CRC-32 checked against its index) or, for a shard a resume starts part-way, only the
+byte spans of the samples still to train (ranged reads, the gaps under ``GAP`` bytes read
+through). The bytes go to a local file at their offsets in the tar, so the loader's worker
+processes read samples with ``pread`` and the bytes cross no process boundary twice.
+
+Bounds: at most ``prefetch`` shards are fetched ahead of use (a later call re-targets them:
+shards no longer expected are dropped); the shards in use are those with batches handed out
+and not consumed (one or two at a time). Files outside ``cache_dir`` are deleted once their
+shard is released; in ``cache_dir`` whole, verified shards stay, the least recently used
+evicted beyond ``cache_bytes`` (never one in use or ahead). ``stats()`` reports both bounds
+and what crossed them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ShardChecksumError, ShardFormatError, StorageError, StorageNotFoundError
+from ..storage import Storage
+from ..validate import check_int, check_seconds
+from .index import Manifest, ShardIndex, checksum, read_index, shard_path
+
+__all__ = ["GAP", "Fetched", "ShardFetcher"]
+
+log = logging.getLogger("strata_redis.shards")
+
+#: spans of a part-way shard closer than this are read as one range (gaps read through)
+GAP = 64 * 1024
+#: first pause between attempts when the storage fails (doubled up to ``_MAX_PAUSE``)
+_FIRST_PAUSE = 0.05
+_MAX_PAUSE = 2.0
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A shard's bytes on local disk.
+
+    Attributes:
+        shard: the shard's number in the manifest.
+        index: its index (sample offsets and sizes in the tar).
+        path: the local file: the tar's bytes at their offsets (a part-way fetch holds only
+            the spans of the samples it was asked for; the rest of the file reads as zeros).
+        whole: the file holds the whole, verified tar.
+    """
+
+    shard: int
+    index: ShardIndex
+    path: str
+    whole: bool
+
+
+class _Entry:
+    """One shard's local copy and what holds it."""
+
+    def __init__(self, shard: int, future: Future[Fetched], whole: bool) -> None:
+        self.shard, self.future, self.whole = shard, future, whole
+        self.users = 0  # demands not yet released
+        self.ahead = False  # fetched ahead, not yet demanded
+        self.size = 0
+
+
+class ShardFetcher:
+    """Fetch a dataset's shards to local files ahead of use (see the module docstring).
+
+    Args:
+        storage: where the shards are.
+        manifest: the dataset's manifest.
+        prefetch: shards fetched ahead of use at most (0: none; each demand then waits).
+        cache_dir: keep whole shards here between uses (and runs); None: a private temporary
+            directory, each file deleted once its shard is released.
+        cache_bytes: with ``cache_dir``, its size limit (least recently used evicted first);
+            None: no limit.
+        storage_wait: seconds a fetch keeps retrying while the storage fails (an outage),
+            pausing 0.05 s doubling to 2 s; then the storage's error is raised. A missing
+            object and a bad checksum are not retried (a bad checksum is read twice).
+        threads: fetches at once (default ``prefetch + 1``).
+
+    Raises:
+        TypeError, ValueError: a bad argument.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        manifest: Manifest,
+        *,
+        prefetch: int = 2,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | None = None,
+        storage_wait: float = 60.0,
+        threads: int | None = None,
+    ) -> None:
+        self.storage = storage
+        self.manifest = manifest
+        self.dataset = manifest.dataset
+        self.prefetch = check_int("prefetch", prefetch, low=0, high=1024)
+        self.storage_wait = check_seconds("storage_wait", storage_wait, high=86400)
+        if cache_bytes is not None:
+            check_int("cache_bytes", cache_bytes, low=0, high=2**62)
+        self.cache_bytes = cache_bytes
+        self._temp = tempfile.mkdtemp(prefix="strata-shards-")
+        if cache_dir is None:
+            self.cache_dir: str | None = None
+        else:
+            self.cache_dir = os.path.join(os.fspath(cache_dir), self.dataset)
+            os.makedirs(self.cache_dir, exist_ok=True)
+        workers = threads if threads is not None else self.prefetch + 1
+        self._pool = ThreadPoolExecutor(check_int("threads", workers, low=1, high=256),
+                                        thread_name_prefix="strata-fetch")  # fmt: skip
+        self._lock = threading.Lock()
+        self._entries: dict[int, _Entry] = {}
+        self._cached: OrderedDict[int, int] = OrderedDict()  # idle cached shard -> bytes, LRU first
+        self._indexes: dict[int, ShardIndex] = {}
+        self._stats: dict[str, int] = dict.fromkeys((
+            "fetched_shards", "fetched_bytes", "reads", "ranged_reads", "partial_shards",
+            "prefetched",
+            "prefetch_hits", "prefetch_dropped", "cache_hits", "evicted", "retries",
+            "checksum_rereads", "max_ahead_shards", "max_held_shards", "max_held_bytes",
+        ), 0)  # fmt: skip
+        self._closed = False
+        if self.cache_dir is not None:
+            self._scan_cache()
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardFetcher({self.dataset!r}, {self.storage.describe()!r}, prefetch={self.prefetch})"
+        )
+
+    # -- what the feed calls ------------------------------------------------------------------
+    def demand(self, shard: int, positions: list[int] | None = None) -> Future[Fetched]:
+        """The shard's local copy, fetched now unless it is here or on its way: whole, or
+        (``positions``: the samples, by position in the shard, still to read) only theirs.
+        Each demand holds the copy until ``release(shard)``.
+
+        Raises (from the future):
+            ShardChecksumError, ShardFormatError, StorageNotFoundError, StorageError.
+        """
+        with self._lock:
+            entry = self._entries.get(shard)
+            if entry is not None and entry.future.done() and entry.future.exception() is not None:
+                del self._entries[shard]  # a failed fetch is tried again on a new demand
+                entry = None
+            if entry is None and shard in self._cached:
+                self._cached.pop(shard)
+                entry = self._from_cache(shard)
+                self._stats["cache_hits"] += 1
+            if entry is None:
+                whole = positions is None
+                entry = _Entry(shard, self._submit(shard, None if whole else positions), whole)
+                self._entries[shard] = entry
+            elif entry.ahead:
+                self._stats["prefetch_hits"] += 1
+            entry.ahead = False
+            entry.users += 1
+            self._account()
+            return entry.future
+
+    def expect(self, shards: list[int]) -> None:
+        """The shards expected next, in order: the first ``prefetch`` of them are fetched
+        ahead (whole); shards fetched ahead earlier and no longer expected are dropped."""
+        wanted = shards[: self.prefetch]
+        with self._lock:
+            if self._closed:
+                return
+            for entry in list(self._entries.values()):
+                if entry.ahead and entry.shard not in wanted:
+                    self._drop(entry)
+                    self._stats["prefetch_dropped"] += 1
+            for shard in wanted:
+                if shard in self._entries or shard in self._cached:
+                    continue
+                entry = _Entry(shard, self._submit(shard, None), True)
+                entry.ahead = True
+                self._entries[shard] = entry
+                self._stats["prefetched"] += 1
+            self._account()
+
+    def release(self, shard: int) -> None:
+        """One demand of ``shard`` is over (its batches were consumed, or dropped)."""
+        with self._lock:
+            entry = self._entries.get(shard)
+            if entry is None or entry.users == 0:
+                return
+            entry.users -= 1
+            if entry.users == 0:
+                self._drop(entry)
+            self._account()
+
+    def stats(self) -> dict[str, Any]:
+        """The bounds and what was fetched: ``prefetch_shards`` (the bound on shards ahead),
+        ``ahead_shards``/``held_shards``/``held_bytes`` now and their maxima,
+        ``fetched_shards``/``fetched_bytes``/``reads`` (storage reads of shard bytes; of them
+        ``ranged_reads`` for shards fetched part-way),
+        ``partial_shards`` (fetched part-way), ``prefetched``/``prefetch_hits``/
+        ``prefetch_dropped``, ``cache_hits``/``cached_bytes``/``evicted``, ``retries``."""
+        with self._lock:
+            held = [e for e in self._entries.values()]
+            return {
+                **self._stats,
+                "prefetch_shards": self.prefetch,
+                "ahead_shards": sum(1 for e in held if e.ahead),
+                "held_shards": len(held),
+                "held_bytes": sum(e.size for e in held),
+                "cache_bytes": self.cache_bytes,
+                "cached_bytes": sum(self._cached.values()),
+            }
+
+    def close(self) -> None:
+        """Stop fetching; delete the temporary files (the cache directory stays)."""
+        with self._lock:
+            self._closed = True
+            for entry in self._entries.values():
+                entry.future.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self._temp, ignore_errors=True)
+
+    # -- inside ---------------------------------------------------------------------------------
+    def _submit(self, shard: int, positions: list[int] | None) -> Future[Fetched]:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        return self._pool.submit(self._fetch, shard, positions)
+
+    def _account(self) -> None:
+        entries = self._entries.values()
+        stats = self._stats
+        stats["max_ahead_shards"] = max(stats["max_ahead_shards"], sum(e.ahead for e in entries))
+        stats["max_held_shards"] = max(stats["max_held_shards"], len(self._entries))
+        held = sum(e.size for e in entries)
+        stats["max_held_bytes"] = max(stats["max_held_bytes"], held)
+
+    def _drop(self, entry: _Entry) -> None:
+        """Forget an entry no one holds: its file goes (or, cached, joins the LRU)."""
+        self._entries.pop(entry.shard, None)
+        if not entry.future.done():
+            entry.future.cancel()
+            entry.future.add_done_callback(lambda f: self._discard(f))
+            return
+        if entry.future.cancelled() or entry.future.exception() is not None:
+            return
+        fetched = entry.future.result()
+        if self.cache_dir is not None and fetched.whole:
+            self._cached[entry.shard] = entry.size
+            self._evict()
+        else:
+            _unlink(fetched.path)
+
+    def _discard(self, future: Future[Fetched]) -> None:
+        """A dropped fetch finished after all: a whole shard in the cache directory joins
+        the cache; a temporary file goes."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        fetched = future.result()
+        if fetched.path.startswith(self._temp):
+            _unlink(fetched.path)
+            return
+        with self._lock:
+            if fetched.shard not in self._entries:
+                self._cached[fetched.shard] = self.manifest.shards[fetched.shard].size
+                self._evict()
+
+    def _evict(self) -> None:
+        if self.cache_bytes is None:
+            return
+        while self._cached and sum(self._cached.values()) > self.cache_bytes:
+            shard, _ = self._cached.popitem(last=False)
+            _unlink(self._cache_path(shard))
+            self._stats["evicted"] += 1
+
+    def _cache_path(self, shard: int) -> str:
+        assert self.cache_dir is not None
+        return os.path.join(self.cache_dir, self.manifest.shards[shard].name)
+
+    def _scan_cache(self) -> None:
+        """Whole shards a previous run left in the cache directory (by size: they were
+        verified when written), oldest use first."""
+        found = []
+        for shard, entry in enumerate(self.manifest.shards):
+            path = self._cache_path(shard)
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                if st.st_size == entry.size:
+                    found.append((st.st_mtime, shard, entry.size))
+        for _, shard, size in sorted(found):
+            self._cached[shard] = size
+        self._evict()
+
+    def _from_cache(self, shard: int) -> _Entry:
+        path = self._cache_path(shard)
+        with contextlib.suppress(OSError):
+            os.utime(path)  # its last use, for the next run's LRU order
+        future: Future[Fetched] = Future()
+        entry = _Entry(shard, future, True)
+        entry.size = self.manifest.shards[shard].size
+        self._entries[shard] = entry
+        index = self._indexes.get(shard)
+        if index is not None:
+            future.set_result(Fetched(shard, index, path, True))
+        else:  # the index is read off the lock
+
+            def load() -> Fetched:
+                return Fetched(shard, self._index(shard), path, True)
+
+            inner = self._pool.submit(self._retrying, load)
+            inner.add_done_callback(lambda f: _chain(f, future))
+        return entry
+
+    def _index(self, shard: int) -> ShardIndex:
+        index = self._indexes.get(shard)
+        if index is None:
+            index = read_index(self.storage, self.dataset, self.manifest.shards[shard])
+            self._indexes[shard] = index
+        return index
+
+    def _retrying(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, again while the storage fails (not for a missing object) for up to
+        ``storage_wait`` seconds; then the storage's error."""
+        deadline = time.monotonic() + self.storage_wait
+        pause = _FIRST_PAUSE
+        while True:
+            try:
+                return fn(*args)
+            except StorageNotFoundError:
+                raise
+            except StorageError as exc:
+                if time.monotonic() + pause > deadline or self._closed:
+                    raise
+                log.warning("%s: %s; trying again in %.2f s", self.dataset, exc, pause)
+                with self._lock:
+                    self._stats["retries"] += 1
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE)
+
+    def _fetch(self, shard: int, positions: list[int] | None) -> Fetched:
+        index = self._retrying(self._index, shard)
+        path = shard_path(self.dataset, index.name)
+        backend = self.storage.describe()
+        if positions is None:
+            data = self._retrying(self.storage.read, path)
+            self._check_whole(index, path, data, backend)
+            if index.checksum and checksum(data) != index.checksum:
+                with self._lock:
+                    self._stats["checksum_rereads"] += 1
+                data = self._retrying(
+                    self.storage.read, path
+                )  # a transfer's fault, or the object's?
+                self._check_whole(index, path, data, backend)
+                if checksum(data) != index.checksum:
+                    log.error("%s: shard %r: checksum %s, its index says %s", self.dataset,
+                              path, checksum(data), index.checksum)  # fmt: skip
+                    raise ShardChecksumError(
+                        f"its bytes' checksum is {checksum(data)}, its index says "
+                        f"{index.checksum} (read twice): the shard is not trained",
+                        dataset=self.dataset, path=path, backend=backend,
+                    )  # fmt: skip
+            local = self._write_local(shard, index, [(0, data)], whole=True)
+            reads = 1
+        else:
+            spans = _coalesce(index, positions)
+            pieces = []
+            for start, length in spans:
+                piece = self._retrying(self.storage.read_range, path, start, length)
+                if len(piece) != length:
+                    raise ShardFormatError(
+                        f"truncated: {start + len(piece)} bytes where its index says {index.size}",
+                        dataset=self.dataset, path=path, backend=backend,
+                    )  # fmt: skip
+                pieces.append((start, piece))
+            local = self._write_local(shard, index, pieces, whole=False)
+            data = b""
+            reads = len(spans)
+        size = len(data) if positions is None else sum(len(p) for _, p in pieces)
+        with self._lock:
+            self._stats["fetched_shards"] += 1
+            self._stats["fetched_bytes"] += size
+            self._stats["reads"] += reads
+            self._stats["ranged_reads"] += reads if positions is not None else 0
+            self._stats["partial_shards"] += positions is not None
+            entry = self._entries.get(shard)
+            if entry is not None:
+                entry.size = size
+            self._account()
+        return Fetched(shard, index, local, positions is None)
+
+    def _check_whole(self, index: ShardIndex, path: str, data: bytes, backend: str) -> None:
+        if len(data) != index.size:
+            raise ShardFormatError(
+                f"{'truncated: ' if len(data) < index.size else ''}{len(data)} bytes where its "
+                f"index says {index.size}", dataset=self.dataset, path=path, backend=backend,
+            )  # fmt: skip
+
+    def _write_local(self, shard: int, index: ShardIndex, pieces: list[tuple[int, bytes]],
+                     *, whole: bool) -> str:  # fmt: skip
+        """Write the pieces at their offsets to a new file; a whole shard with a cache
+        directory lands there (renamed in whole: a reader never sees part of one)."""
+        if whole and self.cache_dir is not None:
+            final: str | None = self._cache_path(shard)
+            fd, path = tempfile.mkstemp(dir=self.cache_dir, prefix=".strata-tmp-")
+        else:  # a name of its own: a dropped fetch of the same shard may still be writing
+            final = None
+            fd, path = tempfile.mkstemp(dir=self._temp, prefix=index.name + ".")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for offset, piece in pieces:
+                    out.seek(offset)
+                    out.write(piece)
+            if final is not None:
+                os.replace(path, final)
+                return final
+        except BaseException:
+            _unlink(path)
+            raise
+        return path
+
+
+def _coalesce(index: ShardIndex, positions: list[int]) -> list[tuple[int, int]]:
+    """The byte ranges covering the samples at ``positions``, neighbours closer than ``GAP``
+    read as one."""
+    spans = sorted((index.offsets[p], index.sizes[p]) for p in set(positions))
+    out: list[tuple[int, int]] = []
+    for start, size in spans:
+        if out and start - (out[-1][0] + out[-1][1]) < GAP:
+            first = out[-1][0]
+            out[-1] = (first, max(out[-1][1], start + size - first))
+        else:
+            out.append((start, size))
+    return out
+
+
+def _chain(source: Future[Fetched], target: Future[Fetched]) -> None:
+    if target.cancelled():
+        return
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -1,0 +1,398 @@
+"""strata_redis.shards: datasets as webdataset tars in storage (local and the S3 stand-in),
+written, indexed in place, registered and read by lease; bad input gets its error."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tarfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import numpy as np
+import pytest
+
+import strata_redis
+from strata_redis.errors import (
+    ShardChecksumError,
+    ShardFormatError,
+    ShardManifestError,
+    StorageError,
+    StorageNotFoundError,
+)
+from strata_redis.shards import (
+    ShardReader,
+    ShardWriter,
+    index_tar_shards,
+    read_manifest,
+    register_shards,
+)
+from strata_redis.shards.index import index_path, shard_path
+from strata_redis.storage import LocalStorage, S3Storage, Storage
+
+from .shardstores import Counting, Outage, sample_bytes, sample_id
+
+DATASET = "ds"
+
+
+@pytest.fixture
+def s3(s3_endpoint: str) -> Iterator[S3Storage]:
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket="shards")
+    client.close()
+    with S3Storage("shards", endpoint_url=s3_endpoint, prefix="data", max_attempts=2) as storage:
+        yield storage
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    if request.param == "local":
+        return LocalStorage(tmp_path / "root")
+    return request.getfixturevalue("s3")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Counting:
+    return Counting(LocalStorage(tmp_path / "root"))
+
+
+def _write(storage: Storage, total: int = 95, per: int = 10) -> None:
+    with ShardWriter(storage, DATASET, samples_per_shard=per) as writer:
+        for i in range(total):
+            writer.write(sample_bytes(i))
+
+
+def _orchestrator(url: str, job_id: str, tmp: Path, **kwargs: Any) -> Any:
+    return strata_redis.TrainingOrchestrator(
+        coordinator_url=url, worker_id=kwargs.pop("worker_id", "w0"), job_id=job_id,
+        checkpoint_path=tmp / "ckpt", last_call=0.1, heartbeat_timeout=3.0, **kwargs,
+    )  # fmt: skip
+
+
+def _register(url: str, job_id: str, storage: Storage) -> strata_redis.DatasetParams:
+    manager = strata_redis.ShardManager(url, job_id=job_id)
+    try:
+        return register_shards(manager, storage, DATASET)
+    finally:
+        manager.job.close()
+
+
+def _epoch(reader: ShardReader) -> Counter[int]:
+    seen: Counter[int] = Counter()
+    for batch in reader.batches():
+        for sample in batch:
+            assert sample_id(sample["bin"]) == sample["__id__"], sample
+            assert sample["__key__"] == f"{sample['__id__']:09d}"
+            seen[sample["__id__"]] += 1
+    return seen
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def test_the_writer_makes_webdataset_tars_indexed_and_a_manifest(storage: Storage) -> None:
+    with ShardWriter(storage, DATASET, samples_per_shard=4) as writer:
+        for i in range(10):
+            writer.write({"__key__": f"s/{i:03d}", "txt": f"sample {i}", "npy": np.arange(i)})
+    shards = writer.shard_set
+    assert (shards.total, shards.num_shards, shards.samples_per_shard) == (10, 3, 4)
+    manifest = read_manifest(storage, DATASET)
+    assert [(s.name, s.count) for s in manifest.shards] == [
+        ("shard-000000.tar", 4), ("shard-000001.tar", 4), ("shard-000002.tar", 2)
+    ]  # fmt: skip
+    data = storage.read(shard_path(DATASET, "shard-000001.tar"))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # any tar reader reads it
+        assert tar.getnames()[:2] == ["s/004.txt", "s/004.npy"]
+        assert tar.extractfile("s/005.txt").read() == b"sample 5"  # type: ignore[union-attr]
+    import orjson
+
+    index = orjson.loads(storage.read(index_path(DATASET, "shard-000001.tar")))
+    start, size = index["offsets"][1], index["sizes"][1]
+    # a sample's span is a small tar of its own: exactly its members
+    with tarfile.open(fileobj=io.BytesIO(data[start : start + size] + bytes(1024))) as part:
+        assert part.getnames() == ["s/005.txt", "s/005.npy"]
+        assert part.extractfile("s/005.npy").read() == np.arange(5).tobytes()  # type: ignore[union-attr]
+    assert (
+        storage.read_range(shard_path(DATASET, "shard-000001.tar"), start, size)
+        == (data[start : start + size])
+    )
+
+
+def test_the_writer_refuses_bad_samples(tmp_path: Path) -> None:
+    writer = ShardWriter(LocalStorage(tmp_path), DATASET, samples_per_shard=2)
+    with pytest.raises(TypeError, match="sample must be bytes or a mapping"):
+        writer.write(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"no '\.' in its last name"):
+        writer.write({"__key__": "a.b", "bin": b"x"})
+    with pytest.raises(ValueError, match="has no field"):
+        writer.write({"__key__": "a"})
+    with pytest.raises(ValueError, match="no sample was written"):
+        writer.close()
+
+
+# -- existing tars, indexed in place ---------------------------------------------------------------
+def _webdataset_tar(first: int, count: int, *, long_names: bool = False) -> bytes:
+    """A tar as ``webdataset.TarWriter`` (Python's tarfile, pax format) writes one."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(first, first + count):
+            key = ("d" * 120 + "/" if long_names else "") + f"{i:09d}"
+            for field, data in (("bin", sample_bytes(i)), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"{key}.{field}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()  # (padded to tarfile's 10 KiB records: bytes past the end marker)
+
+
+@pytest.mark.parametrize("checksums", [False, True])
+def test_existing_tars_are_indexed_in_place(
+    storage: Storage, redis_url: str, job_id: str, tmp_path: Path, checksums: bool
+) -> None:
+    tars = {f"part-{n:02d}.tar": _webdataset_tar(n * 7, 7 if n < 4 else 3, long_names=n == 1)
+            for n in range(5)}  # fmt: skip
+    for name, data in tars.items():
+        storage.write(shard_path(DATASET, name), data)
+    counting = Counting(storage)
+    manifest = index_tar_shards(counting, DATASET, checksums=checksums)
+    assert [s.count for s in manifest.shards] == [7, 7, 7, 7, 3]
+    assert sorted(storage.list(f"{DATASET}/shards/")) == sorted(
+        [shard_path(DATASET, n) for n in tars] + [index_path(DATASET, n) for n in tars]
+        + [f"{DATASET}/shards/index.json"]
+    )  # fmt: skip
+    if not checksums:  # headers only: ranged reads, never the whole object
+        assert not counting.reads and counting.ranged
+        assert all(s.checksum == "" for s in manifest.shards)
+    params = _register(redis_url, job_id, storage)
+    assert (params.total_samples, params.samples_per_shard) == (31, 7)
+    with _orchestrator(redis_url, job_id, tmp_path) as orch, ShardReader(
+        orch, DATASET, storage, batch_size=3
+    ) as reader:  # fmt: skip
+        seen: Counter[int] = Counter()
+        for batch in reader.batches():
+            for sample in batch:
+                i = sample["__id__"]
+                assert sample["bin"] == sample_bytes(i) and sample["cls"] == str(i).encode()
+                assert sample["__key__"].endswith(f"{i:09d}")
+                seen[i] += 1
+    assert seen == Counter(range(31))
+
+
+def test_unequal_shards_are_refused_but_a_shorter_last_one(tmp_path: Path) -> None:
+    """The lease unit is one shard of ``samples_per_shard`` ids: shards of unequal counts
+    (but the last) have no such mapping, and are refused rather than padded."""
+    storage = LocalStorage(tmp_path)
+    for n, count in enumerate([5, 4, 5]):
+        storage.write(shard_path(DATASET, f"p{n}.tar"), _webdataset_tar(n * 5, count))
+    with pytest.raises(ShardManifestError, match=r"'p1.tar' holds 4 samples where every shard"):
+        index_tar_shards(storage, DATASET)
+    storage.write(shard_path(DATASET, "p1.tar"), _webdataset_tar(5, 5))
+    assert index_tar_shards(storage, DATASET).total == 15
+
+
+def test_a_tar_cut_short_is_refused_when_indexed(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    data = _webdataset_tar(0, 5)
+    storage.write(shard_path(DATASET, "p0.tar"), data[:2000])
+    with pytest.raises(ShardFormatError, match=r"p0.tar'.*(truncated|ends)"):
+        index_tar_shards(storage, DATASET)
+
+
+# -- registering -----------------------------------------------------------------------------------
+def test_register_refuses_a_manifest_the_storage_does_not_match(
+    local: Counting, redis_url: str, job_id: str
+) -> None:
+    _write(local, total=40, per=10)
+    params = _register(redis_url, job_id, local)
+    assert (params.total_samples, params.samples_per_shard, params.num_shards) == (40, 10, 4)
+    local.delete(shard_path(DATASET, "shard-000002.tar"))
+    with pytest.raises(ShardManifestError, match=r"lists 4 shards but 1 objects it names are not"):
+        _register(redis_url, job_id, local)
+    local.write(shard_path(DATASET, "shard-000002.tar"), b"x")
+    local.write(shard_path(DATASET, "stray.tar"), b"x")
+    with pytest.raises(ShardManifestError, match=r"1 tars in storage are not in it \(\['stray"):
+        _register(redis_url, job_id, local)
+    with pytest.raises(StorageNotFoundError, match=r"index\.json"):
+        _register(redis_url, job_id, Counting(LocalStorage(local.inner.root + "-none")))  # type: ignore[attr-defined]
+
+
+def test_a_dataset_registered_with_other_counts_is_refused(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(local, total=95, per=10)
+    strata_redis.ShardManager(redis_url, job_id=job_id).register_dataset_params(DATASET, 95, 8)
+    with _orchestrator(redis_url, job_id, tmp_path) as orch, pytest.raises(
+        ShardManifestError, match=r"registered with 95 samples in shards of 8 \(12 shards\), but"
+    ):  # fmt: skip
+        ShardReader(orch, DATASET, local)
+
+
+# -- reading by lease ------------------------------------------------------------------------------
+def test_a_plain_loop_reads_every_sample_once_per_epoch_prefetching_within_its_bound(
+    storage: Storage, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(storage)
+    params = _register(redis_url, job_id, storage)
+    with _orchestrator(redis_url, job_id, tmp_path) as orch:
+        reader = ShardReader(orch, DATASET, storage, batch_size=4, prefetch=2)
+        for _ in range(orch.epoch, 2):
+            assert _epoch(reader) == Counter(range(params.total_samples))
+            orch.advance_epoch()
+        stats = reader.stats()
+        reader.close()
+    assert stats["fetched_shards"] == 2 * params.num_shards
+    assert stats["prefetch_hits"] > 0, stats  # the background fetch ran ahead of the loop
+    assert stats["max_ahead_shards"] <= 2, stats  # the stated bound
+    assert stats["held_shards"] == 0 and stats["held_bytes"] == 0, stats  # all released
+
+
+def test_a_cache_dir_keeps_shards_within_its_size_limit(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(local)
+    shard_bytes = read_manifest(local, DATASET).shards[0].size
+    _register(redis_url, job_id, local)
+    cache = tmp_path / "cache"
+    with _orchestrator(redis_url, job_id, tmp_path) as orch:
+        reader = ShardReader(orch, DATASET, local, batch_size=4, cache_dir=cache,
+                             cache_bytes=3 * shard_bytes)  # fmt: skip
+        for _ in range(orch.epoch, 2):
+            assert _epoch(reader) == Counter(range(95))
+            cached = [f for f in (cache / DATASET).iterdir() if not f.name.startswith(".")]
+            assert sum(f.stat().st_size for f in cached) <= 3 * shard_bytes
+            orch.advance_epoch()
+        reader.close()
+    stats = reader.stats()
+    assert stats["evicted"] > 0 and stats["cached_bytes"] <= 3 * shard_bytes, stats
+    # a second run on the same cache reads what it holds from disk, not from storage
+    with _orchestrator(redis_url, job_id, tmp_path) as orch:
+        local.reads.clear()
+        reader = ShardReader(orch, DATASET, local, batch_size=4, cache_dir=cache)
+        assert _epoch(reader) == Counter(range(95))
+        reader.close()
+    assert reader.stats()["cache_hits"] == 3
+    assert sum(n for p, n in local.reads.items() if p.endswith(".tar")) == 10 - 3
+
+
+def test_a_resume_mid_shard_reads_no_done_shard_and_the_rest_by_range(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    """Resuming costs the same whatever was done before: no done shard is read again, a
+    shard done part-way is read by ranges (only what is left), and every sample comes once
+    relative to the checkpoint."""
+    _write(local, total=200, per=10)
+    _register(redis_url, job_id, local)
+    trained: list[int] = []
+    with _orchestrator(redis_url, job_id, tmp_path,
+                       state_provider=lambda: np.asarray(trained).tobytes()) as orch:  # fmt: skip
+        reader = ShardReader(orch, DATASET, local, batch_size=4)
+        for step, batch in enumerate(reader.batches(), 1):
+            trained.extend(s["__id__"] for s in batch)
+            if step == 23:  # 7 shards (3 batches each) and 2 batches of the 8th
+                orch.save_checkpoint(step=step, epoch=0)
+                orch.wait_for_checkpoints(30)
+                break
+        reader.close()
+    done_shards = {i // 10 for i in trained} - {trained[-1] // 10}
+    assert len(done_shards) == 7
+    local.reads.clear()
+    local.ranged.clear()
+    with _orchestrator(redis_url, job_id, tmp_path) as orch:
+        assert orch.resumed is not None
+        reader = ShardReader(orch, DATASET, local, batch_size=4)
+        after = _epoch(reader)
+        stats = reader.stats()
+        reader.close()
+    assert Counter(trained) + after == Counter(range(200))
+    read = {p for p in [*local.reads, *local.ranged] if p.endswith(".tar")}
+    assert not read & {shard_path(DATASET, f"shard-{s:06d}.tar") for s in done_shards}
+    partial = shard_path(DATASET, f"shard-{trained[-1] // 10:06d}.tar")
+    assert local.ranged[partial] >= 1 and local.reads[partial] == 0
+    assert stats["partial_shards"] == 1 and stats["fetched_shards"] == 20 - 7
+
+
+# -- bad input -------------------------------------------------------------------------------------
+def _read_all(url: str, job: str, tmp: Path, storage: Storage, **kwargs: Any) -> Counter[int]:
+    with (
+        _orchestrator(url, job, tmp) as orch,
+        ShardReader(orch, DATASET, storage, batch_size=4, **kwargs) as reader,
+    ):
+        return _epoch(reader)
+
+
+def test_a_shard_whose_checksum_does_not_match_is_named_not_done_and_not_retried(
+    storage: Storage, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(storage, total=30, per=10)
+    _register(redis_url, job_id, storage)
+    path = shard_path(DATASET, "shard-000001.tar")
+    data = bytearray(storage.read(path))
+    data[600] ^= 0xFF  # a flipped bit in a sample's bytes: the same size
+    storage.write(path, bytes(data))
+    start = time.monotonic()
+    with pytest.raises(
+        ShardChecksumError, match=re.escape(f"{path!r}: its bytes' checksum")
+    ) as info:
+        _read_all(redis_url, job_id, tmp_path, storage, prefetch=0)
+    assert time.monotonic() - start < 30  # (not retried forever: raised, not waited on)
+    assert info.value.path == path and info.value.dataset == DATASET
+    with strata_redis.connect(redis_url, job_id) as job:
+        assert 1 not in job.leases(DATASET, 0, "reader").completions()
+
+
+def test_a_missing_shard_object_is_the_storages_not_found(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(local, total=30, per=10)
+    _register(redis_url, job_id, local)
+    local.delete(shard_path(DATASET, "shard-000002.tar"))
+    with pytest.raises(StorageNotFoundError, match=r"no object at 'ds/shards/shard-000002.tar'"):
+        _read_all(redis_url, job_id, tmp_path, local)
+
+
+def test_a_truncated_shard_is_refused_naming_it(
+    storage: Storage, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(storage, total=30, per=10)
+    _register(redis_url, job_id, storage)
+    path = shard_path(DATASET, "shard-000000.tar")
+    storage.write(path, storage.read(path)[:3000])
+    with pytest.raises(ShardFormatError, match=re.escape(f"{path!r}: truncated: 3000 bytes")):
+        _read_all(redis_url, job_id, tmp_path, storage)
+
+
+def test_a_storage_outage_mid_epoch_is_waited_out(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(local, total=95, per=10)
+    _register(redis_url, job_id, local)
+    flaky = Outage(local.inner, after=4, fail=6)
+    assert _read_all(redis_url, job_id, tmp_path, flaky) == Counter(range(95))
+    assert flaky.failed == 6
+
+
+def test_a_storage_outage_longer_than_storage_wait_raises_the_storages_error(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(local, total=95, per=10)
+    _register(redis_url, job_id, local)
+    down = Outage(local.inner, after=4, fail=None)
+    with pytest.raises(StorageError, match="Connection refused"):
+        _read_all(redis_url, job_id, tmp_path, down, storage_wait=0.5)
+    assert down.failed >= 2  # it did wait (retried) before giving up
+
+
+def test_cleanup_leaves_no_temporary_file(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(local, total=30, per=10)
+    _register(redis_url, job_id, local)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert _read_all(redis_url, job_id, tmp_path, local) == Counter(range(30))
+    assert os.listdir(tmp_path / "tmp") == []
