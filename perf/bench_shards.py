@@ -22,8 +22,9 @@ Rows (``<results>/shards.json`` and ``shards.md``; printed):
   ``StreamingDataLoader``, strata's ``strata_redis.torch.DataLoader``: both are torch
   ``DataLoader`` subclasses), from the loader's first ``iter`` to its last batch, each row in a
   fresh process (litdata's obstore runtime and MosaicML's shared memory are per process),
-  caches empty (litdata's and MosaicML's local caches in a fresh directory); every row's
-  sample count is checked (``--check-ids``: each id once, on in the smoke form); and ``×
+  caches empty (litdata's and MosaicML's local caches in a fresh directory; the smoke form
+  runs every row in one process, ``--in-process``, to be quick); every row's
+  sample count is checked (``--check-ids``: each id once, on in the smoke form); and ``x
   floor``: over the raw floor at the same store and ``num_workers``. The raw floor reads each
   shard whole (one read, or one GET) in the DataLoader worker that owns it (``worker_id``
   modulo ``num_workers``), finds the members by their tar headers and yields them: no
@@ -69,10 +70,16 @@ if __package__:
 else:  # python perf/bench_shards.py
     import shards_peers as peers  # type: ignore[no-redef]
 
-SMOKE = {"samples": 2_000, "shards": 10, "workers": [0, 2], "stores": ["local"]}
-FULL = {"samples": 200_000, "shards": 200, "workers": [0, 2, 4], "stores": ["local", "s3"]}
+SMOKE = {
+    "samples": 2_000,
+    "shards": 10,
+    "workers": [0, 2],
+    "stores": ["local"],
+    "resume_at": [10, 100],
+}
+FULL = {"samples": 200_000, "shards": 200, "workers": [0, 2, 4], "stores": ["local", "s3"],
+        "resume_at": [10, 10**6]}  # fmt: skip
 BATCH = 256
-RESUME_AT = (10, 10**6)
 READER_NAMES = {"floor": peers.Floor, "strata": peers.Strata, "litdata": peers.Litdata,
                 "mosaic": peers.Mosaic, "webdataset": peers.Webdataset}  # fmt: skip
 ROW_TIMEOUT = 1200
@@ -159,11 +166,12 @@ def _throughput(reader: peers.Reader, run: peers.Run, check_ids: bool) -> dict[s
             if check_ids:
                 ids.extend(peers.sample_id(p) for p in batch)
         took = time.perf_counter() - began
-    out: dict[str, Any] = {"samples": seen, "seconds": round(took, 3),
-                           "samples_per_s": round(seen / took), "peak_rss_mib": rss.delta_mib}  # fmt: skip
+    out: dict[str, Any] = {"samples": seen, "seconds": round(took, 3)}
+    out.update(samples_per_s=round(seen / took), peak_rss_mib=rss.delta_mib)
     if check_ids:
         out["distinct"] = len(set(ids))
         out["ids_ok"] = sorted(ids) == list(range(run.corpus.samples))
+    out.update(reader.stats())
     if seen != run.corpus.samples:
         out["error"] = f"{seen} samples, expected {run.corpus.samples}"
     return out
@@ -187,12 +195,14 @@ def _resume(reader: peers.Reader, run: peers.Run, batches: int, cap: int) -> dic
             out["capped_at"] = cap
             out["extrapolated_s"] = round(took * (batches + 1) / (skip + 1), 1)
         return out
+    prepared = reader.prepare_resume(run, in_epoch, epoch)
     began = time.perf_counter()
-    loader = reader.resume(run, in_epoch, epoch)
+    loader = reader.resume(run, in_epoch, epoch, prepared)
     first = next(iter(loader))
     out["seconds"] = round(time.perf_counter() - began, 3)
     out["first_id"] = peers.sample_id(first[0])
-    out["expected_first_id"] = in_epoch
+    if not isinstance(reader, peers.Strata):  # (strata's order is the epoch's shuffle)
+        out["expected_first_id"] = in_epoch
     return out
 
 
@@ -213,10 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=BATCH)
     parser.add_argument("--skip-cap", type=int, default=700, help="webdataset's skip cap")
     parser.add_argument("--no-resume", action="store_true")
+    parser.add_argument("--resume-at", help="batches done, e.g. 10,1000000 (--full's)")
     parser.add_argument("--check-ids", action=argparse.BooleanOptionalAction)
     parser.add_argument("--dir", help="where the corpus goes (default: a temp dir, removed)")
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
+    parser.add_argument(
+        "--in-process",
+        action=argparse.BooleanOptionalAction,
+        help="every row in this process (the smoke form's default: faster)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a row's spec (JSON): internal
     args = parser.parse_args(argv)
     if args.one:
@@ -228,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     workers = [int(w) for w in args.workers.split(",")] if args.workers else size["workers"]
     stores = args.stores.split(",") if args.stores else size["stores"]
     readers = args.readers.split(",")
+    resume_at = [int(b) for b in args.resume_at.split(",")] if args.resume_at else size[
+        "resume_at"]  # fmt: skip
     check_ids = args.check_ids if args.check_ids is not None else not args.full
+    in_process = args.in_process if args.in_process is not None else not args.full
     global ROW_TIMEOUT
     ROW_TIMEOUT = ROW_TIMEOUT if args.full or args.samples else 120
     args.results.mkdir(parents=True, exist_ok=True)
@@ -250,20 +269,21 @@ def main(argv: list[str] | None = None) -> int:
         took = peers.write_corpus(corpus)
         print("  " + ", ".join(f"{k} {v:.1f} s" for k, v in took.items()), flush=True)
         common = {"corpus": vars(corpus), "batch_size": args.batch_size, "scratch": base,
-                  "redis_url": redis_url, "skip_cap": args.skip_cap, "check_ids": check_ids}  # fmt: skip
+                  "redis_url": redis_url, "skip_cap": args.skip_cap,
+                  "check_ids": check_ids}  # fmt: skip
         rows: list[dict[str, Any]] = []
         for store in stores:
             for nw in workers:
                 for name in readers:
                     spec = {**common, "kind": "throughput", "reader": name, "store": store,
                             "num_workers": nw}  # fmt: skip
-                    rows.append(_run_row(spec))
+                    rows.append(_run_row(spec, in_process))
             if not args.no_resume:
                 for name in readers:
-                    for batches in RESUME_AT:
+                    for batches in resume_at:
                         spec = {**common, "kind": "resume", "reader": name, "store": store,
                                 "num_workers": 0, "batches_done": batches}  # fmt: skip
-                        rows.append(_run_row(spec))
+                        rows.append(_run_row(spec, in_process))
     summary = summarize(rows, samples, shards, args.batch_size)
     (args.results / "shards.json").write_text(json.dumps(summary, indent=2))
     table = tables(summary)
@@ -286,11 +306,20 @@ def _moto() -> Any:
         server.stop()
 
 
-def _run_row(spec: dict[str, Any]) -> dict[str, Any]:
-    """One row in a fresh process (``--one``); a crash or a timeout is the row's error."""
+def _run_row(spec: dict[str, Any], in_process: bool = False) -> dict[str, Any]:
+    """One row in a fresh process (``--one``), or in this one; a crash or a timeout is the
+    row's error."""
     label = f"{spec['kind']} {spec['reader']} {spec['store']} nw={spec['num_workers']}"
     if spec["kind"] == "resume":
         label += f" at {spec['batches_done']:,} batches"
+    if in_process:
+        try:
+            row = one_row(spec)
+        except Exception as exc:
+            row = {k: spec[k] for k in ("kind", "reader", "store", "num_workers")}
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"  {label}: {_brief(row)}", flush=True)
+        return row
     cmd = [sys.executable, "-m", "perf.bench_shards", "--one", json.dumps(spec)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
@@ -351,7 +380,8 @@ def tables(summary: dict[str, Any]) -> str:
         f"{summary['shards']} shards, batches of {summary['batch_size']}, "
         f"{summary['cores']} cores",
         "",
-        "| reader | store | num_workers | samples/s | × floor | samples | peak memory Δ MiB (PSS) | note |",
+        "| reader | store | num_workers | samples/s | x floor | samples "
+        "| peak memory Δ MiB (PSS) | note |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in (r for r in rows if r["kind"] == "throughput"):
@@ -382,10 +412,15 @@ def tables(summary: dict[str, Any]) -> str:
         out.append(f"| {name} | {r['store']} | {r['batches_done']:,} | {r['seconds']} | {note} |")
     strata = [r for r in rows if r["reader"] == "strata" and "peak_rss_mib" in r]
     if strata:
-        out += ["", f"strata prefetch bound: 2 shards = {summary['strata_prefetch_bound_mib']} "
-                "MiB per lease-holding process; measured peak PSS Δ: "
-                + ", ".join(f"{r['store']} nw={r['num_workers']}: {r['peak_rss_mib']} MiB"
-                            for r in strata)]  # fmt: skip
+        out += ["", f"strata's prefetch, stated bound: 2 shards ahead "
+                f"(~{summary['strata_prefetch_bound_mib']} MiB of shard files); measured:", "",
+                "| store | num_workers | shards held at most | bytes held at most, MiB | "
+                "peak memory Δ MiB (PSS) |", "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        for r in strata:
+            held = r.get("max_held_bytes")
+            mib = "" if held is None else round(held / 2**20, 1)
+            out.append(f"| {r['store']} | {r['num_workers']} | {r.get('max_held_shards', '')} "
+                       f"| {mib} | {r['peak_rss_mib']} |")  # fmt: skip
     return "\n".join(out) + "\n"
 
 

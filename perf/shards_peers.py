@@ -125,6 +125,14 @@ def write_corpus(corpus: Corpus) -> dict[str, float]:
         began = time.perf_counter()
         upload_tree(corpus.endpoint_url, corpus.root)
         took["upload"] = time.perf_counter() - began
+    began = time.perf_counter()
+    for store in ("local", "s3") if corpus.endpoint_url else ("local",):
+        try:
+            from strata_redis.shards import index_tar_shards
+        except ImportError:
+            break
+        index_tar_shards(strata_storage(corpus, store), DATASET)  # strata's index, in place
+        took[f"strata index ({store})"] = time.perf_counter() - began
     return took
 
 
@@ -283,8 +291,9 @@ class Run:
 
 class Reader:
     """A reader under test. ``loader(run)`` is an iterable of batches (lists of bytes);
-    ``resume(run, samples_done, epoch)`` returns an iterable whose first batch is the one after
-    that position, built from the reader's own resume state. ``missing()`` says why the
+    ``resume(run, samples_done, epoch, prepared)`` returns an iterable whose first batch is
+    the one after that position, built from the reader's own resume state (what
+    ``prepare_resume`` saved, untimed). ``missing()`` says why the
     reader cannot run, or ``None``."""
 
     name = ""
@@ -296,8 +305,16 @@ class Reader:
     def loader(self, run: Run) -> Any:
         raise NotImplementedError
 
-    def resume(self, run: Run, samples_done: int, epoch: int) -> Any:
+    def prepare_resume(self, run: Run, samples_done: int, epoch: int) -> Any:
+        """What ``resume`` starts from (untimed): the reader's saved state at the position."""
+        return None
+
+    def resume(self, run: Run, samples_done: int, epoch: int, prepared: Any) -> Any:
         raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:
+        """The reader's own figures after a run (strata: its prefetch's)."""
+        return {}
 
     def close(self) -> None:
         """Release what a run left (shared memory, jobs)."""
@@ -368,7 +385,7 @@ class Floor(Reader):
 
         return _loader(type("Floor", (_FloorDataset, IterableDataset), {})(run), run)
 
-    def resume(self, run: Run, samples_done: int, epoch: int) -> Any:
+    def resume(self, run: Run, samples_done: int, epoch: int, prepared: Any) -> Any:
         from torch.utils.data import IterableDataset
 
         per = run.corpus.per_shard
@@ -399,7 +416,7 @@ class Webdataset(Reader):
     def loader(self, run: Run) -> Any:
         return _loader(self._dataset(run), run)
 
-    def resume(self, run: Run, samples_done: int, epoch: int) -> Any:
+    def resume(self, run: Run, samples_done: int, epoch: int, prepared: Any) -> Any:
         raise NotImplementedError("webdataset has no resume state: skip by iterating")
 
 
@@ -441,7 +458,7 @@ class Litdata(Reader):
     def loader(self, run: Run) -> Any:
         return self._streaming_loader(run)
 
-    def resume(self, run: Run, samples_done: int, epoch: int) -> Any:
+    def prepare_resume(self, run: Run, samples_done: int, epoch: int) -> Any:
         # the state its StreamingDataLoader.state_dict() gives after `samples_done` samples of
         # epoch `epoch` (taken after one real batch, then moved to the position)
         loader = self._streaming_loader(run)
@@ -453,8 +470,11 @@ class Litdata(Reader):
         state["dataset"]["num_samples_yielded"] = samples_done
         state["dataset"]["sample_in_epoch"] = samples_done
         state["dataset"]["current_epoch"] = epoch + 1
+        return json.loads(json.dumps(state))
+
+    def resume(self, run: Run, samples_done: int, epoch: int, prepared: Any) -> Any:
         fresh = self._streaming_loader(run)
-        fresh.load_state_dict(state)
+        fresh.load_state_dict(prepared)
         return fresh
 
 
@@ -478,9 +498,7 @@ class Mosaic(Reader):
             streaming.base.util.clean_stale_shared_memory()
         local = os.path.join(run.corpus.root, MDS)
         if run.store == "local":
-            return streaming.StreamingDataset(
-                local=local, shuffle=False, batch_size=run.batch_size
-            )
+            return streaming.StreamingDataset(local=local, shuffle=False, batch_size=run.batch_size)
         os.environ["S3_ENDPOINT_URL"] = run.corpus.endpoint_url or ""
         return streaming.StreamingDataset(
             remote=f"s3://{BUCKET}/{MDS}", local=os.path.join(run.scratch, "mds-cache"),
@@ -490,7 +508,7 @@ class Mosaic(Reader):
     def loader(self, run: Run) -> Any:
         return _loader(_MosaicPayload(self._dataset(run)), run)
 
-    def resume(self, run: Run, samples_done: int, epoch: int) -> Any:
+    def resume(self, run: Run, samples_done: int, epoch: int, prepared: Any) -> Any:
         dataset = self._dataset(run)
         state = dataset.state_dict(0, True)
         state.update(epoch=epoch, sample_in_epoch=samples_done)
@@ -522,15 +540,16 @@ class _MosaicPayload:
 
 
 class Strata(Reader):
-    """``strata_redis.torch.ShardDataset`` over the same tar shards, in place, through
-    ``strata_redis.torch.DataLoader``: one job per run, one worker holding the leases."""
+    """``strata_redis.torch.ShardDataset`` over the same tar shards, in place (indexed once
+    by ``index_tar_shards``), through ``strata_redis.torch.DataLoader``: a job of its own per
+    row, one training worker holding the leases, the DataLoader's workers reading them."""
 
     name = "strata"
-    note = "ShardDataset, prefetch=2 shards"
-    _jobs: list[Any]
+    note = "ShardDataset(prefetch=2), its shuffled order"
 
     def __init__(self) -> None:
-        self._jobs = []
+        self._open: list[Any] = []
+        self.fetch_stats: dict[str, Any] = {}
 
     def missing(self) -> str | None:
         try:
@@ -540,61 +559,95 @@ class Strata(Reader):
             return "strata_redis.shards not available"
         return None
 
-    def _storage(self, run: Run) -> Any:
-        from strata_redis.storage import LocalStorage, S3Storage
+    def _orchestrator(self, run: Run, job_id: str) -> Any:
+        import strata_redis
 
-        if run.store == "local":
-            return LocalStorage(os.path.join(run.corpus.root, TAR))
-        return S3Storage(BUCKET, "us-east-1", run.corpus.endpoint_url, prefix=TAR)
+        assert run.redis_url, "strata needs a Redis"
+        orch = strata_redis.TrainingOrchestrator(
+            run.redis_url, "w0", job_id=job_id, max_workers=1, last_call=0.01,
+            checkpoint_path=os.path.join(run.scratch, "ckpt", job_id),
+        )  # fmt: skip
+        self._open.append(orch)
+        return orch
 
-    def _dataset(self, run: Run) -> Any:
+    def _new_job(self, run: Run) -> str:
         import uuid
 
         import strata_redis
-        from strata_redis.shards import index_tar_shards, register_shards
-        from strata_redis.torch import ShardDataset
+        from strata_redis.shards import register_shards
 
-        assert run.redis_url, "strata needs a Redis (--redis-url or a private server)"
-        storage = self._storage(run)
-        if not storage.exists(f"{DATASET}/shards/index.json") and not _indexed(run):
-            index_tar_shards(storage, DATASET)
-            _INDEXED.add((run.corpus.root, run.store))
         job_id = f"bench-shards-{uuid.uuid4().hex[:8]}"
-        orch = strata_redis.TrainingOrchestrator(
-            run.redis_url, "w0", job_id=job_id,
-            checkpoint_path=os.path.join(run.scratch, "ckpt"), max_workers=1,
+        manager = strata_redis.ShardManager(run.redis_url, job_id=job_id)
+        try:
+            register_shards(manager, strata_storage(run.corpus, run.store), DATASET)
+        finally:
+            manager.job.close()
+        return job_id
+
+    def _loader(self, run: Run, orch: Any) -> Any:
+        from strata_redis.torch import DataLoader, ShardDataset
+
+        dataset = ShardDataset(
+            orch, DATASET, strata_storage(run.corpus, run.store), batch_size=run.batch_size,
+            prefetch=2, decode=strata_payload,
         )  # fmt: skip
-        self._jobs.append(orch)
-        register_shards(orch, storage, DATASET)
-        return ShardDataset(orch, DATASET, storage, prefetch=2, decode=_identity)
+        self._open.insert(0, dataset)
+        dataset.set_epoch(orch.epoch)
+        self._dataset = dataset
+        return DataLoader(dataset, num_workers=run.num_workers, collate_fn=list)
 
     def loader(self, run: Run) -> Any:
-        from strata_redis.torch import DataLoader
+        return self._loader(run, self._orchestrator(run, self._new_job(run)))
 
-        return DataLoader(
-            self._dataset(run), batch_size=run.batch_size, num_workers=run.num_workers,
-            collate_fn=list,
-        )  # fmt: skip
+    def stats(self) -> dict[str, Any]:
+        with contextlib.suppress(Exception):
+            return dict(self._dataset.stats())
+        return {}
 
-    def resume(self, run: Run, samples_done: int, epoch: int) -> Any:
-        raise NotImplementedError("strata's resume is measured in bench_shards once it exists")
+    def prepare_resume(self, run: Run, samples_done: int, epoch: int) -> Any:
+        # a job moved to `epoch` (advance_epoch), `samples_done` of it trained (whole batches
+        # of the loader, so a few less where a batch ends at a shard's end), a checkpoint of
+        # its data position saved; then closed: the resume starts from that checkpoint
+        job_id = self._new_job(run)
+        orch = self._orchestrator(run, job_id)
+        for _ in range(epoch):
+            orch.advance_epoch()
+        step = 0
+        if samples_done:
+            trained = 0
+            for batch in self._loader(run, orch):
+                trained += len(batch)
+                step += 1
+                if trained + run.batch_size > samples_done:
+                    break
+        orch.save_checkpoint(step=step, epoch=epoch)
+        orch.wait_for_checkpoints(60)
+        self.close()
+        return job_id
+
+    def resume(self, run: Run, samples_done: int, epoch: int, prepared: Any) -> Any:
+        return self._loader(run, self._orchestrator(run, prepared))
 
     def close(self) -> None:
-        for orch in self._jobs:
+        for thing in self._open:
             with contextlib.suppress(Exception):
-                orch.close()
-        self._jobs.clear()
+                thing.close()
+        self._open.clear()
 
 
-_INDEXED: set[tuple[str, str]] = set()
+def strata_storage(corpus: Corpus, store: str) -> Any:
+    """The tar shards as a strata ``Storage``: ``LocalStorage(root/tar)`` or the bucket
+    under the prefix ``tar``."""
+    from strata_redis.storage import LocalStorage, S3Storage
+
+    if store == "local":
+        return LocalStorage(os.path.join(corpus.root, TAR))
+    return S3Storage(BUCKET, "us-east-1", corpus.endpoint_url, prefix=TAR)
 
 
-def _indexed(run: Run) -> bool:
-    return (run.corpus.root, run.store) in _INDEXED
-
-
-def _identity(payload: Any) -> Any:
-    return payload
+def strata_payload(sample: dict[str, Any]) -> bytes:
+    """A strata sample dict's payload (its ``.bin`` member)."""
+    return bytes(sample["bin"])
 
 
 READERS: list[Callable[[], Reader]] = [Floor, Strata, Litdata, Mosaic, Webdataset]
