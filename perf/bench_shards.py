@@ -37,11 +37,16 @@ Rows (``<results>/shards.json`` and ``shards.md``; printed):
   sample ``done % samples`` in it (with 200,000 samples, 10^6 batches of 256 is the start of
   epoch 1,280). litdata: its ``StreamingDataLoader.state_dict()`` moved to that position;
   MosaicML: ``StreamingDataset.load_state_dict`` with ``epoch`` and ``sample_in_epoch``;
+  strata: a job moved to the epoch (``advance_epoch``), trained to the sample (whole
+  batches) and checkpointed, then a new orchestrator resumes from that checkpoint (timed
+  from building the orchestrator);
   the raw floor: a ranged read from the member's offset; webdataset has no resume state, so
   it skips by iterating: at most ``--skip-cap`` batches (700) are iterated and timed, and the
   row reports the cap and the time extrapolated to all of them.
-- **prefetch memory** (strata): the bound its prefetch states (``prefetch`` shards in
-  memory per lease-holding process) beside the peak memory (PSS) delta measured.
+- **prefetch memory** (strata): the bound its prefetch states (``prefetch`` shards fetched
+  ahead, to local files, in the lease-holding process) beside what its ``stats()`` saw at
+  most (shards ahead; shards held: ahead and in use by batches in flight) and the peak
+  memory (PSS) delta measured.
 
 The peers' install traps and how this bench works around each are in
 ``perf/shards_peers.py``'s docstring; a peer that cannot be imported gets a row ``not
@@ -133,6 +138,8 @@ def one_row(spec: dict[str, Any]) -> dict[str, Any]:
     corpus = peers.Corpus(**spec["corpus"])
     row: dict[str, Any] = {k: spec[k] for k in ("kind", "reader", "store", "num_workers")}
     row["name"] = reader.name
+    if spec["kind"] == "resume":
+        row["batches_done"] = spec["batches_done"]
     missing = reader.missing()
     if missing:
         return {**row, "missing": missing}
@@ -414,13 +421,15 @@ def tables(summary: dict[str, Any]) -> str:
     if strata:
         out += ["", f"strata's prefetch, stated bound: 2 shards ahead "
                 f"(~{summary['strata_prefetch_bound_mib']} MiB of shard files); measured:", "",
-                "| store | num_workers | shards held at most | bytes held at most, MiB | "
-                "peak memory Δ MiB (PSS) |", "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+                "| store | num_workers | shards ahead at most | shards held at most (ahead + "
+                "in use) | bytes held at most, MiB | peak memory Δ MiB (PSS) |",
+                "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
         for r in strata:
             held = r.get("max_held_bytes")
             mib = "" if held is None else round(held / 2**20, 1)
-            out.append(f"| {r['store']} | {r['num_workers']} | {r.get('max_held_shards', '')} "
-                       f"| {mib} | {r['peak_rss_mib']} |")  # fmt: skip
+            ahead, most = r.get("max_ahead_shards", ""), r.get("max_held_shards", "")
+            out.append(f"| {r['store']} | {r['num_workers']} | {ahead} | {most} | {mib} "
+                       f"| {r['peak_rss_mib']} |")  # fmt: skip
     return "\n".join(out) + "\n"
 
 
