@@ -396,3 +396,29 @@ def test_cleanup_leaves_no_temporary_file(
     monkeypatch.setattr(tempfile, "tempdir", None)
     assert _read_all(redis_url, job_id, tmp_path, local) == Counter(range(30))
     assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_a_sample_reads_the_same_through_its_indexed_fields_or_its_tar_headers(
+    tmp_path: Path,
+) -> None:
+    """An index from this version holds each field's span (no header parsed to read a
+    sample); one without them (``fields`` None) has its tar headers parsed: the same."""
+    from strata_redis.shards import WorkItem
+    from strata_redis.shards.index import read_index
+
+    storage = LocalStorage(tmp_path)
+    with ShardWriter(storage, DATASET, samples_per_shard=8) as writer:
+        for i in range(8):
+            writer.write({"bin": sample_bytes(i), "cls": str(i), "npy": np.arange(i % 3)})
+    index = read_index(storage, DATASET, read_manifest(storage, DATASET).shards[0])
+    assert index.fields is not None
+    path = str(tmp_path / DATASET / "shards" / index.name)
+    spans = list(zip(index.offsets, index.sizes, strict=True))
+    ids = list(range(8))[::-1]
+    fast = WorkItem(DATASET, index.name, path, ids, spans[::-1], fields=index.fields[::-1],
+                    keys=index.keys[::-1]).samples()  # fmt: skip
+    parsed = WorkItem(DATASET, index.name, path, ids, spans[::-1]).samples()
+    assert fast == parsed
+    assert [s["bin"] for s in fast] == [sample_bytes(i) for i in ids]
+    assert fast[0] == {"__key__": "000000007", "__id__": 7, "bin": sample_bytes(7),
+                       "cls": b"7", "npy": np.arange(1).tobytes()}  # fmt: skip

@@ -66,6 +66,7 @@ def _index_tar(storage: Storage, dataset_id: str, name: str, *, checksums: bool)
     keys: list[str] = []
     offsets: list[int] = []
     ends: list[int] = []
+    fields: list[list[tuple[str, int, int]]] = []
     end = 0
     try:
         for member in parse_members(read, 0, None):
@@ -75,12 +76,14 @@ def _index_tar(storage: Storage, dataset_id: str, name: str, *, checksums: bool)
                 continue
             if keys and keys[-1] == split[0] and ends[-1] == member.header:
                 ends[-1] = member.end  # one more field of the same sample
+                fields[-1].append((split[1], member.data - offsets[-1], member.size))
                 continue
             if split[0] in keys[-1:]:
                 raise TarError(f"the members of sample {split[0]!r} are not consecutive")
             keys.append(split[0])
             offsets.append(member.header)
             ends.append(member.end)
+            fields.append([(split[1], member.data - member.header, member.size)])
         if end and not read(end - 1, 1):  # its last member's (padded) data is not all there
             raise TarError(f"truncated: the last member ends at byte {end}, past the end")
         size = len(whole) if whole is not None else window.size_from(end)
@@ -89,7 +92,7 @@ def _index_tar(storage: Storage, dataset_id: str, name: str, *, checksums: bool)
                                backend=storage.describe()) from None  # fmt: skip
     sizes = [e - o for o, e in zip(offsets, ends, strict=True)]
     return ShardIndex(name, size, checksum(whole) if whole is not None else "", keys, offsets,
-                      sizes)  # fmt: skip
+                      sizes, fields)  # fmt: skip
 
 
 def index_tar_shards(storage: Storage, dataset_id: str, *, checksums: bool = False) -> Manifest:
@@ -144,7 +147,8 @@ def register_shards(
             URL (what ``ShardManager`` takes).
         storage: where the dataset is.
         dataset_id: the dataset (and the registered name).
-        shuffle, seed: as ``register_dataset_params``.
+        shuffle: reorder shards and samples every epoch (``register_dataset_params``).
+        seed: the shuffle seed.
 
     Returns:
         The registered parameters.

@@ -48,6 +48,9 @@ class WorkItem:
         path: the local file holding the shard's bytes at their tar offsets.
         ids: the samples' dataset-wide ids, in the epoch's order.
         spans: each sample's (offset, size) in the tar.
+        fields: each sample's fields as (name, offset in its span, size), when the index
+            has them (then no tar header is parsed); None: parse the headers.
+        keys: each sample's key, with ``fields``.
         backend, object_path: where the shard is in storage (for errors).
     """
 
@@ -58,6 +61,8 @@ class WorkItem:
     spans: list[tuple[int, int]]
     backend: str = ""
     object_path: str = ""
+    fields: list[list[tuple[str, int, int]]] | None = None
+    keys: list[str] | None = None
 
     def samples(self) -> list[dict[str, Any]]:
         """The samples: ``{"__key__": key, "__id__": id, field: bytes, ...}`` each.
@@ -68,6 +73,18 @@ class WorkItem:
         out = []
         fd = os.open(self.path, os.O_RDONLY)
         try:
+            if self.fields is not None:
+                keys = self.keys or [""] * len(self.ids)
+                for sample_id, key, (offset, size), members in zip(
+                    self.ids, keys, self.spans, self.fields, strict=True
+                ):
+                    span = os.pread(fd, size, offset)
+                    sample: dict[str, Any] = {"__key__": key}
+                    for name, at, n in members:
+                        sample[name] = span[at : at + n]
+                    sample["__id__"] = sample_id
+                    out.append(sample)
+                return out
             for sample_id, (offset, size) in zip(self.ids, self.spans, strict=True):
                 try:
                     fields = sample_fields(os.pread(fd, size, offset), offset)
@@ -93,7 +110,10 @@ class ShardFeed:
         members: the round's worker ids, and this worker's (for the shards expected next):
             a callable, read at each walk's start.
         worker_id: this worker.
-        prefetch, cache_dir, cache_bytes, storage_wait: ``ShardFetcher``'s.
+        prefetch: shards fetched ahead at most (``ShardFetcher``).
+        cache_dir: a cache directory of whole shards (``ShardFetcher``).
+        cache_bytes: its size limit (``ShardFetcher``).
+        storage_wait: seconds a fetch retries while the storage fails (``ShardFetcher``).
 
     Raises:
         StorageNotFoundError: the dataset has no manifest.
@@ -158,20 +178,21 @@ class ShardFeed:
                     future = self.fetcher.demand(shard, positions)
                     self._out.setdefault(shard, 0)
                     self._closed_shards.discard(shard)
-                    self._advance(shard)
+                    self._advance(shard, position.epoch)
                     fetched = future.result()
                     current, left = shard, len(order) - start
                 assert fetched is not None
                 index = fetched.index
-                spans = [
-                    (index.offsets[i - shard * per], index.sizes[i - shard * per]) for i in ids
-                ]
+                at = [i - shard * per for i in ids]
+                spans = [(index.offsets[p], index.sizes[p]) for p in at]
+                fields = None if index.fields is None else [index.fields[p] for p in at]
+                keys = None if index.fields is None else [index.keys[p] for p in at]
                 left -= len(ids)
                 self._pending.append(shard)
                 self._out[shard] += 1
                 yield WorkItem(self.params.name, index.name, fetched.path, ids, spans,
-                               self.storage.describe(),
-                               shard_path(self.params.name, index.name))  # fmt: skip
+                               self.storage.describe(), shard_path(self.params.name, index.name),
+                               fields, keys)  # fmt: skip
                 if left <= 0:
                     self._close_shard(shard)
                     current = -1
@@ -226,11 +247,21 @@ class ShardFeed:
             own = []
         self._expected = [s for s in own if s not in done]
 
-    def _advance(self, shard: int) -> None:
-        """``shard`` was leased: expect the ones after it."""
+    def _advance(self, shard: int, epoch: int) -> None:
+        """``shard`` was leased: expect the ones after it (those a resume starts part-way:
+        only what is left of them)."""
         if shard in self._expected:
             del self._expected[: self._expected.index(shard) + 1]
-        self.fetcher.expect(self._expected)
+        per = self.params.samples_per_shard
+        expected: list[tuple[int, list[int] | None]] = []
+        for s in self._expected[: self.fetcher.prefetch]:
+            start = self.stream.starts.get(s, 0)
+            if start:
+                order = self.params.shard(s, epoch).indices()
+                expected.append((s, (order[start:] - s * per).tolist()))
+            else:
+                expected.append((s, None))
+        self.fetcher.expect(expected)
 
 
 def _check_registration(params: DatasetParams, manifest: Manifest, storage: Storage) -> None:

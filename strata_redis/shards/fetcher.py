@@ -66,8 +66,10 @@ class Fetched:
 class _Entry:
     """One shard's local copy and what holds it."""
 
-    def __init__(self, shard: int, future: Future[Fetched], whole: bool) -> None:
-        self.shard, self.future, self.whole = shard, future, whole
+    def __init__(self, shard: int, future: Future[Fetched], positions: list[int] | None) -> None:
+        self.shard, self.future = shard, future
+        # the samples (positions in the shard) the copy holds; None: all of them
+        self.positions = None if positions is None else frozenset(positions)
         self.users = 0  # demands not yet released
         self.ahead = False  # fetched ahead, not yet demanded
         self.size = 0
@@ -154,13 +156,18 @@ class ShardFetcher:
             if entry is not None and entry.future.done() and entry.future.exception() is not None:
                 del self._entries[shard]  # a failed fetch is tried again on a new demand
                 entry = None
+            if (
+                entry is not None and entry.users == 0 and entry.positions is not None
+                and (positions is None or not entry.positions.issuperset(positions))
+            ):  # fetched ahead part-way, and more of it is wanted now  # fmt: skip
+                self._drop(entry)
+                entry = None
             if entry is None and shard in self._cached:
                 self._cached.pop(shard)
                 entry = self._from_cache(shard)
                 self._stats["cache_hits"] += 1
             if entry is None:
-                whole = positions is None
-                entry = _Entry(shard, self._submit(shard, None if whole else positions), whole)
+                entry = _Entry(shard, self._submit(shard, positions), positions)
                 self._entries[shard] = entry
             elif entry.ahead:
                 self._stats["prefetch_hits"] += 1
@@ -169,10 +176,11 @@ class ShardFetcher:
             self._account()
             return entry.future
 
-    def expect(self, shards: list[int]) -> None:
-        """The shards expected next, in order: the first ``prefetch`` of them are fetched
-        ahead (whole); shards fetched ahead earlier and no longer expected are dropped."""
-        wanted = shards[: self.prefetch]
+    def expect(self, shards: list[tuple[int, list[int] | None]]) -> None:
+        """The shards expected next, in order, each with the samples (positions) still to
+        read of it (None: all): the first ``prefetch`` of them are fetched ahead; shards
+        fetched ahead earlier and no longer expected are dropped."""
+        wanted = dict(shards[: self.prefetch])
         with self._lock:
             if self._closed:
                 return
@@ -180,10 +188,10 @@ class ShardFetcher:
                 if entry.ahead and entry.shard not in wanted:
                     self._drop(entry)
                     self._stats["prefetch_dropped"] += 1
-            for shard in wanted:
+            for shard, positions in wanted.items():
                 if shard in self._entries or shard in self._cached:
                     continue
-                entry = _Entry(shard, self._submit(shard, None), True)
+                entry = _Entry(shard, self._submit(shard, positions), positions)
                 entry.ahead = True
                 self._entries[shard] = entry
                 self._stats["prefetched"] += 1
@@ -303,7 +311,7 @@ class ShardFetcher:
         with contextlib.suppress(OSError):
             os.utime(path)  # its last use, for the next run's LRU order
         future: Future[Fetched] = Future()
-        entry = _Entry(shard, future, True)
+        entry = _Entry(shard, future, None)
         entry.size = self.manifest.shards[shard].size
         self._entries[shard] = entry
         index = self._indexes.get(shard)

@@ -94,6 +94,9 @@ class ShardIndex:
         keys: each sample's webdataset key (``__key__``), in the tar's order.
         offsets: each sample's first byte in the tar (its first member's header).
         sizes: each sample's bytes: its members' headers, data and padding.
+        fields: each sample's fields as ``(name, data offset from the sample's first byte,
+            size)`` (a reader slices them out without parsing tar headers); None in an
+            index without them (the headers are parsed).
     """
 
     name: str
@@ -102,6 +105,7 @@ class ShardIndex:
     keys: list[str] = field(repr=False)
     offsets: list[int] = field(repr=False)
     sizes: list[int] = field(repr=False)
+    fields: list[list[tuple[str, int, int]]] | None = field(default=None, repr=False)
 
     @property
     def count(self) -> int:
@@ -112,6 +116,7 @@ class ShardIndex:
         return orjson.dumps({
             "version": _VERSION, "name": self.name, "size": self.size, "checksum": self.checksum,
             "keys": self.keys, "offsets": self.offsets, "sizes": self.sizes,
+            **({} if self.fields is None else {"fields": self.fields}),
         })  # fmt: skip
 
     @classmethod
@@ -128,7 +133,7 @@ class ShardIndex:
                 raise ValueError(f"version {doc.get('version')!r}, not {_VERSION}")
             index = cls(str(doc["name"]), int(doc["size"]), str(doc["checksum"]),
                         [str(k) for k in doc["keys"]], [int(o) for o in doc["offsets"]],
-                        [int(s) for s in doc["sizes"]])  # fmt: skip
+                        [int(s) for s in doc["sizes"]], _fields(doc.get("fields")))  # fmt: skip
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ShardFormatError(
                 f"not a shard index: {exc}", dataset=dataset, path=path, backend=backend
@@ -137,12 +142,28 @@ class ShardIndex:
             o >= 0 and s > 0 and o + s <= index.size
             for o, s in zip(index.offsets, index.sizes, strict=True)
         )
+        if index.fields is not None:
+            spans_ok = (
+                spans_ok
+                and len(index.fields) == index.count
+                and all(
+                    at >= 0 and at + n <= size
+                    for size, sample in zip(index.sizes, index.fields, strict=True)
+                    for _, at, n in sample
+                )
+            )
         if not spans_ok:
             raise ShardFormatError(
                 f"the index's sample spans do not fit in its {index.size}-byte tar",
                 dataset=dataset, path=path, backend=backend,
             )  # fmt: skip
         return index
+
+
+def _fields(raw: Any) -> list[list[tuple[str, int, int]]] | None:
+    if raw is None:
+        return None
+    return [[(str(n), int(at), int(size)) for n, at, size in sample] for sample in raw]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from .index import (
     shard_name,
     shard_path,
 )
-from .tarball import END, encode_member, split_key
+from .tarball import BLOCK, END, encode_member, split_key
 
 __all__ = ["ShardSet", "ShardWriter"]
 
@@ -93,6 +93,7 @@ class ShardWriter:
         self._keys: list[str] = []
         self._offsets: list[int] = []
         self._sizes: list[int] = []
+        self._fields: list[list[tuple[str, int, int]]] = []
         self._written = 0
         self._closed: ShardSet | None = None
 
@@ -126,6 +127,8 @@ class ShardWriter:
                 f"sample key {key!r} must be a non-empty str with no '.' in its last name"
             )
         parts: list[bytes] = []
+        spans: list[tuple[str, int, int]] = []
+        at = 0
         for name, value in fields.items():
             if name == "__key__":
                 continue
@@ -135,13 +138,17 @@ class ShardWriter:
             member = f"{key}.{name}"
             if split_key(member) != (key, name):
                 raise ValueError(f"field {name!r} of sample {key!r} makes an unreadable name")
-            parts.append(encode_member(member, data))
+            part = encode_member(member, data)
+            spans.append((name, at + BLOCK, len(data)))  # (a ustar header is one block)
+            at += len(part)
+            parts.append(part)
         if not parts:
             raise ValueError(f"sample {key!r} has no field")
         size = sum(len(p) for p in parts)
         self._keys.append(key)
         self._offsets.append(self._size)
         self._sizes.append(size)
+        self._fields.append(spans)
         self._parts.extend(parts)
         self._size += size
         self._written += 1
@@ -154,12 +161,13 @@ class ShardWriter:
         name = shard_name(len(self._entries))
         self._parts.append(END)
         data = b"".join(self._parts)
-        index = ShardIndex(name, len(data), checksum(data), self._keys, self._offsets, self._sizes)
+        index = ShardIndex(name, len(data), checksum(data), self._keys, self._offsets, self._sizes,
+                           self._fields)  # fmt: skip
         self.storage.write(shard_path(self.dataset, name), data)
         self.storage.write(index_path(self.dataset, name), index.to_json())
         self._entries.append(ShardEntry(name, index.count, index.size, index.checksum))
         self._parts, self._size = [], 0
-        self._keys, self._offsets, self._sizes = [], [], []
+        self._keys, self._offsets, self._sizes, self._fields = [], [], [], []
 
     def close(self) -> ShardSet:
         """Write the last shard and the manifest; return the dataset written (again: the same).
