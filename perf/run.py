@@ -22,6 +22,9 @@
                                           # loss under strata and c10d, both victims
                                           # (~3 min; not part of the default run)
 
+perf/bench_shards.py (shards in storage beside litdata, MosaicML streaming, webdataset) is
+not a pyperf suite and is not run here: ``python -m perf.bench_shards --full``.
+
 Each benchmark module may define ``RATIOS``: (name, reference name) pairs whose mean ratio
 is printed after the run; ratios are measured in one run, side by side, on one machine.
 The run ends with the targets table (``perf/targets.toml``, filled by ``perf/report.py``),
@@ -50,6 +53,9 @@ NEEDS = {"bench_torch": "torch"}
 #: summary scripts run by name like a benchmark (and in every run that names none), each on a
 #: private redis-server of its own (they read and reset its INFO): perf/<name>.py --results
 STANDALONE = ("capacity",)
+#: bench_* modules that are not pyperf suites and run on their own (``python -m perf.<name>``):
+#: bench_shards measures torch DataLoaders beside peers that need installs of their own
+ON_THEIR_OWN = ("bench_shards",)
 
 
 def main() -> int:
@@ -78,7 +84,7 @@ def main() -> int:
 
     names = args.benchmarks or sorted(p.stem for p in HERE.glob("bench_*.py"))
     standalone = [n for n in STANDALONE if not args.benchmarks or n in args.benchmarks]
-    names = [n for n in names if n not in STANDALONE]
+    names = [n for n in names if n not in STANDALONE and n not in ON_THEIR_OWN]
     args.results.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(HERE))
     server = None

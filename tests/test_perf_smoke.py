@@ -31,6 +31,8 @@ def test_every_benchmark_runs(redis_url: str, tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     for bench in PERF.glob("bench_*.py"):
+        if bench.stem == "bench_shards":
+            continue  # not a pyperf suite: test_the_shards_bench_runs
         if bench.stem == "bench_torch" and importlib.util.find_spec("torch") is None:
             continue  # perf/run.py skips it without the torch extra
         assert (tmp_path / f"{bench.stem}.json").stat().st_size > 0, bench.stem
@@ -93,3 +95,41 @@ def test_the_durability_cost_runs(tmp_path: Path) -> None:
                      for variant in ("default, 0 replicas", "default, 1 replica",
                                      "replicated, 1 replica")}  # fmt: skip
     assert "replicated at 1 replica, as a ratio" in run.stdout
+
+
+@pytest.mark.torch
+def test_the_shards_bench_runs(redis_url: str, tmp_path: Path) -> None:
+    """``perf/bench_shards.py``'s smoke form (2,000 samples in 10 shards, local, num_workers
+    0 and 2, resume at 10 batches): a throughput row per reader and ``num_workers``, each
+    having read every sample once (the raw floor, strata and each installed peer), a row
+    saying why for a peer not installed, a resume row per reader. No timing is asserted."""
+    pytest.importorskip("torch")
+    run = subprocess.run(
+        [sys.executable, "-m", "perf.bench_shards", "--results", str(tmp_path / "results"),
+         "--redis-url", redis_url, "--resume-at", "10", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=PERF.parent,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads((tmp_path / "results" / "shards.json").read_text())
+    assert doc["samples"] == 2_000 and doc["shards"] == 10
+    rows = doc["rows"]
+    readers = ("floor", "strata", "litdata", "mosaic", "webdataset")
+    for reader in readers:
+        mine = [r for r in rows if r["reader"] == reader and r["kind"] == "throughput"]
+        assert sorted(r["num_workers"] for r in mine) == [0, 2], (reader, mine)
+        for row in mine:
+            if reader in ("floor", "strata"):
+                assert "missing" not in row, row  # never "not available": both must run
+            if "missing" in row:
+                assert row["missing"].startswith("not installed: "), row
+                continue
+            assert row["samples"] == 2_000 and row["ids_ok"], row
+            assert row["samples_per_s"] > 0 and row["x_floor"] > 0, row
+        resume = [r for r in rows if r["reader"] == reader and r["kind"] == "resume"]
+        assert [r["batches_done"] for r in resume] == [10], (reader, resume)
+        assert all("seconds" in r or "missing" in r for r in resume), resume
+    strata = [r for r in rows if r["reader"] == "strata" and r["kind"] == "throughput"]
+    assert all(r["max_held_shards"] >= 1 for r in strata), strata
+    table = (tmp_path / "results" / "shards.md").read_text()
+    assert "| reader | store | num_workers | samples/s | x floor |" in table
+    assert "resume to first batch" in table
