@@ -332,7 +332,7 @@ class StrataCallback(pl.Callback):  # type: ignore[misc]
         batch_idx: int,
     ) -> None:  # fmt: skip
         for loader in self._loaders(trainer):
-            loader.lease_sampler.stream.consumed(1)
+            loader.lease_sampler.consumed()  # (a shard dataset's sampler tells its feed too)
         step = trainer.global_step
         # a step's end, where a checkpoint is consistent: preempted (a flag read until then),
         # the round's agreed stop step is saved and the run ends here

@@ -720,8 +720,10 @@ class TrainingOrchestrator:
             checkpoint=label, committed=committed, seconds=seconds,
         )  # fmt: skip
         log.warning("%s", error)
-        self.close(end=False)
-        raise error
+        try:
+            self.close(end=False)
+        finally:  # the loop ends with Preempted even when leaving failed
+            raise error
 
     # -- epochs ---------------------------------------------------------------------------
     def epochs(self, count: int) -> Iterator[int]:
@@ -867,6 +869,14 @@ class TrainingOrchestrator:
         if self._closed:
             return
         self._closed = True
+        try:
+            self._close(end)
+        finally:  # the process's signal handlers are put back whatever failed
+            preemption = getattr(self, "_preemption", None)
+            if preemption is not None:
+                preemption.close()
+
+    def _close(self, end: bool | None) -> None:
         worker = getattr(self, "worker", None)
         # no other rank can complete this one's open saves once it is out: fail them at once
         lost = worker.lost if worker is not None else None
@@ -883,9 +893,6 @@ class TrainingOrchestrator:
             self.storage.close()
         if self._owns_client:
             self.context.close()
-        preemption = getattr(self, "_preemption", None)
-        if preemption is not None:
-            preemption.close()
 
     def _end_if_last(self) -> None:
         """End the job if no worker is live now (this one has left; silent ones are reaped

@@ -49,7 +49,6 @@ __all__ = [
     "EXIT_BUDGET_EXCEEDED",
     "Preempted",
     "Preemption",
-    "agreed_stop",
     "is_handler",
     "parse_signals",
     "propose_stop",
@@ -231,9 +230,3 @@ def propose_stop(ctx: JobContext, round_: int, step: int) -> int:
         {"job_id": ctx.job_id, "round": round_},
     )  # fmt: skip
     return int(reply[0])
-
-
-def agreed_stop(ctx: JobContext, round_: int) -> int | None:
-    """Round ``round_``'s agreed stop step, or None when nobody proposed one."""
-    value = ctx.client.get(ctx.keys.preempt_stop(round_))
-    return None if value is None else int(value)

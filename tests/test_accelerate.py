@@ -48,7 +48,7 @@ def test_accelerate_sigterm_saves_the_agreed_step_and_the_relaunch_trains_each_s
         run.ends
     )
     assert set(run.last_steps.values()) == {run.saved[1]}, (run.last_steps, run.saved)
-    assert run.lost <= 1
+    assert run.lost == 0  # the agreed step is the one saved: not even one step lost
     assert run.trained == Counter(range(480))
     print("accelerate preemption: checkpoint", run.saved, "committed",
           max(float(e[3]) for e in run.ends.values()), "s after SIGTERM (budget 25 s)")  # fmt: skip

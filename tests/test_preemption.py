@@ -217,7 +217,11 @@ def test_the_handler_flags_then_passes_a_second_signal_on_and_is_put_back(
     import strata_redis
 
     seen: list[int] = []
-    before = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+
+    def previous(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    before = signal.signal(signal.SIGUSR1, previous)
     try:
         orch = strata_redis.TrainingOrchestrator(
             redis_url, "w0", job_id=job_id, checkpoint_path=tmp_path, preempt_signals="USR1"
@@ -231,7 +235,7 @@ def test_the_handler_flags_then_passes_a_second_signal_on_and_is_put_back(
             wait_for(lambda: seen == [signal.SIGUSR1], 5)  # the second goes to the previous
         finally:
             orch.close(end=False)
-        assert signal.getsignal(signal.SIGUSR1) is not None
+        assert signal.getsignal(signal.SIGUSR1) is previous  # put back
         again = strata_redis.TrainingOrchestrator(
             redis_url, "w0", job_id=job_id, checkpoint_path=tmp_path, preempt_signals="USR1"
         )

@@ -248,6 +248,23 @@ def test_a_plain_loop_reads_every_sample_once_per_epoch_prefetching_within_its_b
     assert stats["held_shards"] == 0 and stats["held_bytes"] == 0, stats  # all released
 
 
+def test_a_walk_broken_off_leaves_nothing_held_once_the_next_walk_ends(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    _write(local)
+    _register(redis_url, job_id, local)
+    with _orchestrator(redis_url, job_id, tmp_path) as orch:
+        reader = ShardReader(orch, DATASET, local, batch_size=4, prefetch=2)
+        for _ in reader.batches():
+            break  # one batch handed out and never consumed: the loop broke off
+        _epoch(reader)  # the next walk runs to the epoch's end
+        stats = reader.stats()
+        reader.close()
+    # the broken walk's item is forgotten with it (counted against this walk's shards, the
+    # last shard's copy was never released)
+    assert stats["held_shards"] == 0 and stats["held_bytes"] == 0, stats
+
+
 def test_a_cache_dir_keeps_shards_within_its_size_limit(
     local: Counting, redis_url: str, job_id: str, tmp_path: Path
 ) -> None:

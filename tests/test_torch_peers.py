@@ -1,5 +1,7 @@
 """A dead peer never hangs the survivors: 3 torchrun agents (one trainer each, gloo) in an
-all_reduce loop; one agent and its trainer are SIGKILLed; the survivors' peer watch ends their
+all_reduce loop; one agent is SIGKILLed and its trainer SIGSTOPped (a trainer killed on the same
+host closes its sockets and gloo fails at once: a frozen process or a vanished machine is what
+hangs a collective); the survivors' peer watch ends their
 blocked collective within the heartbeat timeout + 5 s (gloo's timeout is set to 300 s), and
 torchrun restarts them without the dead member."""
 

@@ -156,6 +156,7 @@ class ShardFeed:
     def items(self, batches: Iterator[Any]) -> Iterator[WorkItem]:
         """The work items of one walk's batches (numpy arrays of sample ids); the walk is
         closed when they end (an error included)."""
+        self._forget_walk()
         per = self.params.samples_per_shard
         current = -1
         left = 0
@@ -224,6 +225,16 @@ class ShardFeed:
         self.fetcher.close()
 
     # -- inside -----------------------------------------------------------------------------
+    def _forget_walk(self) -> None:
+        """A walk begins: what an earlier walk handed out and nobody consumed (a loop that
+        broke off) is forgotten, as the stream forgets it, and its shards' local copies are
+        released (else this walk's consumptions would be counted against them)."""
+        for shard in list(self._out):
+            self.fetcher.release(shard)
+        self._pending.clear()
+        self._out.clear()
+        self._closed_shards.clear()
+
     def _close_shard(self, shard: int) -> None:
         if shard < 0 or shard in self._closed_shards or shard not in self._out:
             return

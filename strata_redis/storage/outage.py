@@ -57,6 +57,8 @@ def retrying(
             now = time.monotonic()
             if deadline is None:
                 deadline = now + wait
+                if wait <= 0:
+                    raise
                 log.warning("%s: the storage failed (%s); trying again for up to %.0f s",
                             what, exc, wait)  # fmt: skip
             failures += 1
