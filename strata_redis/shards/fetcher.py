@@ -18,19 +18,19 @@ and what crossed them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import tempfile
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ShardChecksumError, ShardFormatError, StorageError, StorageNotFoundError
-from ..storage import Storage
+from ..errors import ShardChecksumError, ShardFormatError
+from ..storage import Storage, retry_call
 from ..validate import check_int, check_seconds
 from .index import Manifest, ShardIndex, checksum, read_index, shard_path
 
@@ -40,9 +40,6 @@ log = logging.getLogger("strata_redis.shards")
 
 #: spans of a part-way shard closer than this are read as one range (gaps read through)
 GAP = 64 * 1024
-#: first pause between attempts when the storage fails (doubled up to ``_MAX_PAUSE``)
-_FIRST_PAUSE = 0.05
-_MAX_PAUSE = 2.0
 
 
 @dataclass(frozen=True)
@@ -87,7 +84,8 @@ class ShardFetcher:
         cache_bytes: with ``cache_dir``, its size limit (least recently used evicted first);
             None: no limit.
         storage_wait: seconds a fetch keeps retrying while the storage fails (an outage),
-            pausing 0.05 s doubling to 2 s; then the storage's error is raised. A missing
+            from its first failure, pausing 0.1 s doubling to 2 s; then the storage's error
+            is raised. A missing
             object and a bad checksum are not retried (a bad checksum is read twice).
         threads: fetches at once (default ``prefetch + 1``).
 
@@ -335,22 +333,15 @@ class ShardFetcher:
 
     def _retrying(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)``, again while the storage fails (not for a missing object) for up to
-        ``storage_wait`` seconds; then the storage's error."""
-        deadline = time.monotonic() + self.storage_wait
-        pause = _FIRST_PAUSE
-        while True:
-            try:
-                return fn(*args)
-            except StorageNotFoundError:
-                raise
-            except StorageError as exc:
-                if time.monotonic() + pause > deadline or self._closed:
-                    raise
-                log.warning("%s: %s; trying again in %.2f s", self.dataset, exc, pause)
-                with self._lock:
-                    self._stats["retries"] += 1
-                time.sleep(pause)
-                pause = min(pause * 2, _MAX_PAUSE)
+        ``storage_wait`` seconds from the first failure, or until the fetcher closes; then
+        the storage's error (``storage.retry_call``)."""
+        return retry_call(f"shards of {self.dataset!r}", self.storage_wait,
+                          functools.partial(fn, *args), on_retry=self._count_retry,
+                          give_up=lambda: self._closed)  # fmt: skip
+
+    def _count_retry(self) -> None:
+        with self._lock:
+            self._stats["retries"] += 1
 
     def _fetch(self, shard: int, positions: list[int] | None) -> Fetched:
         index = self._retrying(self._index, shard)

@@ -12,6 +12,7 @@ One WARNING is logged when the outage starts and one when it ends.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Final, ParamSpec, TypeVar
 
 from ..errors import StorageError, StorageNotFoundError
 
-__all__ = ["retrying"]
+__all__ = ["retry_call", "retrying"]
 
 log = logging.getLogger("strata_redis.storage")
 
@@ -45,12 +46,31 @@ def retrying(
     Raises:
         StorageError: the storage still failed ``wait`` seconds after its first failure.
     """
+    return retry_call(what, wait, functools.partial(fn, *args, **kwargs))
+
+
+def retry_call(
+    what: str,
+    wait: float,
+    call: Callable[[], T],
+    *,
+    on_retry: Callable[[], None] | None = None,
+    give_up: Callable[[], bool] | None = None,
+) -> T:
+    """``retrying`` for a call without arguments, with two hooks: ``on_retry`` runs before
+    each pause (a counter of retries), and ``give_up`` is asked before each pause whether to
+    raise the storage's error at once (the caller is closing).
+
+    Raises:
+        StorageError: the storage still failed ``wait`` seconds after its first failure, or
+            ``give_up`` said so.
+    """
     deadline: float | None = None
     pause = FIRST_PAUSE_S
     failures = 0
     while True:
         try:
-            result = fn(*args, **kwargs)
+            result = call()
         except StorageNotFoundError:
             raise
         except StorageError as exc:
@@ -62,8 +82,10 @@ def retrying(
                 log.warning("%s: the storage failed (%s); trying again for up to %.0f s",
                             what, exc, wait)  # fmt: skip
             failures += 1
-            if now + pause > deadline:
+            if now + pause > deadline or (give_up is not None and give_up()):
                 raise
+            if on_retry is not None:
+                on_retry()
             time.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE_S)
             continue
