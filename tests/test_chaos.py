@@ -103,11 +103,20 @@ def test_with_a_guard_off_its_schedule_reports_a_violation(case: str) -> None:
     faults = TEETH[case]
     guard = case.split("-")[0]
     workload = "loop" if guard == "commit" else "leases"
-    off = run(RunConfig(seed=100, duration=12.0, disable=guard, workload=workload, storage="local",
-                        schedule=faults if isinstance(faults, list) else [faults]))  # fmt: skip
-    # a broken promise, not only a crash (a crash is reported as a liveness violation)
-    broken = [v for v in off.report.violations if not v.startswith("liveness")]
-    assert broken, "\n".join(off.lines())
+    lines: list[str] = []
+    # a schedule is played against processes the machine schedules: beside other tests one
+    # can miss its window (the others too slow to raise the clock back within the hold, and
+    # the height check catches the rollback), so up to three runs, and one must break
+    for _ in range(3):
+        off = run(RunConfig(seed=100, duration=12.0, disable=guard, workload=workload,
+                            storage="local",
+                            schedule=faults if isinstance(faults, list) else [faults]))  # fmt: skip
+        # a broken promise, not only a crash (a crash is reported as a liveness violation)
+        broken = [v for v in off.report.violations if not v.startswith("liveness")]
+        if broken:
+            return
+        lines += off.lines()
+    pytest.fail("\n".join(lines))
 
 
 def test_the_masked_failover_with_every_guard_on_ends_with_a_clear_error() -> None:
