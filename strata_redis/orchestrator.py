@@ -869,12 +869,14 @@ class TrainingOrchestrator:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._close(end)
-        finally:  # the process's signal handlers are put back whatever failed
-            preemption = getattr(self, "_preemption", None)
-            if preemption is not None:
-                preemption.close()
+        # the process's signal handlers are put back first: a SIGTERM while this closes (a
+        # torchrun agent tearing down a failed group) ends the process as it did before the
+        # loop began, instead of a flag nobody reads any more (the agent's SIGKILL 30 s on,
+        # the rank a member all that while)
+        preemption = getattr(self, "_preemption", None)
+        if preemption is not None:
+            preemption.close()
+        self._close(end)
 
     def _close(self, end: bool | None) -> None:
         worker = getattr(self, "worker", None)
