@@ -16,6 +16,7 @@ from .index import (
     check_objects,
     checksum,
     index_path,
+    manifest_path,
     read_manifest,
     shard_path,
     shards_prefix,
@@ -132,7 +133,7 @@ def index_tar_shards(storage: Storage, dataset_id: str, *, checksums: bool = Fal
         entries.append(ShardEntry(name, index.count, index.size, index.checksum))
     manifest = Manifest(dataset_id, entries)
     manifest.check_counts(backend=storage.describe())
-    storage.write(prefix + "index.json", manifest.to_json())
+    storage.write(manifest_path(dataset_id), manifest.to_json())
     return manifest
 
 
