@@ -54,6 +54,8 @@ def _seeds_loop(url: str, worker_id: str, ckpt: str, logdir: str, cfg: dict[str,
 
     import strata_redis
 
+    while cfg.get("gate") and not os.path.exists(cfg["gate"]):
+        time.sleep(0.01)  # started early, held until the test opens the gate (a start on time)
     log = open(os.path.join(logdir, f"{cfg.get('run', 'a')}-{worker_id}.log"), "a")  # noqa: SIM115
     trained: list[int] = []  # this worker's "model": the samples it trained this epoch
     epoch_of_model = [-1]
@@ -251,9 +253,14 @@ def test_late_joiner_waits_for_the_next_round(redis_url: str, raw: redis.Redis, 
     params = _register(redis_url, total=2000, per_shard=50)
     # no worker may be reaped here (no failure restart): a 10 s heartbeat timeout, not 3 s
     cfg = {"min_workers": 2, "sleep": 0.02, "last_call": 0.5, "heartbeat_timeout": 10.0}
+    # the late worker's process starts with the others and waits at a gate: an interpreter
+    # started only when the gate opens can, under load, arrive after the job ended (CI: it
+    # reopened the ended job and waited for a second worker until join_all's kill)
+    gate = dirs / "gate"
+    late = _start(redis_url, dirs, ["worker-03"], {**cfg, "run": "late", "gate": str(gate)})
     procs = _start(redis_url, dirs, ["worker-01", "worker-02"], cfg)
     wait_for(lambda: len(_done(raw, 0)) >= 2, 60, why=lambda: _done(raw, 0))
-    late = _start(redis_url, dirs, ["worker-03"], {**cfg, "run": "late"})
+    gate.touch()
     assert join_all(procs + late, timeout=120) == [0, 0, 0]
 
     rdzv = raw.hgetall(f"strata:{{{JOB}}}:rendezvous")
