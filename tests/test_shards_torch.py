@@ -1,6 +1,7 @@
 """strata_redis.torch.ShardDataset: a sharded dataset in storage through a DataLoader with
 worker processes; and the job killed mid-epoch (3 workers, one SIGKILLed) relaunched with 2:
-every sample once relative to the kept checkpoint, no done shard read again.
+every sample once relative to the kept checkpoint, no done shard read again; and then
+relaunched with 3 again (3 → 2 → 3), once more killed on the way.
 
 The elastic test runs a short fixed form here (200 shards of 10 samples, local storage and
 the S3 stand-in); ``STRATA_SHARDS_LONG=1`` runs a long form (2,000 shards).
@@ -190,14 +191,72 @@ def s3_bucket(s3_endpoint: str) -> Iterator[str]:
     yield "shards"
 
 
+def _kill_after_a_checkpoint(
+    procs: list[Any], logs: Path, ckpt: Any, world_size: int, at_least: int
+) -> Any:
+    """Wait for a checkpoint of epoch 0 from the running round (its world size, step at
+    least ``at_least``), then SIGKILL one worker (a node dies) and the rest (the job is killed
+    with it); return the checkpoint kept (the newest)."""
+
+    def mid_epoch() -> bool:
+        if _errors(logs) or all(not p.is_alive() for p in procs):
+            raise AssertionError(f"the workers ended: {_errors(logs)}")
+        return any(i.epoch == 0 and i.world_size == world_size and i.step >= at_least
+                   for i in ckpt.list())  # fmt: skip
+
+    wait_for(mid_epoch, 120, step=0.05, why=lambda: [i.label for i in ckpt.list()])
+    assert procs[-1].pid is not None
+    os.kill(procs[-1].pid, signal.SIGKILL)  # a node dies ...
+    _stop(procs)  # ... and the job is killed with it, to be relaunched at another size
+    return ckpt.list()[0]
+
+
+def _kept(params: DatasetParams, ckpt: Any, info: Any) -> tuple[Counter[int], list[Position]]:
+    """A checkpoint's model (the samples its ranks trained) and its ranks' data positions."""
+    positions = [decode_positions(ckpt.load(info.step, POSITION_PART, r))[0][0]
+                 for r in range(info.world_size)]  # fmt: skip
+    model = Counter(
+        int(i) for r in range(info.world_size)
+        for i in np.frombuffer(ckpt.load(info.step, rank=r), dtype=np.int64)
+    )  # fmt: skip
+    return model, positions
+
+
+def _reads(logs: Path, run: str, ranged: bool = False) -> Counter[str]:
+    """The storage objects a run's workers read (whole or, with ``ranged``, by range)."""
+    out: Counter[str] = Counter()
+    for path in logs.glob(f"reads-{run}-*"):
+        for line in path.read_text().splitlines():
+            if not ranged or line[:5] == "range":
+                out[line.split()[1]] += 1
+    return out
+
+
+def _check_resume(
+    logs: Path, run: str, info: Any, done: set[int], partial: set[int], finished: bool
+) -> None:
+    """A relaunch resumed from the kept checkpoint ``info``, read none of the shards it had
+    done, and read the ones it had part-way by ranges (only what was left): each of them
+    when the relaunch ``finished`` the epoch, else those it reached."""
+    assert {p.read_text() for p in logs.glob(f"resumed-{run}-*")} == {info.label}, run
+    again = {shard_path(DATASET, shard_name(s)) for s in done} & set(_reads(logs, run))
+    assert not again, f"{run}: {len(again)} shards done in the checkpoint were read again"
+    ranged = _reads(logs, run, ranged=True)
+    for s in partial:
+        if finished or _reads(logs, run)[shard_path(DATASET, shard_name(s))]:
+            assert ranged[shard_path(DATASET, shard_name(s))] >= 1, (run, s, partial)
+
+
 @pytest.mark.parametrize("kind", ["local", "s3"])
-def test_killed_mid_epoch_relaunched_with_fewer_workers_trains_each_sample_once(
+def test_killed_mid_epoch_relaunched_with_fewer_then_more_workers_trains_each_sample_once(
     redis_url: str, tmp_path: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:
     """3 workers, each a DataLoader with 2 worker processes; one SIGKILLed mid-epoch after a
-    checkpoint committed, then the rest (the job is killed); relaunched with 2: every sample
-    of the epoch is trained exactly once relative to the kept checkpoint, and no shard the
-    checkpoint had done is read again (the resume's cost does not grow with the work done)."""
+    checkpoint committed, then the rest (the job is killed); relaunched with 2, killed the
+    same way after one of their checkpoints; relaunched with 3 to the epoch's end (3 → 2 →
+    3): every sample of the epoch is trained exactly once relative to the kept checkpoints,
+    and no shard a kept checkpoint had done is read again (the resume's cost does not grow
+    with the work done; a shard done part-way is read by ranges)."""
     shards, per = (2000, 10) if LONG else (200, 10)
     if kind == "local":
         spec: dict[str, Any] = {"kind": "local", "root": str(tmp_path / "root")}
@@ -210,54 +269,39 @@ def test_killed_mid_epoch_relaunched_with_fewer_workers_trains_each_sample_once(
     logs = tmp_path / "logs"
     logs.mkdir()
     cfg = {"workers": 3, "sleep": 0.01, "run": "a", "ckpt": str(tmp_path / "ckpt")}
-    ids = ["w0", "w1", "w2"]
-    procs = [_spawn(redis_url, w, str(logs), spec, cfg) for w in ids]
+    procs = [_spawn(redis_url, w, str(logs), spec, cfg) for w in ("w0", "w1", "w2")]
     request.addfinalizer(lambda: _stop(procs))
     ckpt = strata_redis.CheckpointManager(tmp_path / "ckpt", job_id=JOB, redis=redis_url)
+    trained = Counter[int]()  # what the kept checkpoints' models hold, run after run
+    kept: tuple[Any, set[int], set[int]] | None = None  # the last kill's checkpoint, done, partial
+    for run, size, ids in (("b", 2, ("w0", "w2")), ("c", 3, ("w0", "w1", "w2"))):
+        info = _kill_after_a_checkpoint(procs, logs, ckpt, cfg["workers"], 20 if run == "b" else 10)
+        assert len(trained + _trained(logs, cfg["run"])) < params.total_samples, (
+            "the kill came after the epoch"
+        )
+        if kept is not None:
+            _check_resume(logs, cfg["run"], *kept, finished=False)
+        model, positions = _kept(params, ckpt, info)
+        trained += model
+        for p in positions:  # the position in the checkpoint is what the models hold
+            assert _position_samples(params, p) <= set(trained), (run, info.label)
+        done = set().union(*(p.done() for p in positions))
+        assert done, "the checkpoint had no shard done: the read check shows nothing"
+        partial = {s for p in positions for s, o in p.partial.items() if o and s not in done}
+        kept = (info, done, partial)
 
-    def mid_epoch() -> bool:
-        if _errors(logs) or all(not p.is_alive() for p in procs):
-            raise AssertionError(f"the workers ended: {_errors(logs)}")
-        return any(i.epoch == 0 and i.step >= 20 for i in ckpt.list())
-
-    wait_for(mid_epoch, 120, step=0.05, why=lambda: [i.label for i in ckpt.list()])
-    assert procs[1].pid is not None
-    os.kill(procs[1].pid, signal.SIGKILL)  # a node dies ...
-    _stop(procs)  # ... and the job is killed with it, to be relaunched smaller
-    assert len(_trained(logs, "a")) < params.total_samples, "the kill came after the epoch"
-    info = ckpt.list()[0]
-    positions = [decode_positions(ckpt.load(info.step, POSITION_PART, r))[0][0]
-                 for r in range(info.world_size)]  # fmt: skip
-    model = Counter(
-        int(i) for r in range(info.world_size)
-        for i in np.frombuffer(ckpt.load(info.step, rank=r), dtype=np.int64)
-    )  # fmt: skip
-    for p in positions:  # the position in the checkpoint is what its model holds
-        assert _position_samples(params, p) <= set(model)
-    done = set().union(*(p.done() for p in positions))
-    assert done, "the checkpoint had no shard done: the read check shows nothing"
-
-    with strata_redis.connect(redis_url, JOB, heartbeat_timeout=2.0) as job:
-        # the killed workers are declared failed (as their heartbeats stop) before the
-        # relaunch: its round is then all new, and resumes from the kept checkpoint
-        wait_for(lambda: not (job.reap() or job.live_workers()), 30, step=0.2)
-    b_cfg = {**cfg, "workers": 2, "run": "b"}
-    procs[:] = [_spawn(redis_url, w, str(logs), spec, b_cfg) for w in ("w0", "w2")]
+        with strata_redis.connect(redis_url, JOB, heartbeat_timeout=2.0) as job:
+            # the killed workers are declared failed (as their heartbeats stop) before the
+            # relaunch: its round is then all new, and resumes from the kept checkpoint
+            wait_for(lambda: not (job.reap() or job.live_workers()), 30, step=0.2)
+        cfg = {**cfg, "workers": size, "run": run}
+        procs[:] = [_spawn(redis_url, w, str(logs), spec, cfg) for w in ids]
     for proc in procs:
         proc.join(180)
-    assert [p.exitcode for p in procs] == [0, 0], _errors(logs)
-    assert {p.read_text() for p in logs.glob("resumed-b-*")} == {info.label}
-    after = _trained(logs, "b")
-    assert model + after == Counter(range(params.total_samples))  # none skipped, none twice
-    read = Counter()
-    for path in logs.glob("reads-b-*"):
-        read.update(line.split()[1] for line in path.read_text().splitlines())
-    again = {shard_path(DATASET, shard_name(s)) for s in done} & set(read)
-    assert not again, f"{len(again)} shards done in the checkpoint were read again"
-    partial = {s for p in positions for s, o in p.partial.items() if o and s not in done}
-    ranged = Counter()
-    for path in logs.glob("reads-b-*"):
-        ranged.update(ln.split()[1] for ln in path.read_text().splitlines() if ln[:5] == "range")
-    for s in partial:  # a shard done part-way is read by ranges, only what is left
-        assert ranged[shard_path(DATASET, shard_name(s))] >= 1, (s, partial)
+    assert [p.exitcode for p in procs] == [0, 0, 0], _errors(logs)
+    assert kept is not None
+    _check_resume(logs, "c", *kept, finished=True)
+    assert trained + _trained(logs, "c") == Counter(range(params.total_samples)), (
+        "none skipped, none twice"
+    )
     ckpt.close()
