@@ -30,8 +30,9 @@
 -- The epoch's structure stands whole while its pool is open, or the call changes nothing
 -- and answers S.STATE_LOST naming the key that is gone (LOST, status.py; G.ANCHORS): the
 -- taken and done bitmaps exist, the holders and expiry hold as many shards (every script
--- writes both), the offsets exist once written (meta `offsets`), the workers once indexed
--- (meta `indexed`), a record segment once made (meta `seg:<k>`), and the meta exists while
+-- writes both), the offsets exist once written (meta `offsets`), the restored offsets once
+-- a restore wrote them (meta `restored`: every member's data position carries them), the
+-- workers once indexed (meta `indexed`), a record segment once made (meta `seg:<k>`), and the meta exists while
 -- either bitmap does (an operator's DEL, an eviction: a pool rebuilt from nothing, or a
 -- taken bitmap gone, would hand out shards already trained).
 -- KEYS[1] = epoch meta HASH   KEYS[2] = taken STRING (bitmap)   KEYS[3] = holders HASH
@@ -41,6 +42,7 @@
 -- KEYS[11] = the record segment STRING of the shard to complete (any segment when none)
 -- KEYS[12] = workers HASH (the epoch's completers, indexed for the record)
 -- KEYS[13] = the dataset's lease totals HASH (lifetime: steals, samples, w:<worker>)
+-- KEYS[14] = restored HASH (the offsets a checkpoint restore wrote: only checked here)
 -- (the holders HASH: shard -> "<token> <expires_ms> <grant id> <worker>")
 -- ARGV[1] = worker id   ARGV[2] = lease time-to-live, ms
 -- ARGV[3] = "1" acquire, stealing if need be | "0" acquire own shards only | "" do not acquire
@@ -72,7 +74,7 @@ if G.ANCHORS and not beat then
   if status and status ~= 'failed' and status ~= 'left' then return LOST(KEYS[7]) end
 end
 local pool = redis.call('HMGET', KEYS[1], 'swept', 'closed_ms', 'num_shards', 'cursor',
-  'offsets', 'indexed')
+  'offsets', 'indexed', 'restored')
 if G.ANCHORS and not pool[2] then
   if pool[1] then  -- open: its bitmaps, holders and expiry, offsets once written
     if redis.call('EXISTS', KEYS[2], KEYS[5]) < 2 then
@@ -85,6 +87,7 @@ if G.ANCHORS and not pool[2] then
       return LOST(KEYS[4])
     end
     if pool[5] and redis.call('EXISTS', KEYS[10]) == 0 then return LOST(KEYS[10]) end
+    if pool[7] and redis.call('EXISTS', KEYS[14]) == 0 then return LOST(KEYS[14]) end
   elseif redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2], KEYS[5]) > 0 then
     return LOST(KEYS[1])  -- its bitmaps stand without it
   end

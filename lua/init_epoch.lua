@@ -15,8 +15,8 @@
 -- KEYS[1] = epoch meta HASH   KEYS[2] = the job's epoch STRING
 -- KEYS[3] = taken STRING (bitmap)   KEYS[4] = done STRING (bitmap)
 -- KEYS[5..] = the epoch to close (absent: none): meta HASH, taken STRING, holders HASH,
---             expiry ZSET, done STRING, offsets HASH, workers HASH, then its record
---             segments (STRINGs)
+--             expiry ZSET, done STRING, offsets HASH, restored HASH, workers HASH, then its
+--             record segments (STRINGs)
 -- ARGV[1] = number of shards
 -- ARGV[2] = the epoch to close ("" for none)   ARGV[3] = a closed epoch's summary TTL, seconds
 -- ARGV[4] = seconds to live of the segments of a closed epoch this call does not UNLINK
@@ -26,7 +26,7 @@
 --       | {S.STATE_LOST, era marked lost}: a key of the epoch's structure is gone
 local UNLINK_NOW = 8
 local closed = 0
-if NKEYS >= 11 then
+if NKEYS >= 12 then
   local old = redis.call('HMGET', KEYS[5], 'num_shards', 'swept', 'closed_ms', 'done')
   if old[2] and not old[3] then
     local done = tonumber(old[4] or '0')
@@ -35,13 +35,13 @@ if NKEYS >= 11 then
       -- at most UNLINK_NOW record segments here (freeing 768 KiB strings takes up to 0.1 ms
       -- each); the caller UNLINKs the rest in steps, or they expire in ARGV[4] seconds
       for i = 6, NKEYS do
-        if i <= 11 + UNLINK_NOW then redis.call('UNLINK', KEYS[i])
+        if i <= 12 + UNLINK_NOW then redis.call('UNLINK', KEYS[i])
         else redis.call('EXPIRE', KEYS[i], tonumber(ARGV[4])) end
       end
       local now = NOW_MS()
       redis.call('HDEL', KEYS[5], 'swept', 'cursor', 'sweep_gen', 'sweep_cursor', 'offsets',
-        'indexed')
-      for k = 0, NKEYS - 12 do  -- KEYS[12..]: every record segment of the epoch
+        'restored', 'indexed')
+      for k = 0, NKEYS - 13 do  -- KEYS[13..]: every record segment of the epoch
         redis.call('HDEL', KEYS[5], 'seg:' .. k)  -- which were made (acquire_shard)
       end
       redis.call('HSET', KEYS[5], 'done', done, 'closed_ms', now)

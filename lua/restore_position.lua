@@ -2,19 +2,21 @@
 -- recorded, once per restore, in bounded chunks (no call holds Redis for long at any epoch
 -- size). The epoch's pool is rebuilt: the shards the checkpoint's model trained on are done
 -- (token 0: no lease can complete them again), the shards it trained part of keep their
--- offset (the next lease starts there), every other shard is in the pool (bit 0); later
--- epochs' pools are deleted. The job's epoch is not this script's: the members put it back
--- first (coordination's restore_epoch.lua). Every member of the restoring round
--- sends the same chunks in order; the script applies only the next one, so racing members
--- and a member that died half-way neither double nor miss a shard. The pool opens (meta
--- `swept`, which acquire_shard waits for) and the mark is set with the last chunk. Nobody
--- leases meanwhile: the restoring round's members restore before they lease, and workers
--- that arrive later wait for the next round.
+-- offset (the next lease starts there) and are copied into the restored HASH, which nothing
+-- changes after (every member's data position carries those offsets until the shards are
+-- done, a worker that joins the epoch later without resuming too), every other shard is in
+-- the pool (bit 0); later epochs' pools are deleted. The job's epoch is not this script's:
+-- the members put it back first (coordination's restore_epoch.lua). Every member of the
+-- restoring round sends the same chunks in order; the script applies only the next one, so
+-- racing members and a member that died half-way neither double nor miss a shard. The pool
+-- opens (meta `swept`, which acquire_shard waits for) and the mark is set with the last
+-- chunk. Nobody leases meanwhile: the restoring round's members restore before they lease,
+-- and workers that arrive later wait for the next round.
 -- KEYS[1] = restores HASH (the mark, and the progress field `<mark field>:next`)
--- KEYS[2..7] = the epoch's meta HASH, taken STRING, holders HASH, expiry ZSET, done STRING,
---              offsets HASH
--- KEYS[8..] = the epoch's workers HASH and record segments, and every key of later epochs'
---             pools, deleted by chunk 0 (with KEYS[2..7])
+-- KEYS[2..8] = the epoch's meta HASH, taken STRING, holders HASH, expiry ZSET, done STRING,
+--              offsets HASH, restored HASH
+-- KEYS[9..] = the epoch's workers HASH and record segments, and every key of later epochs'
+--             pools, deleted by chunk 0 (with KEYS[2..8])
 -- ARGV[1] = the mark's field   ARGV[2] = the mark (the restoring round)
 -- ARGV[3] = number of shards   ARGV[4] = this chunk's index k   ARGV[5] = number of chunks
 -- ARGV[6] = n, then n done shard ids; then m, then m pairs: shard id, samples trained
@@ -56,8 +58,12 @@ end
 if n > 0 then redis.call('HINCRBY', KEYS[2], 'done', n) end
 i = i + n + 1
 local m = tonumber(ARGV[i])
-for j = i + 1, i + 2 * m, 2 do redis.call('HSET', KEYS[7], ARGV[j], ARGV[j + 1]) end
-if m > 0 then redis.call('HSET', KEYS[2], 'offsets', 1) end  -- acquire_shard checks them
+for j = i + 1, i + 2 * m, 2 do
+  redis.call('HSET', KEYS[7], ARGV[j], ARGV[j + 1])
+  redis.call('HSET', KEYS[8], ARGV[j], ARGV[j + 1])
+end
+-- both made: acquire_shard checks they still exist
+if m > 0 then redis.call('HSET', KEYS[2], 'offsets', 1, 'restored', 1) end
 if k + 1 < chunks then
   redis.call('HSET', KEYS[1], progress, mark .. ' ' .. (k + 1))
   return {S.OK, 0, k + 1, 1}

@@ -395,7 +395,8 @@ class LeaseKeys:
         free shard), done (shards done), by:<worker> (shards it completed),
         last:<worker> ("<shard> <token> <grant>": its last completion); what was made, which
         ``acquire_shard.lua`` checks still exists: offsets (the offsets HASH was written),
-        indexed (the workers HASH was), seg:<k> (record segment k was). Once the epoch is closed
+        indexed (the workers HASH was), restored (the restored HASH was), seg:<k> (record
+        segment k was). Once the epoch is closed
         (``init_epoch.lua``: finished, or the job is past it, when a later epoch's pool is
         built) it is the epoch's summary, of constant size in the shards (bounded by the
         workers): its other keys are gone, it gains ``closed_ms``, loses the pool fields, and
@@ -448,6 +449,14 @@ class LeaseKeys:
         """HASH shard id -> samples already trained, for shards restored part-way from a
         checkpoint (the next lease of the shard starts there)."""
         return self._key("shard_offsets")
+
+    @property
+    def restored(self) -> str:
+        """HASH shard id -> samples already trained, for the shards a checkpoint restore put
+        back part-way: the restore's offsets as it wrote them, never changed after (the
+        offsets HASH moves with hand-backs). Every member's data position carries them until
+        those shards are done (``data/stream.py``), whether it resumed or joined later."""
+        return self._key("shard_restored")
 
     @property
     def lockstep(self) -> str:

@@ -15,6 +15,7 @@ import strata_redis
 from strata_redis import era as era_module
 from strata_redis import scripts
 from strata_redis.data.leases import Lease, ShardLeases
+from strata_redis.data.position import restore_position
 from strata_redis.keys import LeaseKeys
 from strata_redis.status import ANCHORS, GUARDS_ENV
 
@@ -185,3 +186,24 @@ def test_a_deleted_rendezvous_stops_its_members_naming_it(job: strata_redis.Job,
         with pytest.raises(strata_redis.StateLostError, match="rendezvous"):
             call()
     assert not raw.exists(job.keys.rendezvous)  # nothing was built again
+
+
+def test_a_deleted_copy_of_the_restored_offsets_stops_the_job_naming_it(
+    job: strata_redis.Job, raw: Any
+) -> None:
+    """The restored offsets every member's data position carries (``LeaseKeys.restored``,
+    written by a checkpoint restore): lost while the pool is open, the next lease call stops
+    with ``StateLostError`` naming the key, so no checkpoint is written without them."""
+    params = strata_redis.ShardManager(job).register_dataset_params("ds", 16, 2, False, 0)
+    restore_position(job.context, params, 0, {0}, {1: 1, 2: 1}, workers=["w0"], mark=1,
+                     later_epochs=0)  # fmt: skip
+    job.register_worker("w0", heartbeat_interval=None)
+    leases = job.leases("ds", 0, "w0", ttl=30)
+    key = leases.keys.restored
+    assert raw.hgetall(key) == {"1": "1", "2": "1"}
+    lease = leases.acquire()
+    assert lease is not None and lease.complete()
+    assert raw.hgetall(key) == {"1": "1", "2": "1"}  # a completion leaves the copy as it was
+    raw.delete(key)
+    with pytest.raises(strata_redis.StateLostError, match="shard_restored:0:ds"):
+        leases.acquire()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,97 @@ def test_a_smaller_rounds_checkpoint_carries_the_positions_of_the_ranks_that_lef
     third: Counter[int] = Counter()
     with _walks(orchs) as walks:
         for walk in walks:  # (no collectives: one rank after another drains the pool)
+            for batch in walk:
+                third.update(batch.tolist())
+    trained = first + second + third
+    twice = sorted(s for s, n in trained.items() if n > 1)
+    assert not twice, f"{len(twice)} samples trained twice: {twice}"
+    assert trained == Counter(range(TOTAL))
+
+
+def _newest(o: strata_redis.TrainingOrchestrator, ranks: int) -> tuple[int, set[int], dict]:
+    """The step of the newest committed checkpoint, and what its ``ranks`` ranks consumed."""
+    info = o.checkpoints.latest()
+    assert info is not None
+    parts = [o.checkpoints.load(info.step, POSITION_PART, r, epoch=0, run=info.run)
+             for r in range(ranks)]  # fmt: skip
+    return (info.step, *merge_positions(p for raw in parts for p in decode_positions(raw)[0]))
+
+
+def _wait(what: str, ready: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_joined_without_resuming_carries_the_restored_offsets(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The joiner's gap: a worker admitted mid-epoch into a round with a resumed member (so
+    it does not resume itself), left alone when the resumed members go, still carries the
+    restored offsets of the half-read shards nobody leased: its checkpoint keeps them, and a
+    resume from it at another world size trains every sample of the epoch once."""
+    strata_redis.ShardManager(redis_url, job_id=JOB).register_dataset_params(
+        DATASET, TOTAL, PER_SHARD, True, 7
+    )
+    ckpt = tmp_path / "ckpt"
+    # round 1: three ranks, one batch each (every rank holds a shard at 4 of 10)
+    orchs = _round(redis_url, ckpt, ["a", "b", "c"])
+    with _walks(orchs) as walks:
+        first = _train(walks, 1)
+        _checkpoint(orchs, 1)
+        done1, offsets1 = _saved(orchs, 1)
+    assert not done1 and len(offsets1) == 3, offsets1
+
+    # round 2: "a" and "b" resume from it (the pool holds the three shards at 4); "d" arrives
+    # and waits for the next round. (Its last call is long: the round it may open when "b"
+    # leaves waits for "a", the live member left, instead of closing with "d" alone, a
+    # fresh round that would resume.)
+    a, b = _round(redis_url, ckpt, ["a", "b"])
+    assert a.resumed is not None and a.resumed.step == 1
+    joined: list[strata_redis.TrainingOrchestrator] = []
+    joiner = threading.Thread(target=lambda: joined.append(strata_redis.TrainingOrchestrator(
+        coordinator_url=redis_url, worker_id="d", job_id=JOB, checkpoint_path=str(ckpt),
+        min_workers=1, last_call=30.0, heartbeat_timeout=5.0, batch_size=BATCH,
+        commit_timeout=30.0,
+    )))  # fmt: skip
+    joiner.start()
+    # "b" leaves; "a" joins round 3 with "d" at its next step (the walk's check), draws one
+    # batch and is gone before its step ends (not in any model: its lease goes back whole)
+    b.close()
+    stream = a.get_shards(DATASET)
+    _wait("a's round to break", stream.host.interrupted)
+    walk = iter(stream)
+    next(walk)
+    assert a.round.number == 3 and a.world_size == 2 and not a.round.fresh
+    walk.close()  # type: ignore[attr-defined]
+    a.close()
+    joiner.join(60)
+    (d,) = joined
+    assert d.resumed is None and not d.round.fresh  # admitted mid-epoch: it did not resume
+
+    # "d" alone (round 4) trains one batch and checkpoints; the half-read shards it did not
+    # lease are in nobody's position but a carried one
+    stream = d.get_shards(DATASET)
+    _wait("d's round to break", stream.host.interrupted)
+    with _walks([d]) as walks:
+        second = _train(walks, 1)
+        assert d.world_size == 1
+        future = d.save_checkpoint(step=1, epoch=0)
+        assert future is not None
+        future.result(timeout=60)
+        step, done2, offsets2 = _newest(d, 1)
+    for shard, offset in offsets1.items():
+        assert shard in done2 or offsets2.get(shard, 0) >= offset, (shard, offsets1, offsets2)
+
+    # round 5: two ranks resume from the joiner's checkpoint and finish the epoch
+    orchs = _round(redis_url, ckpt, ["a", "b"])
+    assert [o.resumed and o.resumed.step for o in orchs] == [step, step]
+    third: Counter[int] = Counter()
+    with _walks(orchs) as walks:
+        for walk in walks:
             for batch in walk:
                 third.update(batch.tolist())
     trained = first + second + third

@@ -189,16 +189,19 @@ class ShardLeases:
             [self.params.num_shards, close if close >= 0 else "", RECORD_TTL_S, CLOSE_TTL_S],
             self._context(),
         )  # fmt: skip
-        rest = keys[4 + 7 + CLOSE_STEP :] if int(closed) else []
+        # past this epoch's 4 keys, the closed epoch's 8 before its segments, and the segments
+        # the script unlinked
+        rest = keys[4 + 8 + CLOSE_STEP :] if int(closed) else []
         for start in range(0, len(rest), CLOSE_STEP):
             self.context.client.unlink(*rest[start : start + CLOSE_STEP])
 
     # -- the four lease calls --------------------------------------------------------------
     def _handoff_keys(self, shard: int = 0) -> list[str]:
         """``acquire_shard``'s KEYS: the pool's, the completion record's segment holding
-        ``shard`` (the first when nothing is completed), the worker index, the lifetime totals."""
+        ``shard`` (the first when nothing is completed), the worker index, the lifetime totals,
+        the restored offsets (checked only)."""
         segment = self.keys.record(shard // RECORD_SEGMENT)
-        return [*self._acquire_keys, segment, self.keys.workers, self._totals]
+        return [*self._acquire_keys, segment, self.keys.workers, self._totals, self.keys.restored]
 
     def acquire(self) -> Lease | None:
         """Lease the next shard: own shards first, then (if ``steal``) others' unstarted ones.

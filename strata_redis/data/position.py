@@ -4,13 +4,13 @@ checkpoint, and putting an epoch's lease pool back to the position a checkpoint 
 A rank's position is the shards its model has consumed in the epoch: the shards done when
 it (re)joined the epoch in its round (``base``: in data-parallel training every rank's model
 holds them), the shards it completed since (``own``), and, for the shard in progress, how
-many samples it yielded (``partial``), and, for the shards the position its round resumed
-from had part-way, their restored offsets until they are finished (carried by every member
-of the resumed round: ``data/stream.py``; a round smaller than the checkpoint's keeps the
-half-read shards of the ranks that left). The union over a checkpoint's ranks is what the
-saved model trained on; restoring marks exactly that done, so every sample of the epoch is
-trained once relative to the restored model, with any number of workers after the restore
-and any number after the next.
+many samples it yielded (``partial``), and, for the shards the epoch's last restore put
+back part-way, their restored offsets until they are finished (carried by every member of
+every round of that epoch, read from the epoch's record: ``data/stream.py``; a round smaller
+than the checkpoint's keeps the half-read shards of the ranks that left). The union over a
+checkpoint's ranks is what the saved model trained on; restoring marks exactly that done, so
+every sample of the epoch is trained once relative to the restored model, with any number of
+workers after the restore and any number after the next.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The epoch record: what a (dataset, epoch)'s leases left in Redis, read.
 
 The lease protocol (``leases.py``, with its scripts) writes a (dataset, epoch)'s record: the
-done and taken bitmaps, the lease hash, the offsets of shards handed back part-way, the
+done and taken bitmaps, the lease hash, the offsets of shards handed back part-way (and,
+apart, the offsets a checkpoint restore put back: ``restore_position``), the
 per-shard completion record (fencing token and completer, in segments), the epoch's meta
 (counts, and its summary once closed), and the dataset's lifetime totals. This module reads
 it: where a walk begins (``epoch_record``), how far an epoch is (``EpochProgress``), who
@@ -29,7 +30,8 @@ __all__ = [
     "RECORD_BYTES", "RECORD_SEGMENT", "EpochProgress", "LeaseHolder", "LeaseTotals",
     "completed_by", "completions", "done_count", "done_shards", "epoch_keys", "epoch_record",
     "holders", "keep_whole", "kept_whole", "lease_totals", "progress", "queue_completed_by",
-    "queue_holders", "queue_lease_grants", "queue_lease_totals", "queue_progress", "segments",
+    "queue_holders", "queue_lease_grants", "queue_lease_totals", "queue_progress",
+    "restored_offsets", "segments",
     "take_completed_by", "take_holders", "take_lease_grants", "take_lease_totals",
     "take_progress",
 ]  # fmt: skip
@@ -53,10 +55,10 @@ def segments(num_shards: int) -> int:
 
 def epoch_keys(ctx: JobContext, params: DatasetParams, epoch: int) -> list[str]:
     """Every key of a (dataset, epoch)'s leases: meta, taken, holders, expiry, done,
-    offsets, workers, then the record segments (the lockstep quota hash is
+    offsets, restored, workers, then the record segments (the lockstep quota hash is
     ``walks/lockstep.py``'s)."""
     k = ctx.keys.lease_keys(params.name, epoch)
-    keys = [k.meta, k.taken, k.holders, k.expiry, k.done, k.offsets, k.workers]
+    keys = [k.meta, k.taken, k.holders, k.expiry, k.done, k.offsets, k.restored, k.workers]
     return keys + [k.record(i) for i in range(segments(params.num_shards))]
 
 
@@ -88,6 +90,14 @@ def epoch_record(
     if len(done) == params.num_shards:
         return done, {}
     return done, {int(s): int(o) for s, o in hash_items(ctx.client, k.offsets).items()}
+
+
+def restored_offsets(ctx: JobContext, params: DatasetParams, epoch: int) -> dict[int, int]:
+    """Shard -> samples already trained, of the shards the epoch's last checkpoint restore
+    put back part-way (``LeaseKeys.restored``: the restore's own offsets, which no hand-back
+    changes): what every member's data position carries until those shards are done."""
+    restored = ctx.keys.lease_keys(params.name, epoch).restored
+    return {int(s): int(o) for s, o in hash_items(ctx.client, restored).items()}
 
 
 def done_shards(ctx: JobContext, params: DatasetParams, epoch: int) -> set[int]:

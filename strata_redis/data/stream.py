@@ -13,11 +13,14 @@ position it resumed from), and nothing else.
 
 **A data position is never dropped.** The position a fresh round resumed from is in every
 member's model, and stays in every position the stream gives until the shards it had
-part-way are finished: each walk of that epoch starts with the resumed offsets (``_carried``)
-as its own, whoever leases those shards, and whether or not anyone has yet. A round smaller
-than the checkpoint's (ranks that left) leaves their half-read shards in the pool at their
-offsets (``restore_position``), and its checkpoints still record those offsets until a
-member finishes them, so a later resume at any world size trains each sample once.
+part-way are finished: each walk of that epoch starts with the restored offsets
+(``carried``, read from the epoch's record as the walk begins: ``restored_offsets``) as its
+own, whoever leases those shards, and whether or not anyone has yet — in every member of
+every round of that epoch, a worker that joined it later without resuming too (its model is
+the round's). A round smaller than the checkpoint's (ranks that left) leaves their
+half-read shards in the pool at their offsets (``restore_position``), and its checkpoints
+still record those offsets until a member finishes them, so a later resume at any world
+size trains each sample once.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ..errors import LeaseLostError, NotReplicatedError
 from ..validate import check_int
 from .leases import ShardLeases
 from .position import Position
-from .record import done_count, done_shards, epoch_record
+from .record import done_count, done_shards, epoch_record, restored_offsets
 from .sharding import DatasetParams
 from .walks import WALKS, Batch, LockstepWalk, WalkHost, WalkSpec
 
@@ -130,6 +133,9 @@ class ShardStream:
         self._walk = WALKS[self.walk]()  # made once: a walk's state lasts between iterations
         #: shard -> samples already trained when the walk began (restored offsets)
         self.starts: dict[int, int] = {}
+        #: the walked epoch's restored offsets, carried in its positions until those shards
+        #: are done (read once per walk)
+        self.carried: dict[int, int] = {}
         self._position: Position | None = None
         self._round = 0  # the round the position's ``base`` was read in
         # handed-out batches not yet consumed (``track_consumption``), oldest first: a batch
@@ -168,9 +174,10 @@ class ShardStream:
         ctx, params = host.context, self.params
         epoch = host.begin_epoch()
         done, self.starts = host.retry(epoch_record, ctx, params, epoch)
+        closed = len(done) == params.num_shards
+        self.carried = {} if closed else host.retry(restored_offsets, ctx, params, epoch)
         position = Position(params.name, epoch, params.num_shards, done)
-        carried = self._carried(epoch)
-        position.partial.update((s, o) for s, o in carried.items() if s not in done)
+        position.partial.update((s, o) for s, o in self.carried.items() if s not in done)
         self._position, self._round = position, host.round.number
         self._pending.clear()
         self._finishers.clear()
@@ -183,12 +190,6 @@ class ShardStream:
         host.set_status("training")
         yield from self._walk(spec, self, host)
         host.set_status("idle")
-
-    def _carried(self, epoch: int) -> dict[int, int]:
-        """The resumed offsets of ``epoch`` this stream's positions carry (empty for another
-        epoch: the resumed one is over)."""
-        resumed = self.host.resumed(self.params.name)
-        return dict(resumed[2]) if resumed is not None and resumed[0] == epoch else {}
 
     # -- what the training step consumed ----------------------------------------------------
     def consumed(self, batches: int = 1) -> None:
@@ -236,14 +237,14 @@ class ShardStream:
 
     def dropped(self, shard: int) -> None:
         """This walk's part of ``shard`` is not in its position after all (its lease was
-        taken back: the new holder trains it again): the position keeps only the resumed
+        taken back: the new holder trains it again): the position keeps only the restored
         offset it carries (already in the model), if any. (With ``track_consumption``, the
         position moves only as the batches handed out are consumed: nothing to drop.)"""
         if self.track_consumption:
             return
         position = self._position
         assert position is not None
-        floor = self._carried(position.epoch).get(shard, 0)
+        floor = self.carried.get(shard, 0)
         if floor and shard not in position.base:
             position.partial[shard] = floor
         else:

@@ -4,7 +4,8 @@
 - ``FakeHost``: a ``StreamHost`` (``data/stream.py``; a walk sees its ``WalkHost`` part,
   ``data/walks/base.py``): the walks' whole view of the process that runs them. Its
   ``retry`` is the seam the stream calls Redis through: the reads of the epoch's record
-  (``epoch_record``, ``done_shards``, ``done_count``) are answered from the fake lease pool.
+  (``epoch_record``, ``restored_offsets``, ``done_shards``, ``done_count``) are answered from
+  the fake lease pool.
 - ``RecordingLedger``: a walk's ``Ledger`` (``data/walks/base.py``) that records what the
   walk reports, to drive a walk without a stream.
 - ``LeasePool`` and ``FakeShardLeases``: the lease protocol a walk drives (acquire,
@@ -141,8 +142,11 @@ class LeasePool:
         *,
         done: set[int] | None = None,
         offsets: dict[int, int] | None = None,
+        restored: dict[int, int] | None = None,
     ) -> None:
         self.params, self.epoch = params, epoch
+        #: the offsets the epoch's last checkpoint restore wrote (never changed after)
+        self.restored: dict[int, int] = dict(restored or {})
         self.done: set[int] = set(done or ())
         self.todo: dict[int, int] = {
             s: (offsets or {}).get(s, 0) for s in range(params.num_shards) if s not in self.done
@@ -289,6 +293,8 @@ class FakeHost:
         pool = self.pool
         if fn is record_module.epoch_record:
             return pool.record()
+        if fn is record_module.restored_offsets:
+            return dict(pool.restored)
         if fn is record_module.done_shards:
             return set(pool.done)
         if fn is record_module.done_count:

@@ -431,7 +431,7 @@ def test_a_resumed_position_is_carried_until_its_shards_are_done(
     first walk, and in each walk of that epoch) until those shards are done, so a checkpoint
     of a smaller round never drops a departed rank's half-read shard; a lease of one taken
     back falls back to the resumed offset (already in the model), not to nothing."""
-    pool = LeasePool(params, done={0}, offsets={1: 3, 2: 7})
+    pool = LeasePool(params, done={0}, offsets={1: 3, 2: 7}, restored={1: 3, 2: 7})
     use_pool(monkeypatch, pool)
     host = FakeHost(pool, restored={params.name: (0, {0}, {1: 3, 2: 7})})
     stream = ShardStream(host, params, BATCH)
@@ -444,7 +444,23 @@ def test_a_resumed_position_is_carried_until_its_shards_are_done(
     pool.take_back(1)  # declared failed meanwhile: shard 1 goes back to the pool
     stream.dropped(1)
     assert stream.position.partial[1] == 3  # the resumed offset, not dropped
-    assert stream._carried(1) == {}  # another epoch carries nothing: the resumed one is over
+
+
+def test_a_worker_that_joined_without_resuming_carries_the_restored_offsets(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker admitted into a later round of the resumed epoch (its host resumed nothing)
+    carries the epoch's restored offsets all the same (the epoch's record has them, not the
+    resuming processes' memory): a checkpoint its round writes after the resumed members
+    left still holds the half-read shards nobody leased yet."""
+    pool = LeasePool(params, done={0, 1}, offsets={1: 3, 9: 7}, restored={1: 3, 9: 7})
+    use_pool(monkeypatch, pool)  # (shard 1 was finished by a member of the resumed round)
+    stream = ShardStream(FakeHost(pool), params, BATCH)
+    assert stream.position is None  # (it resumed nothing)
+    next(iter(stream))  # shard 2's first batch
+    position = stream.position
+    assert position is not None and position.partial[9] == 7  # not leased by anyone yet
+    assert 1 not in position.partial and position.done() == {0, 1}
 
 
 # -- the walks through their narrow interface (data/walks/base.py), no stream -----------------
