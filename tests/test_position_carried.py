@@ -92,21 +92,27 @@ def _saved(orchs: list[strata_redis.TrainingOrchestrator], step: int) -> tuple[s
     return merge_positions(p for raw in parts for p in decode_positions(raw)[0])
 
 
-@pytest.mark.timeout(120)
-def test_a_smaller_rounds_checkpoint_carries_the_positions_of_the_ranks_that_left(
-    redis_url: str, tmp_path: Path
-) -> None:
+def _round_one(redis_url: str, ckpt: Path) -> tuple[Counter[int], dict[int, int]]:
+    """Register the dataset; round 1: three ranks, one batch each (every rank holds a shard
+    at 4 of 10), then a checkpoint at step 1: what they trained, and its offsets."""
     strata_redis.ShardManager(redis_url, job_id=JOB).register_dataset_params(
         DATASET, TOTAL, PER_SHARD, True, 7
     )
-    ckpt = tmp_path / "ckpt"
-    # round 1: three ranks, one batch each (every rank holds a shard at 4 of 10)
     orchs = _round(redis_url, ckpt, ["a", "b", "c"])
     with _walks(orchs) as walks:
         first = _train(walks, 1)
         _checkpoint(orchs, 1)
         done1, offsets1 = _saved(orchs, 1)
     assert not done1 and len(offsets1) == 3, offsets1
+    return first, offsets1
+
+
+@pytest.mark.timeout(120)
+def test_a_smaller_rounds_checkpoint_carries_the_positions_of_the_ranks_that_left(
+    redis_url: str, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    first, offsets1 = _round_one(redis_url, ckpt)
 
     # round 2: two ranks resume from it; one batch each leases at most two of the three
     # half-read shards, then they checkpoint
@@ -161,17 +167,8 @@ def test_a_worker_that_joined_without_resuming_carries_the_restored_offsets(
     it does not resume itself), left alone when the resumed members go, still carries the
     restored offsets of the half-read shards nobody leased: its checkpoint keeps them, and a
     resume from it at another world size trains every sample of the epoch once."""
-    strata_redis.ShardManager(redis_url, job_id=JOB).register_dataset_params(
-        DATASET, TOTAL, PER_SHARD, True, 7
-    )
     ckpt = tmp_path / "ckpt"
-    # round 1: three ranks, one batch each (every rank holds a shard at 4 of 10)
-    orchs = _round(redis_url, ckpt, ["a", "b", "c"])
-    with _walks(orchs) as walks:
-        first = _train(walks, 1)
-        _checkpoint(orchs, 1)
-        done1, offsets1 = _saved(orchs, 1)
-    assert not done1 and len(offsets1) == 3, offsets1
+    first, offsets1 = _round_one(redis_url, ckpt)
 
     # round 2: "a" and "b" resume from it (the pool holds the three shards at 4); "d" arrives
     # and waits for the next round. (Its last call is long: the round it may open when "b"
