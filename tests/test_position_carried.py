@@ -132,12 +132,17 @@ def test_a_smaller_rounds_checkpoint_carries_the_positions_of_the_ranks_that_lef
     # round 3: three ranks resume from the smaller round's checkpoint and finish the epoch
     orchs = _round(redis_url, ckpt, ["a", "b", "c"])
     assert [o.resumed and o.resumed.step for o in orchs] == [2, 2, 2]
-    third: Counter[int] = Counter()
+    _drain_once(orchs, first + second)
+
+
+def _drain_once(orchs: list[strata_redis.TrainingOrchestrator], before: Counter[int]) -> None:
+    """The round drains the epoch; with what was ``before`` it, every sample once."""
+    rest: Counter[int] = Counter()
     with _walks(orchs) as walks:
         for walk in walks:  # (no collectives: one rank after another drains the pool)
             for batch in walk:
-                third.update(batch.tolist())
-    trained = first + second + third
+                rest.update(batch.tolist())
+    trained = before + rest
     twice = sorted(s for s, n in trained.items() if n > 1)
     assert not twice, f"{len(twice)} samples trained twice: {twice}"
     assert trained == Counter(range(TOTAL))
@@ -214,12 +219,4 @@ def test_a_worker_that_joined_without_resuming_carries_the_restored_offsets(
     # round 5: two ranks resume from the joiner's checkpoint and finish the epoch
     orchs = _round(redis_url, ckpt, ["a", "b"])
     assert [o.resumed and o.resumed.step for o in orchs] == [step, step]
-    third: Counter[int] = Counter()
-    with _walks(orchs) as walks:
-        for walk in walks:
-            for batch in walk:
-                third.update(batch.tolist())
-    trained = first + second + third
-    twice = sorted(s for s, n in trained.items() if n > 1)
-    assert not twice, f"{len(twice)} samples trained twice: {twice}"
-    assert trained == Counter(range(TOTAL))
+    _drain_once(orchs, first + second)
