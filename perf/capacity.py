@@ -48,11 +48,8 @@ import strata_redis
 from strata_redis.checkpoint.commit import StepProtocol
 from strata_redis.checkpoint.ids import CheckpointId
 from strata_redis.coordination import registry
-from strata_redis.coordination.workers import (
-    heartbeat_workers,
-    heartbeat_workers_call,
-    register_worker,
-)
+from strata_redis.coordination.heartbeats import heartbeat_workers, heartbeat_workers_call
+from strata_redis.coordination.workers import register_worker
 from strata_redis.data.leases import ShardLeases
 from strata_redis.data.sharding import DatasetParams
 from strata_redis.server import RedisServer

@@ -11,9 +11,10 @@ from .connection import DEFAULT_MAX_CONNECTIONS, describe
 from .context import HasContext, JobContext
 from .coordination import epochs, latency, lifecycle, registry
 from .coordination.barrier import Barrier
+from .coordination.heartbeats import heartbeat_workers
 from .coordination.latency import BarrierLatency
 from .coordination.registry import WorkerInfo
-from .coordination.workers import Worker, heartbeat_workers, register_worker
+from .coordination.workers import Worker, register_worker
 from .data.datasets import get_dataset
 from .data.leases import ShardLeases
 from .era import EraScripts
@@ -187,7 +188,7 @@ class Job:
         """Heartbeat several of this job's workers in one round trip (one script call per
         1,000); background heartbeats of one process are batched so already.
 
-        See ``strata_redis.coordination.workers.heartbeat_workers``.
+        See ``strata_redis.coordination.heartbeats.heartbeat_workers``.
 
         Returns:
             One verdict per worker, in order: None (recorded) or the exception a single

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import strata_redis
-from strata_redis.coordination import workers as workers_mod
+from strata_redis.coordination import heartbeats as heartbeats_mod
 from strata_redis.errors import WorkerFailedError, WorkerLeftError, WorkerReplacedError
 
 from .procs import wait_for
@@ -67,7 +67,7 @@ def test_one_call_beats_the_live_and_reports_the_dead_without_reviving_them(
 def test_batches_past_the_limit_are_split(
     job: strata_redis.Job, raw: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workers_mod, "HEARTBEAT_BATCH", 3)
+    monkeypatch.setattr(heartbeats_mod, "HEARTBEAT_BATCH", 3)
     ws = [job.register_worker(f"w{i}", heartbeat_interval=None) for i in range(7)]
     ids = [w.worker_id for w in ws]
     job.client.zadd(job.keys.heartbeats, {w: 1 for w in ids})

@@ -4,11 +4,11 @@ epochs, and a job's lifecycle in Redis.
 ``__all__`` is what other packages and users may import from here: the classes a ``Job``
 hands out (``Worker``, ``Barrier``, ``Rendezvous``, ...), and the owner modules other
 packages call or read through with their ``queue_x``/``take_x`` pairs (``epochs``,
-``latency``, ``lifecycle``, ``registry``, ``rendezvous``, ``workers``). ``waiters`` (the
-barrier's wake-ups) is this package's own.
+``heartbeats``, ``latency``, ``lifecycle``, ``registry``, ``rendezvous``, ``workers``).
+``waiters`` (the barrier's wake-ups) is this package's own.
 """
 
-from . import epochs, latency, lifecycle, registry, rendezvous, workers
+from . import epochs, heartbeats, latency, lifecycle, registry, rendezvous, workers
 from .barrier import LIVE, Barrier, BarrierState, Release
 from .latency import BarrierLatency
 from .registry import WorkerInfo
@@ -26,6 +26,7 @@ __all__ = [
     "Worker",
     "WorkerInfo",
     "epochs",
+    "heartbeats",
     "latency",
     "lifecycle",
     "registry",

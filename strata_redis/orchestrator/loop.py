@@ -1,112 +1,55 @@
-"""``TrainingOrchestrator``: the training loop's one handle (rendezvous, batches, checkpoints).
+"""``TrainingOrchestrator``: the training loop's one handle, composing this package's parts.
 
-The seeds' loop runs as written::
-
-    orchestrator = strata_redis.TrainingOrchestrator(coordinator_url="localhost:6379",
-                                                     worker_id="worker-01")
-    shard_info = orchestrator.get_shards("imagenet_total")
-    for epoch in range(2):
-        for step, batch in enumerate(shard_info):
-            ...                                   # train on batch (numpy sample indices)
-            if step % 100 == 0:
-                orchestrator.save_checkpoint(step=step, epoch=epoch)
-        orchestrator.advance_epoch()
-
-``for epoch in orchestrator.epochs(2):`` is the resume-correct form of its outer loop (the
-job's epochs from where the job is; ``range(2)`` relaunched after a resume trains two more).
-The constructor logs one line saying who the loop is (``launch.start_line``).
-
-It registers the worker (heartbeats in the background), joins the elastic rendezvous, and,
-in a round where every member is new (a whole-job start or restart), puts the data position
-back to the newest verified checkpoint. Its batches come from fenced shard leases, one Redis
-round trip per shard and none per batch; each batch checks, with no round trip, whether the
-heartbeat thread found the round broken (a member died or left), and if so the worker
-rendezvouses again (``elastic=True``) or raises ``RoundBrokenError``.
+It checks its arguments, registers the worker, joins the first round and resumes; its public
+methods hand each concern to one collaborator: the rounds (``rounds.py``), the saves
+(``saves.py``), preemption's way out (``stopping.py``), the status shown (``shown.py``), the
+streams' host (``host.py``), leaving (``leaving.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
 import redis as redis_py
-from redis.exceptions import OutOfMemoryError
 
-from . import identity
-from .checkpoint.ids import MAX_NUMBER, CheckpointId
-from .checkpoint.manager import CheckpointManager
-from .checkpoint.manifest import CheckpointInfo
-from .checkpoint.rounds import RoundCheckpoints, loop_parts
-from .context import HasContext, JobContext
-from .coordination.barrier import Barrier
-from .coordination.epochs import current_epoch, round_epoch_barrier
-from .coordination.lifecycle import end_job
-from .coordination.registry import reap
-from .coordination.rendezvous import Rendezvous, Round, RoundWatch
-from .coordination.workers import Worker, register_worker
-from .data.datasets import get_dataset
-from .data.position import POSITION_PART, encode_positions
-from .data.stream import ShardStream
-from .errors import (
-    BarrierBrokenError,
-    EpochUnfinishedError,
-    RoundBrokenError,
-    StrataError,
-)
-from .launch import hosts_warning, start_line
-from .outage import ride_out
-from .preemption import DEFAULT_BUDGET_S, EXIT_BUDGET_EXCEEDED, Preempted, Preemption, parse_signals
-from .resume import Resume
-from .storage import Storage, open_storage, retrying
-from .validate import check_id, check_int, check_seconds
+from .. import identity
+from ..checkpoint.ids import MAX_NUMBER
+from ..checkpoint.manager import CheckpointManager
+from ..checkpoint.manifest import CheckpointInfo
+from ..checkpoint.rounds import RoundCheckpoints
+from ..context import HasContext, JobContext
+from ..coordination.epochs import current_epoch
+from ..coordination.rendezvous import Rendezvous, Round, RoundWatch
+from ..coordination.workers import Worker, register_worker
+from ..data.datasets import get_dataset
+from ..data.stream import ShardStream
+from ..launch import hosts_warning, start_line
+from ..outage import ride_out
+from ..preemption import DEFAULT_BUDGET_S, Preemption, parse_signals
+from ..resume import Resume
+from ..storage import Storage, open_storage
+from ..validate import check_id, check_int, check_seconds
+from .host import LoopHost
+from .leaving import leave
+from .rounds import RoundMember
+from .saves import Saves
+from .shown import ShownStatus
+from .stopping import Stopping
 
 __all__ = ["TrainingOrchestrator"]
 
+# the loop's logger, for every module of the loop (``docs/reference/environment.md``)
 log = logging.getLogger("strata_redis.orchestrator")
 T = TypeVar("T")
 
 #: what ``state`` may be: a buffer, or a mapping of part name -> buffer
 State = Any
-
-
-class _Host:
-    """A ``TrainingOrchestrator`` as the host of its streams' walks (``data.stream.StreamHost``):
-    the narrow view a walk gets of it."""
-
-    def __init__(self, o: TrainingOrchestrator) -> None:
-        self.context, self.worker_id, self.lease_ttl, self._o = (
-            o.context,
-            o.worker_id,
-            o.lease_ttl,
-            o,
-        )
-        self.retry, self.set_status = o._retry, o._set_status
-        self.guard = o._step_guard
-
-    @property
-    def round(self) -> Round:
-        return self._o.round
-
-    def interrupted(self) -> bool:
-        o = self._o
-        return o._watch.broken is not None or o.worker.lost is not None or o.preempted
-
-    def begin_epoch(self) -> int:
-        self._o._between_epochs = False
-        epoch = self._o._job_epoch = self._o._retry(current_epoch, self._o.context)
-        return epoch
-
-    def resumed(self, dataset: str) -> tuple[int, set[int], dict[int, int]] | None:
-        return self._o.resumed_positions.get(dataset)
 
 
 class TrainingOrchestrator:
@@ -261,38 +204,36 @@ class TrainingOrchestrator:
         self._owns_storage = not isinstance(checkpoint_path, Storage)
         self.storage = open_storage(checkpoint_path)
 
-        self._host = _Host(self)
+        # the collaborators (this package's modules), each one concern, sharing this state
+        self._status = ShownStatus(self.worker_id)  # shown.py
+        self._member = RoundMember(self)  # rounds.py: the round, the epoch barrier
+        self._saves = Saves(self)  # saves.py
+        self._stopping = Stopping(self)  # stopping.py: preemption's way out
+        self._host = LoopHost(self)  # host.py: what the streams' walks see
         self._streams: dict[str, ShardStream] = {}
-        self._watch = RoundWatch(self.rendezvous, self.worker_id, self._on_broken)
+        self.round: Round  # set by the first join (``RoundMember.join``)
+        self._watch = RoundWatch(self.rendezvous, self.worker_id, self._member.on_broken)
         # the job's run, the round's checkpoints, the fill-ins (checkpoint/rounds.py)
         self._rounds = RoundCheckpoints(
             self.context, self.storage, self._retry, worker_id=self.worker_id,
             keep_count=self.keep_count, commit_timeout=self.commit_timeout,
             state_provider=state_provider, storage_wait=self.redis_retry,
         )  # fmt: skip
-        # the status shown for this worker: "checkpointing" while saves are in flight, else
-        # the loop's ("training", "idle"); saves change it off the loop's thread (_saving)
-        self._status = self._loop_status = "idle"  # as registered
-        self._saving = 0
-        self._status_lock = threading.Lock()
-        self._status_writer = ThreadPoolExecutor(1, thread_name_prefix="strata-status")
         self._job_epoch = 0  # the job's epoch as this worker last saw it
-        self._epoch_warned = False
         self._closed = False
         # the loop's last call was advance_epoch (no walk began since): a clean close ends
         # the job when this is its last live worker
         self._between_epochs = False
         self._resume: Resume | None = None  # a fresh round's (resume.py)
-        self._exiting = False  # preempt_exit runs
-        self._loop_checks = False  # the loop calls should_stop itself (numbering its steps)
 
         self.worker: Worker = register_worker(
             self.context, self.worker_id, replace=replace, heartbeat_interval=heartbeat_interval
         )
+        self._status.worker = self.worker
         # the handlers go in once nothing can fail before the try below (close puts them back)
         self._preemption = Preemption(signals, preempt_budget)
         try:
-            self._join(leaving=0)
+            self._member.join(leaving=0)
             if self.round.fresh and resume:
                 self._resume = Resume(
                     self.context, self.checkpoints, self.round, self._rounds.held,
@@ -359,86 +300,6 @@ class TrainingOrchestrator:
         """The job's current epoch (one Redis read; a Redis restart or failover shorter than
         ``redis_retry`` is ridden out)."""
         return self._retry(current_epoch, self.context)
-
-    def _join(self, leaving: int, *, abort: bool = False) -> Round:
-        """Join a round (leaving round ``leaving`` if it broke); it becomes ``self.round``."""
-        round_ = self._retry(
-            self.rendezvous.join, self.worker_id, self.worker.incarnation, leaving=leaving
-        )
-        log.info(
-            "worker %r: round %d, rank %d of %d (restarts: %d failure, %d growth)",
-            self.worker_id, round_.number, round_.rank, round_.world_size,
-            round_.failure_restarts, round_.growth_restarts,
-        )  # fmt: skip
-        self.round = round_
-        self._rounds.join(
-            round_.number, round_.fresh, round_.rank, round_.world_size,
-            abort=f"rendezvous round {leaving} broke" if abort else "",
-        )  # fmt: skip
-        self._watch.watch(round_)
-        if self.on_round is not None:
-            self.on_round(round_)
-        return round_
-
-    def _on_broken(self, round_: Round, exc: RoundBrokenError) -> None:
-        """(On a thread of the watch's.) Wake the broken round's waiters: its epoch barrier
-        breaks, and its open checkpoints, which can never commit now, abort."""
-        try:
-            self._epoch_barrier(round_).abort(self.worker_id, f"round over: {exc.reason}")
-        except (StrataError, redis_py.RedisError) as err:
-            log.info("could not break round %d's epoch barrier: %s", round_.number, err)
-        if exc.reason != "superseded":
-            aborted = self._rounds.abort_pending(
-                f"rendezvous round {exc.round} is over ({exc.reason})"
-            )
-            if aborted:
-                log.info("worker %r: aborted checkpoints %s", self.worker_id,
-                         [c.label for c in aborted])  # fmt: skip
-
-    def _epoch_barrier(self, round_: Round) -> Barrier:
-        return round_epoch_barrier(
-            self.context, round_.number, round_.world_size, self.epoch_timeout
-        )
-
-    def _guard(self) -> None:
-        """The per-step check: a flag read, no round trip. A broken round is left here."""
-        lost = self.worker.lost
-        if lost is not None:
-            raise lost
-        broken = self._watch.pending()
-        if broken is None:
-            return
-        if not self.elastic:
-            raise broken
-        self._join(leaving=broken.round, abort=broken.reason != "superseded")
-        self._rebase()
-
-    def _step_guard(self) -> None:
-        """The walks' per-batch check (``_guard``), and the automatic preemption: at the
-        agreed stop step, a loop that does not call ``should_stop`` itself exits here (one
-        that does numbers its steps its own way, e.g. a framework's global step: a proposal
-        counted in this walk's batches could stop its ranks at different steps)."""
-        if self._preemption.requested and not self._exiting and not self._loop_checks:
-            step = self._steps_done() - 1
-            if step >= 0 and self._stop_at(step):
-                if self.state_provider is None:
-                    log.warning(
-                        "worker %r: preempted with no state_provider and no preempt_exit call: "
-                        "leaving without a checkpoint (the relaunch resumes from the previous "
-                        "one)", self.worker_id,
-                    )  # fmt: skip
-                    self._leave_preempted(None, False)
-                self.preempt_exit(step, self._job_epoch)
-        self._guard()
-
-    def _steps_done(self) -> int:
-        """The steps the loop finished in this walk: the batches it took (handed out, or
-        reported consumed with ``track_consumption``), of its busiest stream."""
-        return max((s.handed_count - s.in_flight for s in self._streams.values()), default=0)
-
-    def _rebase(self) -> None:
-        for stream in self._streams.values():
-            stream.rebase()
 
     # -- data -----------------------------------------------------------------------------
     def get_shards(
@@ -533,60 +394,11 @@ class TrainingOrchestrator:
         Raises:
             TypeError, ValueError: a bad argument.
         """
-        check_int("step", step, low=0, high=MAX_NUMBER)
-        check_int("epoch", epoch, low=0, high=MAX_NUMBER)
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
-        self._guard()
-        job_epoch = self._job_epoch
-        if epoch != job_epoch and not self._epoch_warned:
-            # e.g. the seeds' `for epoch in range(2)` relaunched after a resume at epoch 1
-            self._epoch_warned = True
-            log.warning(
-                "worker %r: the loop's epoch %d is not the job's epoch %d (start the loop at "
-                "orchestrator.epoch after a resume); checkpoints record the loop's epoch",
-                self.worker_id, epoch, job_epoch,
-            )  # fmt: skip
-        cid = self._rounds.checkpoint(step, epoch)
-        base = self._rounds.base
-        if cid is None and step == 0 and base is not None and base.epoch == epoch:
-            log.info(
-                "worker %r: its loop's step 0 of epoch %d is checkpoint %s, which the others "
-                "saved before it joined; not saved", self.worker_id, epoch, base,
-            )  # fmt: skip
-            return None
-        if cid is None:
-            log.warning(
-                "worker %r: checkpoint (epoch=%d, step=%d) is not after its previous one %s; "
-                "not saved", self.worker_id, epoch, step, self._rounds.last,
-            )  # fmt: skip
-            return None
-        if state is None and self.state_provider is not None:
-            state = self.state_provider()
-        parts = loop_parts(state, self._position(cid, job_epoch, metadata=dict(metadata or {})))
-        # the loop does not wait on status writes: "checkpointing" is shown from here until
-        # the save settles (committed or failed), written by the status thread
-        self._saves_changed(+1)
-        try:
-            future = self._rounds.save(self.round.number, cid, job_epoch, parts)
-        except BaseException:
-            self._saves_changed(-1)
-            raise
-        future.add_done_callback(lambda _: self._saves_changed(-1))
-        return future
-
-    def _position(self, cid: CheckpointId, job_epoch: int, **meta: Any) -> tuple[str, bytes]:
-        """The data-position part of this rank's share of ``cid``: where each of its
-        streams stands, with what the position was saved in."""
-        positions = [s.position for s in self._streams.values() if s.position is not None]
-        meta.update(epoch=cid.epoch, step=cid.step, run=cid.run, round=self.round.number,
-                    rank=self.rank, worker=self.worker_id, job_epoch=job_epoch)  # fmt: skip
-        return POSITION_PART, encode_positions(positions, meta)
+        return self._saves.save(step, epoch, state, metadata)
 
     def wait_for_checkpoints(self, timeout: float | None = None) -> None:
         """Wait until this worker's saves in flight are committed or failed."""
-        if self._rounds.manager is not None:
-            self._rounds.manager.wait(timeout)
+        self._saves.wait(timeout)
 
     @property
     def checkpoints(self) -> CheckpointManager:
@@ -604,16 +416,7 @@ class TrainingOrchestrator:
         A storage outage is ridden out for up to ``redis_retry`` seconds (then
         ``StorageError``).
         """
-        info = self.resumed
-        if info is None:
-            return None
-        if rank is None:
-            rank = self.rank if self.rank < info.world_size else 0
-        return retrying(
-            f"worker {self.worker_id!r} loading {name!r}", self.redis_retry,
-            self.checkpoints.load, info.step, name=name, rank=rank, epoch=info.epoch,
-            run=info.run,
-        )  # fmt: skip
+        return self._saves.load(name, rank)
 
     # -- preemption -----------------------------------------------------------------------
     @property
@@ -637,16 +440,7 @@ class TrainingOrchestrator:
         check at its next batch (saving ``state_provider``'s state); once called, that check
         stands aside (the loop's step numbers, not the walk's batch count, are agreed on).
         """
-        self._loop_checks = True  # (the walks' own check stands aside: see ``_step_guard``)
-        if not self._preemption.requested:
-            return False
-        check_int("step", step, low=0, high=MAX_NUMBER)
-        return self._stop_at(step)
-
-    def _stop_at(self, step: int) -> bool:
-        """``should_stop`` once preempted: the round's stop step proposed or read."""
-        agreed = self._preemption.stop_step(self.context, self.round.number, step, self._retry)
-        return step >= agreed
+        return self._stopping.should_stop(step)
 
     def preempt_exit(
         self,
@@ -674,56 +468,7 @@ class TrainingOrchestrator:
                 aborted (never commits: the relaunch resumes from the one before), and the
                 leases were released and the worker left all the same.
         """
-        self._exiting = True
-        budget = self._preemption
-        label: str | None = None
-        committed = False
-        try:
-            future = save() if save is not None else self.save_checkpoint(step, epoch, state)
-            checkpoint = getattr(future, "checkpoint", None)
-            label = getattr(checkpoint, "label", None) or f"epoch {epoch} step {step}"
-            left = max(0.0, budget.deadline - time.monotonic())
-            if future is not None:
-                future.result(timeout=left)
-                committed = True
-            else:  # this step was saved already (or was a joiner's): wait for what is in flight
-                self.wait_for_checkpoints(left)
-                last = self._rounds.last
-                label = None if last is None else last.label
-                committed = last is not None and any(
-                    info.id == last for info in self._retry(self.checkpoints.list)
-                )
-        except (FutureTimeout, TimeoutError):
-            aborted = self._rounds.abort_pending(
-                f"worker {self.worker_id!r} preempted: not committed within "
-                f"{budget.budget:g}s of {budget.signal_name}"
-            )
-            log.warning("worker %r: preemption budget exceeded: aborted %s", self.worker_id,
-                        [c.label for c in aborted])  # fmt: skip
-        except Exception as exc:  # the worker leaves all the same
-            log.warning("worker %r: the preemption checkpoint failed: %s", self.worker_id, exc)
-        self._leave_preempted(label, committed)
-
-    def _leave_preempted(self, label: str | None, committed: bool) -> None:
-        """Release the leases at the data position, leave, raise ``Preempted``."""
-        self._exiting = True
-        for stream in self._streams.values():
-            released = stream.release_held()
-            if released:
-                log.info("worker %r: released %s at %s", self.worker_id, stream.params.name,
-                         released)  # fmt: skip
-        budget = self._preemption
-        seconds = time.monotonic() - budget.since
-        code = 0 if committed else EXIT_BUDGET_EXCEEDED
-        error = Preempted(
-            code, job_id=self.job_id, worker_id=self.worker_id, signal=budget.signal_name,
-            checkpoint=label, committed=committed, seconds=seconds,
-        )  # fmt: skip
-        log.warning("%s", error)
-        try:
-            self.close(end=False)
-        finally:  # the loop ends with Preempted even when leaving failed
-            raise error
+        self._stopping.exit(step, epoch, state, save)
 
     # -- epochs ---------------------------------------------------------------------------
     def epochs(self, count: int) -> Iterator[int]:
@@ -772,82 +517,9 @@ class TrainingOrchestrator:
             BarrierTimeoutError: members did not arrive within ``epoch_timeout``.
             RoundBrokenError: the round broke and ``elastic`` is False.
         """
-        self._set_status("idle")
-        while True:
-            before = self.round
-            self._guard()
-            if self.round is not before:
-                self._check_finished()
-            round_ = self.round
-            try:
-                # a retried arrival counts once, so a Redis blip is retried here
-                release = self._retry(self._epoch_barrier(round_).wait, self.worker_id)
-                break
-            except BarrierBrokenError as exc:
-                try:
-                    self._retry(self.rendezvous.check, round_)
-                except RoundBrokenError as broken:
-                    self._watch.flag(round_, broken)
-                    if not self.elastic:
-                        raise broken from exc
-                    continue
-                raise
-        epoch = release.epoch
-        assert epoch is not None
-        self._job_epoch = epoch
-        self._between_epochs = True
-        self._rounds.fill(
-            self.round.number, epoch - 1, lambda cid: self._position(cid, epoch - 1, filled=True)
-        )
-        if not self._retry(self.rendezvous.review, self.round, epoch):
-            # Workers are waiting (or the round broke): the next step rendezvouses again.
-            superseded = RoundBrokenError.because(self.job_id, self.round.number, "", "superseded")
-            self._watch.flag(self.round, superseded)
-        return epoch
-
-    def _check_finished(self) -> None:
-        """After a round change at the epoch barrier: a walk that ended without waiting for
-        others' last shards must not let the epoch advance with a dead member's undone."""
-        for stream in self._streams.values():
-            undone = stream.undone()
-            if undone:
-                assert stream.position is not None
-                raise EpochUnfinishedError.at_barrier(
-                    self.job_id, stream.params.name, stream.position.epoch, undone
-                )
+        return self._member.advance()
 
     # -- plumbing -------------------------------------------------------------------------
-    def _set_status(self, status: str | None = None) -> None:
-        """Record the loop's status (None: keep it) and write the status to show, unless it
-        is written already. Writers hold the lock, so the last write is the newest status."""
-        with self._status_lock:
-            if status is not None:
-                self._loop_status = status
-            shown = "checkpointing" if self._saving else self._loop_status
-            if shown == self._status:
-                return
-            try:
-                self.worker.set_status(shown)
-                self._status = shown
-            except (redis_py.ConnectionError, redis_py.TimeoutError, OutOfMemoryError) as exc:
-                # best effort: the call that needs Redis next says what is wrong, once
-                log.info("worker %r: status %r not recorded: %s", self.worker_id, shown, exc)
-
-    def _saves_changed(self, by: int) -> None:
-        """A save began (+1) or ended (-1): the status thread writes the status to show."""
-        with self._status_lock:
-            self._saving += by
-        with contextlib.suppress(RuntimeError):  # closed: the worker leaves, status and all
-            self._status_writer.submit(self._write_status)
-
-    def _write_status(self) -> None:
-        """``_set_status`` on the status thread, where nobody waits for an error: log it
-        (the loop's next call to Redis meets whatever is wrong)."""
-        try:
-            self._set_status()
-        except Exception as exc:
-            log.warning("worker %r: status not recorded: %s", self.worker_id, exc)
-
     def _retry(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Call ``fn``, calling it again once Redis answers after an outage (each outage up
         to ``redis_retry`` seconds, then ``RedisUnavailableError``; ``outage.ride_out``)."""
@@ -876,40 +548,7 @@ class TrainingOrchestrator:
         preemption = getattr(self, "_preemption", None)
         if preemption is not None:
             preemption.close()
-        self._close(end)
-
-    def _close(self, end: bool | None) -> None:
-        worker = getattr(self, "worker", None)
-        # no other rank can complete this one's open saves once it is out: fail them at once
-        lost = worker.lost if worker is not None else None
-        self._rounds.close(abort=f"worker {self.worker_id!r} is out: {lost}" if lost else "")
-        self._status_writer.shutdown(wait=True)
-        if worker is not None:
-            worker.on_generation = None
-            worker.leave()
-            if end is None:
-                end = self._between_epochs
-            if end and lost is None and worker.lost is None:
-                self._end_if_last()
-        if self._owns_storage:
-            self.storage.close()
-        if self._owns_client:
-            self.context.close()
-
-    def _end_if_last(self) -> None:
-        """End the job if no worker is live now (this one has left; silent ones are reaped
-        first, as any live worker's heartbeat thread would)."""
-        try:
-            reap(self.context)
-            expires = end_job(self.context, only_if_idle=True)
-        except (StrataError, redis_py.RedisError) as exc:
-            log.warning("job %r: not ended on close: %s", self.job_id, exc)
-            return
-        if expires is not None:
-            log.info(
-                "job %r ended: its last worker closed after the loop; its keys expire in %gs",
-                self.job_id, self.context.retention,
-            )  # fmt: skip
+        leave(self, end)
 
     def __enter__(self) -> TrainingOrchestrator:
         return self
