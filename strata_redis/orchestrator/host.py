@@ -31,7 +31,7 @@ class LoopHost:
 
     def interrupted(self) -> bool:
         o = self._o
-        return o._watch.broken is not None or o.worker.lost is not None or o.preempted
+        return o.round_broken is not None or o.worker.lost is not None or o.preempted
 
     def begin_epoch(self) -> int:
         self._o._between_epochs = False

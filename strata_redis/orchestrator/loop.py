@@ -29,6 +29,7 @@ from ..coordination.rendezvous import Rendezvous, Round, RoundWatch
 from ..coordination.workers import Worker, register_worker
 from ..data.datasets import get_dataset
 from ..data.stream import ShardStream
+from ..errors import RoundBrokenError
 from ..launch import hosts_warning, start_line
 from ..outage import ride_out
 from ..preemption import DEFAULT_BUDGET_S, Preemption, parse_signals
@@ -417,6 +418,17 @@ class TrainingOrchestrator:
         ``StorageError``).
         """
         return self._saves.load(name, rank)
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` ran (the worker left, or began to)."""
+        return self._closed
+
+    @property
+    def round_broken(self) -> RoundBrokenError | None:
+        """Why the current round is over, as the heartbeat thread saw it (a member declared
+        failed or left, the round superseded), a flag read; None while it is whole."""
+        return self._watch.broken
 
     # -- preemption -----------------------------------------------------------------------
     @property

@@ -75,9 +75,9 @@ class PeerWatch:
     def _run(self) -> None:
         o = self.orchestrator
         while not self._stop.wait(POLL_S):
-            if o._closed or o.preempted:
+            if o.closed or o.preempted:
                 return
-            broken = o._watch.broken
+            broken = o.round_broken
             if broken is None or broken.round != self._round:
                 continue
             if broken.reason != "failed":
