@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 import strata_redis
 from strata_redis import scripts, status
@@ -119,3 +120,20 @@ def test_without_its_guards_the_masked_case_goes_through(
         assert again.complete() is True
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("wipe", [False, True])
+def test_a_primary_promoted_by_a_failover_restarts_as_the_primary(
+    topology: Topology, wipe: bool
+) -> None:
+    """The harness's own case (seeds 2024, 2112, 2152, 2179 of the 200-seed run): a failover
+    then a restart of the new primary. It came back with the replica's start arguments, as
+    a replica of the closed replication link, and no new replica could sync from it."""
+    with redis.Redis.from_url(topology.url) as client:
+        client.set("before", "1")
+    topology.failover()
+    topology.restart(wipe=wipe)  # raises TimeoutError when the new replica cannot sync
+    with redis.Redis(port=topology.primary.port) as client:
+        assert client.info("replication")["role"] == "master"
+        client.set("after", "1")
+    assert topology.synced()

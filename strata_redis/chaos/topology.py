@@ -99,8 +99,7 @@ class Topology:
         self.link.close()
         with redis.Redis(port=self.replica.port) as client:
             client.execute_command("REPLICAOF", "NO", "ONE")
-        old = self.primary
-        self.primary, self.replica = self.replica, None
+        old = self._promote()
         self.clients.switch(("127.0.0.1", self.primary.port))
         old.close()
         # the operator tells the Sentinel where the primary is now (it would otherwise
@@ -138,11 +137,21 @@ class Topology:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the promoted replica is not a primary yet")
                 time.sleep(0.05)
-        old = self.primary
-        self.primary, self.replica = self.replica, None
+        old = self._promote()
         self.clients.switch(want)
         old.close()
         self.add_replica()
+
+    def _promote(self) -> RedisServer:
+        """The replica is the primary now: its start arguments lose ``--replicaof`` (a
+        restart must bring it back as the primary, not as a replica of the closed link,
+        which no new replica could sync from: ``NOMASTERLINK``). Returns the old primary."""
+        assert self.replica is not None
+        old, self.primary, self.replica = self.primary, self.replica, None
+        extra = self.primary.extra
+        at = extra.index("--replicaof")
+        del extra[at : at + 3]
+        return old
 
     def restart(self, *, wipe: bool = False, snapshot: Path | None = None) -> None:
         """Kill the primary (-9) and start it again on its port from what it persisted (the
