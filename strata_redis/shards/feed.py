@@ -203,6 +203,10 @@ class ShardFeed:
         columns: tuple[tuple[str, ...], np.ndarray] | None = None
         object_path = ""
         first = True
+        # the walk's first item goes out before the shards after it are asked for (their
+        # fetches start threads: on a busy machine that waits, and a resume waits for its
+        # first batch only)
+        later: tuple[int, int] | None = None
         try:
             for batch in batches:
                 ids = batch.tolist()
@@ -220,14 +224,17 @@ class ShardFeed:
                     future = self.fetcher.demand(shard, positions)
                     self._out.setdefault(shard, 0)
                     self._closed_shards.discard(shard)
-                    self._advance(shard, position.epoch)
+                    if self._pending or later is not None:
+                        self._advance(shard, position.epoch)
+                    else:
+                        later = (shard, position.epoch)
                     fetched = future.result()
                     current, left = shard, len(order) - start
                     index = fetched.index
                     columns = index.columns
                     object_path = shard_path(self.params.name, index.name)
                 assert fetched is not None and index is not None
-                at = batch - shard * per
+                at = np.asarray(batch) - shard * per
                 if columns is not None:
                     names, table = columns
                     item = WorkItem(self.params.name, index.name, fetched.path, ids, (),
@@ -244,6 +251,9 @@ class ShardFeed:
                 self._pending.append(shard)
                 self._out[shard] += 1
                 yield item
+                if later is not None and later[0] >= 0:
+                    self._advance(*later)
+                    later = (-1, 0)
                 if left <= 0:
                     self._close_shard(shard)
                     current = -1
