@@ -426,7 +426,10 @@ class ShardFetcher:
                     return False
                 if not verify or not index.checksum:
                     return True
-                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                with (
+                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+                    memoryview(mapped) as view,
+                ):
                     return checksum(view) == index.checksum
         except (OSError, ValueError):
             return False

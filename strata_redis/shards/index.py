@@ -131,10 +131,10 @@ class ShardIndex:
         for j, name in enumerate(names):
             if any(member[0] != name for member in flat[j::width]):
                 return None
-        table = np.empty((len(flat), 2), dtype=np.int64)
-        table[:, 0] = np.fromiter((member[1] for member in flat), np.int64, len(flat))
-        table[:, 1] = np.fromiter((member[2] for member in flat), np.int64, len(flat))
-        table = table.reshape(self.count, width, 2)
+        pairs = np.empty((len(flat), 2), dtype=np.int64)
+        pairs[:, 0] = np.fromiter((member[1] for member in flat), np.int64, len(flat))
+        pairs[:, 1] = np.fromiter((member[2] for member in flat), np.int64, len(flat))
+        table = pairs.reshape(self.count, width, 2)
         table[:, :, 0] += np.asarray(self.offsets, dtype=np.int64)[:, None]
         return names, table
 
