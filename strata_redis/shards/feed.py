@@ -281,8 +281,10 @@ class ShardFeed:
         return self.fetcher.stats()
 
     def close(self) -> None:
-        """Stop fetching and delete the temporary files."""
+        """Stop fetching and delete the temporary files (and this process's map of the last
+        one read here: its space is freed)."""
         self.fetcher.close()
+        _MAPPED.clear()
 
     # -- inside -----------------------------------------------------------------------------
     def _forget_walk(self) -> None:

@@ -215,7 +215,8 @@ class ShardFetcher:
 
     def stats(self) -> dict[str, Any]:
         """The bounds and what was fetched: ``prefetch_shards`` (the bound on shards ahead),
-        ``ahead_shards``/``held_shards``/``held_bytes`` now and their maxima,
+        ``ahead_shards``/``held_shards``/``held_bytes`` now and their maxima (``held_bytes``:
+        of local copies; shards read in place from a ``LocalStorage`` hold none),
         ``fetched_shards``/``fetched_bytes``/``reads`` (storage reads of shard bytes; of them
         ``ranged_reads`` for shards fetched part-way),
         ``partial_shards`` (fetched part-way), ``prefetched``/``prefetch_hits``/
