@@ -886,15 +886,31 @@ class NotReplicatedError(StrataError):
         )  # fmt: skip
 
 
-class StorageError(StrataError):
+class _Portable:
+    """An error that crosses processes as itself: made from its message alone (torch's
+    ``DataLoader`` re-raises a worker's error as ``type(error)(text)``, its ids then only in
+    the text: where the ids are mandatory, that call fails and the loop gets a
+    ``RuntimeError`` instead), and pickled with its ids (``__reduce__``: the class, its
+    message, its attributes)."""
+
+    args: tuple[Any, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args[:1], dict(self.__dict__))
+
+
+class StorageError(_Portable, StrataError):
     """A storage backend could not complete an operation.
+
+    Made from a message alone (as a ``DataLoader`` worker's error is re-raised), ``backend``
+    is ``""``.
 
     Attributes:
         backend: a short description such as ``"s3://bucket"`` or ``"file:///root"``.
         path: the object path inside the backend, if any.
     """
 
-    def __init__(self, message: str, *, backend: str, path: str | None = None) -> None:
+    def __init__(self, message: str, *, backend: str = "", path: str | None = None) -> None:
         super().__init__(message)
         self.backend = backend
         self.path = path
@@ -908,9 +924,13 @@ class StorageExistsError(StorageError):
     """A create-only write (``write_if_absent``) found the object already there."""
 
 
-class ShardError(StrataError):
+class ShardError(_Portable, StrataError):
     """A shard object of a dataset in storage is not what its index says: never trained from,
     never recorded done (``strata_redis.shards``).
+
+    The message names the object (``backend: 'path': message``). Made from a message alone
+    (as a ``DataLoader`` worker's error is re-raised: the text names it already), the ids
+    are ``""``.
 
     Attributes:
         dataset: the dataset id.
@@ -918,8 +938,10 @@ class ShardError(StrataError):
         backend: the storage's description (``s3://bucket``, ``file:///root``).
     """
 
-    def __init__(self, message: str, *, dataset: str, path: str, backend: str) -> None:
-        super().__init__(f"{backend}: {path!r}: {message}")
+    def __init__(
+        self, message: str, *, dataset: str = "", path: str = "", backend: str = ""
+    ) -> None:
+        super().__init__(f"{backend}: {path!r}: {message}" if path or backend else message)
         self.dataset = dataset
         self.path = path
         self.backend = backend

@@ -32,7 +32,7 @@ from strata_redis.shards import (
     read_manifest,
     register_shards,
 )
-from strata_redis.shards.index import index_path, shard_path
+from strata_redis.shards.index import index_path, shard_name, shard_path
 from strata_redis.storage import LocalStorage, S3Storage, Storage
 
 from .shardstores import Counting, Outage, sample_bytes, sample_id
@@ -439,3 +439,25 @@ def test_a_sample_reads_the_same_through_its_indexed_fields_or_its_tar_headers(
     assert [s["bin"] for s in fast] == [sample_bytes(i) for i in ids]
     assert fast[0] == {"__key__": "000000007", "__id__": 7, "bin": sample_bytes(7),
                        "cls": b"7", "npy": np.arange(1).tobytes()}  # fmt: skip
+
+
+def test_a_local_storages_shards_are_read_in_place_and_left_there(
+    redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    """A ``LocalStorage``'s shards are read where they are (no copy held: ``max_held_bytes``
+    0), their checksums checked all the same, and released shards' files stay (the storage's,
+    not the fetcher's): a second epoch reads them again."""
+    storage = LocalStorage(tmp_path / "root")
+    _write(storage, total=30, per=10)
+    _register(redis_url, job_id, storage)
+    before = {n: storage.read(shard_path(DATASET, n)) for n in (shard_name(k) for k in range(3))}
+    with (
+        _orchestrator(redis_url, job_id, tmp_path) as orch,
+        ShardReader(orch, DATASET, storage, batch_size=4) as reader,
+    ):
+        for _ in range(2):
+            assert _epoch(reader) == Counter(range(30))
+            orch.advance_epoch()
+        stats = reader.stats()
+    assert stats["fetched_shards"] == 6 and stats["max_held_bytes"] == 0, stats
+    assert {n: storage.read(shard_path(DATASET, n)) for n in before} == before

@@ -305,3 +305,44 @@ def test_killed_mid_epoch_relaunched_with_fewer_then_more_workers_trains_each_sa
         "none skipped, none twice"
     )
     ckpt.close()
+
+
+# -- errors in the loader's worker processes ----------------------------------------------------
+def test_a_corrupt_shard_read_in_a_loader_worker_reaches_the_loop_as_its_own_error(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A sample whose tar header is corrupt is found by the loader worker that parses it (a
+    shard indexed without fields or checksum, as ``index_tar_shards`` indexes in place): the
+    loop gets the ``ShardFormatError`` naming the object, not torch's ``RuntimeError`` (which
+    it gives for an error it cannot re-make from its message)."""
+    import orjson
+
+    from strata_redis.errors import ShardFormatError
+    from strata_redis.shards.index import index_path, manifest_path
+
+    storage = LocalStorage(tmp_path / "root")
+    _write(storage, total=40, per=10)
+    name = shard_name(1)
+    index = orjson.loads(storage.read(index_path(DATASET, name)))
+    del index["fields"]  # (the worker then parses each sample's tar headers)
+    index["checksum"] = ""
+    storage.write(index_path(DATASET, name), orjson.dumps(index))
+    manifest = orjson.loads(storage.read(manifest_path(DATASET)))
+    manifest["shards"][1]["checksum"] = ""
+    storage.write(manifest_path(DATASET), orjson.dumps(manifest))
+    tar = bytearray(storage.read(shard_path(DATASET, name)))
+    at = index["offsets"][3]
+    tar[at : at + 512] = bytes(512)  # sample 13's header: zeros (the archive's end, to a parser)
+    storage.write(shard_path(DATASET, name), bytes(tar))
+    _register(redis_url, storage)
+    with strata_redis.TrainingOrchestrator(
+        coordinator_url=redis_url, worker_id="w0", job_id=JOB, checkpoint_path=tmp_path / "ck",
+        last_call=0.1, heartbeat_timeout=3.0,
+    ) as orch:  # fmt: skip
+        ds = strata_torch.ShardDataset(orch, DATASET, storage, batch_size=5, decode=decode_id)
+        loader = strata_torch.DataLoader(ds, num_workers=2)
+        ds.set_epoch(0)
+        with pytest.raises(ShardFormatError, match=rf"'{DATASET}/shards/{name}': sample 13: "):
+            for _ in loader:
+                pass
+        ds.close()

@@ -18,9 +18,11 @@ fetched on demand.
 
 from __future__ import annotations
 
+import mmap
+import operator
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +32,8 @@ from ..data.sharding import DatasetParams, assignment
 from ..data.stream import ShardStream
 from ..errors import ShardFormatError, ShardManifestError
 from ..storage import Storage
-from .fetcher import ShardFetcher
-from .index import Manifest, manifest_path, read_manifest, shard_path
+from .fetcher import Fetched, ShardFetcher
+from .index import Manifest, ShardIndex, manifest_path, read_manifest, shard_path
 from .tarball import TarError, sample_fields
 
 __all__ = ["ShardFeed", "WorkItem"]
@@ -47,22 +49,26 @@ class WorkItem:
         shard: the shard's name (``shard-000000.tar``).
         path: the local file holding the shard's bytes at their tar offsets.
         ids: the samples' dataset-wide ids, in the epoch's order.
-        spans: each sample's (offset, size) in the tar.
+        spans: each sample's (offset, size) in the tar (unused with ``columns``).
         fields: each sample's fields as (name, offset in its span, size), when the index
             has them (then no tar header is parsed); None: parse the headers.
-        keys: each sample's key, with ``fields``.
+        keys: each sample's key, with ``fields`` or ``columns``.
         backend, object_path: where the shard is in storage (for errors).
+        columns: when every sample has the same fields (``ShardIndex.columns``): their
+            names, and an array ``(len(ids), fields, 2)`` of each field's offset in the tar
+            and size (then ``spans`` and ``fields`` are not used).
     """
 
     dataset: str
     shard: str
     path: str
     ids: list[int]
-    spans: list[tuple[int, int]]
+    spans: Sequence[tuple[int, int]]
     backend: str = ""
     object_path: str = ""
-    fields: list[list[tuple[str, int, int]]] | None = None
-    keys: list[str] | None = None
+    fields: Sequence[list[tuple[str, int, int]]] | None = None
+    keys: Sequence[str] | None = None
+    columns: tuple[tuple[str, ...], np.ndarray] | None = None
 
     def samples(self) -> list[dict[str, Any]]:
         """The samples: ``{"__key__": key, "__id__": id, field: bytes, ...}`` each.
@@ -70,34 +76,65 @@ class WorkItem:
         Raises:
             ShardFormatError: a span is not a sample's tar members.
         """
-        out = []
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            if self.fields is not None:
-                keys = self.keys or [""] * len(self.ids)
-                for sample_id, key, (offset, size), members in zip(
-                    self.ids, keys, self.spans, self.fields, strict=True
+        view = _mapped(self.path)
+        out: list[dict[str, Any]] = []
+        keys = self.keys or [""] * len(self.ids)
+        if self.columns is not None:
+            names, table = self.columns
+            if len(names) == 1:  # the usual sample: one field
+                name = names[0]
+                for sample_id, key, (at, n) in zip(
+                    self.ids, keys, table[:, 0].tolist(), strict=True
                 ):
-                    span = os.pread(fd, size, offset)
-                    sample: dict[str, Any] = {"__key__": key}
-                    for name, at, n in members:
-                        sample[name] = span[at : at + n]
-                    sample["__id__"] = sample_id
-                    out.append(sample)
+                    out.append({"__key__": key, name: view[at : at + n], "__id__": sample_id})
                 return out
-            for sample_id, (offset, size) in zip(self.ids, self.spans, strict=True):
-                try:
-                    fields = sample_fields(os.pread(fd, size, offset), offset)
-                except TarError as exc:
-                    raise ShardFormatError(
-                        f"sample {sample_id}: {exc}", dataset=self.dataset,
-                        path=self.object_path or self.shard, backend=self.backend,
-                    ) from None  # fmt: skip
-                fields["__id__"] = sample_id
-                out.append(fields)
-        finally:
-            os.close(fd)
+            for sample_id, key, row in zip(self.ids, keys, table.tolist(), strict=True):
+                sample: dict[str, Any] = {"__key__": key}
+                for name, (at, n) in zip(names, row, strict=True):
+                    sample[name] = view[at : at + n]
+                sample["__id__"] = sample_id
+                out.append(sample)
+            return out
+        if self.fields is not None:
+            for sample_id, key, (offset, _), members in zip(
+                self.ids, keys, self.spans, self.fields, strict=True
+            ):
+                sample = {"__key__": key}
+                for name, at, n in members:
+                    sample[name] = view[offset + at : offset + at + n]
+                sample["__id__"] = sample_id
+                out.append(sample)
+            return out
+        for sample_id, (offset, size) in zip(self.ids, self.spans, strict=True):
+            try:
+                fields = sample_fields(view[offset : offset + size], offset)
+            except TarError as exc:
+                raise ShardFormatError(
+                    f"sample {sample_id}: {exc}", dataset=self.dataset,
+                    path=self.object_path or self.shard, backend=self.backend,
+                ) from None  # fmt: skip
+            fields["__id__"] = sample_id
+            out.append(fields)
         return out
+
+
+#: this process's last mapped shard file: (path, (device, inode, size, mtime), its map)
+_MAPPED: list[tuple[str, tuple[int, int, int, int], mmap.mmap | bytes]] = []
+
+
+def _mapped(path: str) -> mmap.mmap | bytes:
+    """The file at ``path``, mapped read-only; the last one stays mapped (a loader worker
+    reads a shard's batches one after the other: one map per shard, not an open and a read
+    per sample). A file replaced at the same path (a new inode) is mapped anew; at most one
+    shard's file stays mapped per process (deleted, its space is freed once the next is)."""
+    with open(path, "rb", buffering=0) as file:
+        st = os.fstat(file.fileno())
+        stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if _MAPPED and _MAPPED[0][0] == path and _MAPPED[0][1] == stamp:
+            return _MAPPED[0][2]
+        view = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
+    _MAPPED[:] = [(path, stamp, view)]  # (the old map is unmapped once no reader holds it)
+    return view
 
 
 class ShardFeed:
@@ -143,6 +180,7 @@ class ShardFeed:
                                     storage_wait=storage_wait)  # fmt: skip
         self._members = members
         self._worker_id = worker_id
+        self._backend = storage.describe()
         self._expected: list[int] = []
         # per item handed out and not consumed: its shard; per shard, items out, and
         # whether its last item is out (its demand is released once both say so)
@@ -160,8 +198,15 @@ class ShardFeed:
         per = self.params.samples_per_shard
         current = -1
         left = 0
-        fetched = None
+        fetched: Fetched | None = None
+        index: ShardIndex | None = None
+        columns: tuple[tuple[str, ...], np.ndarray] | None = None
+        object_path = ""
         first = True
+        # the walk's first item goes out before the shards after it are asked for (their
+        # fetches start threads: on a busy machine that waits, and a resume waits for its
+        # first batch only)
+        later: tuple[int, int] | None = None
         try:
             for batch in batches:
                 ids = batch.tolist()
@@ -179,21 +224,36 @@ class ShardFeed:
                     future = self.fetcher.demand(shard, positions)
                     self._out.setdefault(shard, 0)
                     self._closed_shards.discard(shard)
-                    self._advance(shard, position.epoch)
+                    if self._pending or later is not None:
+                        self._advance(shard, position.epoch)
+                    else:
+                        later = (shard, position.epoch)
                     fetched = future.result()
                     current, left = shard, len(order) - start
-                assert fetched is not None
-                index = fetched.index
-                at = [i - shard * per for i in ids]
-                spans = [(index.offsets[p], index.sizes[p]) for p in at]
-                fields = None if index.fields is None else [index.fields[p] for p in at]
-                keys = None if index.fields is None else [index.keys[p] for p in at]
+                    index = fetched.index
+                    columns = index.columns
+                    object_path = shard_path(self.params.name, index.name)
+                assert fetched is not None and index is not None
+                at = np.asarray(batch) - shard * per
+                if columns is not None:
+                    names, table = columns
+                    item = WorkItem(self.params.name, index.name, fetched.path, ids, (),
+                                    self._backend, object_path, None, _pick(index.keys, at),
+                                    (names, table[at]))  # fmt: skip
+                else:
+                    where = at.tolist()
+                    spans = [(index.offsets[p], index.sizes[p]) for p in where]
+                    fields = None if index.fields is None else _pick(index.fields, at)
+                    keys = None if index.fields is None else _pick(index.keys, at)
+                    item = WorkItem(self.params.name, index.name, fetched.path, ids, spans,
+                                    self._backend, object_path, fields, keys)  # fmt: skip
                 left -= len(ids)
                 self._pending.append(shard)
                 self._out[shard] += 1
-                yield WorkItem(self.params.name, index.name, fetched.path, ids, spans,
-                               self.storage.describe(), shard_path(self.params.name, index.name),
-                               fields, keys)  # fmt: skip
+                yield item
+                if later is not None and later[0] >= 0:
+                    self._advance(*later)
+                    later = (-1, 0)
                 if left <= 0:
                     self._close_shard(shard)
                     current = -1
@@ -221,8 +281,10 @@ class ShardFeed:
         return self.fetcher.stats()
 
     def close(self) -> None:
-        """Stop fetching and delete the temporary files."""
+        """Stop fetching and delete the temporary files (and this process's map of the last
+        one read here: its space is freed)."""
         self.fetcher.close()
+        _MAPPED.clear()
 
     # -- inside -----------------------------------------------------------------------------
     def _forget_walk(self) -> None:
@@ -273,6 +335,13 @@ class ShardFeed:
             else:
                 expected.append((s, None))
         self.fetcher.expect(expected)
+
+
+def _pick(values: Sequence[Any], at: np.ndarray) -> list[Any]:
+    """``[values[p] for p in at]``, at C speed."""
+    if len(at) == 1:
+        return [values[int(at[0])]]
+    return list(operator.itemgetter(*at.tolist())(values))
 
 
 def _check_registration(params: DatasetParams, manifest: Manifest, storage: Storage) -> None:

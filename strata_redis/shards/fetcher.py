@@ -5,7 +5,10 @@ One fetcher lives in the process that holds the leases. A shard is fetched whole
 its CRC-32 checked against its index) or, for a shard a resume starts part-way, only the
 byte spans of the samples still to train (ranged reads, the gaps under ``GAP`` bytes read
 through). The bytes go to a local file at their offsets in the tar, so the loader's worker
-processes read samples with ``pread`` and the bytes cross no process boundary twice.
+processes read samples from it (mapped) and the bytes cross no process boundary twice. A
+storage whose objects are local files already (``LocalStorage``: ``Storage.local_file``) is
+read in place, not copied, when no ``cache_dir`` is given: a whole shard's checksum is
+checked on the storage's own file, and a part-way one needs no read at all.
 
 Bounds: at most ``prefetch`` shards are fetched ahead of use (a later call re-targets them:
 shards no longer expected are dropped); the shards in use are those with batches handed out
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import mmap
 import os
 import shutil
 import tempfile
@@ -52,12 +56,15 @@ class Fetched:
         path: the local file: the tar's bytes at their offsets (a part-way fetch holds only
             the spans of the samples it was asked for; the rest of the file reads as zeros).
         whole: the file holds the whole, verified tar.
+        owned: the file is the fetcher's copy (deleted or cached when released); False: the
+            storage's own file, read in place (never deleted).
     """
 
     shard: int
     index: ShardIndex
     path: str
     whole: bool
+    owned: bool = True
 
 
 class _Entry:
@@ -208,7 +215,8 @@ class ShardFetcher:
 
     def stats(self) -> dict[str, Any]:
         """The bounds and what was fetched: ``prefetch_shards`` (the bound on shards ahead),
-        ``ahead_shards``/``held_shards``/``held_bytes`` now and their maxima,
+        ``ahead_shards``/``held_shards``/``held_bytes`` now and their maxima (``held_bytes``:
+        of local copies; shards read in place from a ``LocalStorage`` hold none),
         ``fetched_shards``/``fetched_bytes``/``reads`` (storage reads of shard bytes; of them
         ``ranged_reads`` for shards fetched part-way),
         ``partial_shards`` (fetched part-way), ``prefetched``/``prefetch_hits``/
@@ -258,6 +266,8 @@ class ShardFetcher:
         if entry.future.cancelled() or entry.future.exception() is not None:
             return
         fetched = entry.future.result()
+        if not fetched.owned:
+            return
         if self.cache_dir is not None and fetched.whole:
             self._cached[entry.shard] = entry.size
             self._evict()
@@ -270,6 +280,8 @@ class ShardFetcher:
         if future.cancelled() or future.exception() is not None:
             return
         fetched = future.result()
+        if not fetched.owned:
+            return
         if fetched.path.startswith(self._temp):
             _unlink(fetched.path)
             return
@@ -345,8 +357,17 @@ class ShardFetcher:
 
     def _fetch(self, shard: int, positions: list[int] | None) -> Fetched:
         index = self._retrying(self._index, shard)
+        _ = index.columns  # (worked out here, off the training thread)
         path = shard_path(self.dataset, index.name)
         backend = self.storage.describe()
+        in_place = None if self.cache_dir is not None else self.storage.local_file(path)
+        if in_place is not None and self._usable_in_place(index, in_place, positions is None):
+            with self._lock:
+                self._stats["fetched_shards"] += 1
+                self._stats["reads"] += positions is None
+                self._stats["fetched_bytes"] += index.size if positions is None else 0
+                self._stats["partial_shards"] += positions is not None
+            return Fetched(shard, index, in_place, positions is None, owned=False)
         if positions is None:
             data = self._retrying(self.storage.read, path)
             self._check_whole(index, path, data, backend)
@@ -393,6 +414,26 @@ class ShardFetcher:
                 entry.size = size
             self._account()
         return Fetched(shard, index, local, positions is None)
+
+    def _usable_in_place(self, index: ShardIndex, file: str, verify: bool) -> bool:
+        """Whether the storage's own file of the shard can be read in place: it is there, of
+        the index's size and, to be read whole (``verify``), of its checksum (mapped, not
+        copied). False: the ordinary fetch reads it (and raises the storage's error, or the
+        shard's, naming the object)."""
+        try:
+            with open(file, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != index.size or size == 0:
+                    return False
+                if not verify or not index.checksum:
+                    return True
+                with (
+                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+                    memoryview(mapped) as view,
+                ):
+                    return checksum(view) == index.checksum
+        except (OSError, ValueError):
+            return False
 
     def _check_whole(self, index: ShardIndex, path: str, data: bytes, backend: str) -> None:
         if len(data) != index.size:

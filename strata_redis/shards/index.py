@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+import numpy as np
 import orjson
 
 from ..checkpoint import checksum as crc
@@ -112,6 +114,30 @@ class ShardIndex:
         """Samples in the shard."""
         return len(self.keys)
 
+    @cached_property
+    def columns(self) -> tuple[tuple[str, ...], np.ndarray] | None:
+        """When every sample has the same fields in the same order (the usual dataset): their
+        names, and a ``(count, fields, 2)`` array of each field's data offset in the tar and
+        size (a batch's spans are then one array index, not a loop over its samples); None
+        otherwise, or without ``fields``."""
+        fields = self.fields
+        if not fields or len(fields) != self.count or len(self.offsets) != self.count:
+            return None
+        names = tuple(name for name, _, _ in fields[0])
+        width = len(names)
+        if any(len(sample) != width for sample in fields):
+            return None
+        flat = [member for sample in fields for member in sample]
+        for j, name in enumerate(names):
+            if any(member[0] != name for member in flat[j::width]):
+                return None
+        pairs = np.empty((len(flat), 2), dtype=np.int64)
+        pairs[:, 0] = np.fromiter((member[1] for member in flat), np.int64, len(flat))
+        pairs[:, 1] = np.fromiter((member[2] for member in flat), np.int64, len(flat))
+        table = pairs.reshape(self.count, width, 2)
+        table[:, :, 0] += np.asarray(self.offsets, dtype=np.int64)[:, None]
+        return names, table
+
     def to_json(self) -> bytes:
         return orjson.dumps({
             "version": _VERSION, "name": self.name, "size": self.size, "checksum": self.checksum,
@@ -131,18 +157,34 @@ class ShardIndex:
             doc: dict[str, Any] = orjson.loads(raw)
             if doc.get("version") != _VERSION:
                 raise ValueError(f"version {doc.get('version')!r}, not {_VERSION}")
-            index = cls(str(doc["name"]), int(doc["size"]), str(doc["checksum"]),
-                        [str(k) for k in doc["keys"]], [int(o) for o in doc["offsets"]],
-                        [int(s) for s in doc["sizes"]], _fields(doc.get("fields")))  # fmt: skip
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            keys, offsets, sizes = doc["keys"], doc["offsets"], doc["sizes"]
+            # (checked as arrays: an index has a few entries per sample, read per shard)
+            starts, lengths = np.asarray(offsets), np.asarray(sizes)
+            if (
+                not isinstance(keys, list) or not set(map(type, keys)) <= {str}
+                or starts.dtype.kind != "i" or lengths.dtype.kind != "i"
+                or starts.ndim != 1 or lengths.ndim != 1
+            ):  # fmt: skip
+                raise ValueError("keys, offsets or sizes are not lists of strings and integers")
+            index = cls(str(doc["name"]), int(doc["size"]), str(doc["checksum"]), keys,
+                        offsets, sizes, _fields(doc.get("fields")))  # fmt: skip
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ShardFormatError(
                 f"not a shard index: {exc}", dataset=dataset, path=path, backend=backend
             ) from None
-        spans_ok = len(index.offsets) == len(index.sizes) == index.count and all(
-            o >= 0 and s > 0 and o + s <= index.size
-            for o, s in zip(index.offsets, index.sizes, strict=True)
+        spans_ok = len(starts) == len(lengths) == index.count and bool(
+            (starts >= 0).all() and (lengths > 0).all() and (starts + lengths <= index.size).all()
         )
-        if index.fields is not None:
+        columns = None
+        if spans_ok and index.fields is not None and len(index.fields) == index.count:
+            columns = index.columns
+        if columns is not None:  # the usual index: checked as one array
+            table = columns[1]
+            ends = table[:, :, 0] + table[:, :, 1] - starts[:, None]
+            spans_ok = spans_ok and bool(
+                (table[:, :, 0] >= starts[:, None]).all() and (ends <= lengths[:, None]).all()
+            )
+        elif index.fields is not None:
             spans_ok = (
                 spans_ok
                 and len(index.fields) == index.count

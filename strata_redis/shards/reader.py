@@ -39,7 +39,8 @@ class ShardReader:
         batch_size: samples per batch (default: the orchestrator's); a batch never spans
             two shards.
         prefetch: shards fetched ahead at most.
-        cache_dir: a local cache directory of whole shards (None: temporary files).
+        cache_dir: a local cache directory of whole shards (None: temporary files; a
+            ``LocalStorage``'s shards are then read in place, never copied).
         cache_bytes: the cache's size limit (least recently used evicted first).
         decode: applied to each sample (a dict of its fields) before it is handed out.
         storage_wait: seconds a fetch retries while the storage fails.

@@ -239,6 +239,20 @@ class Storage(abc.ABC):
         check_range(start, length)
         return self.read(path)[start : start + length]
 
+    def local_file(self, path: str) -> str | None:
+        """The file holding the object at ``path`` on this machine, when the backend keeps
+        its objects as local files (``LocalStorage``); None otherwise (this default).
+
+        For a reader that can use the object in place instead of copying it (a shard read by
+        loader processes): the file is the backend's own, to be read, never written or
+        deleted. Whether it exists is not checked (a read says so).
+
+        Raises:
+            TypeError, ValueError: a bad path.
+        """
+        check_path(path)
+        return None
+
     @abc.abstractmethod
     def exists(self, path: str) -> bool:
         """Return whether an object exists at ``path``.

@@ -130,6 +130,10 @@ class LocalStorage(Storage):
         except OSError as exc:
             raise self._error("read", path, exc) from exc
 
+    def local_file(self, path: str) -> str | None:
+        """The file of the object at ``path`` (``Storage.local_file``): under the root."""
+        return self._full(check_path(path))
+
     def read_range(self, path: str, start: int, length: int) -> bytes:
         """Return up to ``length`` bytes of the file at ``path`` from ``start`` (one ``pread``
         loop: only the range is read).

@@ -244,6 +244,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[misc]
 
     def __iter__(self) -> Iterator[Any]:
         sampler = self.lease_sampler
+        other = sampler._walk  # another iteration's walk (this one then fails): never closed
         walk = None  # the sampler's walk this iteration drives (not another's)
         try:
             for batch in super().__iter__():
@@ -251,5 +252,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[misc]
                 sampler.consumed()
                 yield batch
         finally:
+            # (also when the first batch failed: its leases go back now, not when the
+            # suspended walk is collected, maybe after Redis is gone)
+            walk = walk or (sampler._walk if sampler._walk is not other else None)
             if walk is not None:
                 sampler.close(walk)

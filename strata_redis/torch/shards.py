@@ -80,7 +80,8 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
         batch_size: samples per batch (default: the orchestrator's).
         prefetch: shards fetched ahead of use at most (to local files, in the background).
         cache_dir: keep whole shards in this directory between uses and runs; None: a
-            temporary directory, each shard's file deleted once its batches are consumed.
+            temporary directory, each shard's file deleted once its batches are consumed (a
+            ``LocalStorage``'s shards are then read in place: never copied).
         cache_bytes: ``cache_dir``'s size limit (least recently used shards evicted).
         decode: applied to each sample dict in the loader's worker processes (picklable
             when they are spawned).
