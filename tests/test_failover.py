@@ -137,3 +137,16 @@ def test_a_primary_promoted_by_a_failover_restarts_as_the_primary(
         assert client.info("replication")["role"] == "master"
         client.set("after", "1")
     assert topology.synced()
+
+
+def test_the_sentinel_can_promote_the_replica_added_by_a_failover(topology: Topology) -> None:
+    """A failover by hand, then one by the Sentinel at once (seed 2165 of the 200-seed run):
+    the Sentinel must know the replica the first one added (it learns replicas from the
+    primary's INFO every 10 s, and the second failover timed out waiting for a promotion)."""
+    topology.failover()
+    promoted = topology.replica
+    assert promoted is not None
+    topology.sentinel_failover(timeout=8.0)  # (under the Sentinel's 10 s INFO period)
+    assert topology.primary is promoted
+    with redis.Redis(port=topology.primary.port) as client:
+        assert client.info("replication")["role"] == "master"

@@ -79,6 +79,23 @@ class Topology:
                     raise TimeoutError("the replica did not sync")
                 time.sleep(0.05)
         self.synced(timeout)
+        if hasattr(self, "sentinel"):  # (the first replica is there before the Sentinel)
+            self._introduce(timeout)
+
+    def _introduce(self, timeout: float) -> None:
+        """Make the Sentinel know the new replica now: it learns replicas from the primary's
+        INFO, every 10 s, and one it does not know cannot be promoted (a ``sentinel-failover``
+        soon after a failover or a restart timed out). ``SENTINEL RESET`` makes it forget
+        the ones gone and ask the primary at once."""
+        assert self.replica is not None
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=self.sentinel.port, decode_responses=True) as client:
+            client.execute_command("SENTINEL", "RESET", SERVICE)
+            while not any(int(r["port"]) == self.replica.port
+                          for r in client.sentinel_slaves(SERVICE)):  # fmt: skip
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the Sentinel did not learn of the new replica")
+                time.sleep(0.05)
 
     def synced(self, timeout: float = 10.0) -> bool:
         """Wait (``WAIT``) until the replica has every write so far; whether it does."""
