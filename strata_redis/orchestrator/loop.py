@@ -4,6 +4,12 @@ It checks its arguments, registers the worker, joins the first round and resumes
 methods hand each concern to one collaborator: the rounds (``rounds.py``), the saves
 (``saves.py``), preemption's way out (``stopping.py``), the status shown (``shown.py``), the
 streams' host (``host.py``), leaving (``leaving.py``).
+
+The parts never import one another (the layers contract); at run time they reach one
+another only through the orchestrator they are given, as follows: the saves and the stop
+call the rounds' check (``_member.guard``); the saves, the rounds, the host and leaving
+tell the status shown; the rounds have the saves write a data position for a checkpoint
+they fill in; the host's per-step check is the stop's (``_stopping.step_guard``).
 """
 
 from __future__ import annotations

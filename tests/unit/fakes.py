@@ -143,10 +143,13 @@ class LeasePool:
         done: set[int] | None = None,
         offsets: dict[int, int] | None = None,
         restored: dict[int, int] | None = None,
+        restored_epoch: int | None = None,
     ) -> None:
         self.params, self.epoch = params, epoch
-        #: the offsets the epoch's last checkpoint restore wrote (never changed after)
+        #: the offsets the last checkpoint restore wrote (unchanged until the next one), and
+        #: the epoch whose record holds them (default: this pool's)
         self.restored: dict[int, int] = dict(restored or {})
+        self.restored_epoch = epoch if restored_epoch is None else restored_epoch
         self.done: set[int] = set(done or ())
         self.todo: dict[int, int] = {
             s: (offsets or {}).get(s, 0) for s in range(params.num_shards) if s not in self.done
@@ -293,8 +296,8 @@ class FakeHost:
         pool = self.pool
         if fn is record_module.epoch_record:
             return pool.record()
-        if fn is record_module.restored_offsets:
-            return dict(pool.restored)
+        if fn is record_module.restored_offsets:  # (ctx, params, epoch): the pool's epoch's
+            return dict(pool.restored) if args[2] == pool.restored_epoch else {}
         if fn is record_module.done_shards:
             return set(pool.done)
         if fn is record_module.done_count:

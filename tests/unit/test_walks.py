@@ -463,6 +463,19 @@ def test_a_worker_that_joined_without_resuming_carries_the_restored_offsets(
     assert 1 not in position.partial and position.done() == {0, 1}
 
 
+def test_the_restored_offsets_are_carried_in_their_epoch_only(
+    params: DatasetParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Epoch 0's restored offsets are not carried by a walk of epoch 1 (its positions would
+    then claim samples of epoch 1 trained that nobody trained)."""
+    pool = LeasePool(params, 1, restored={9: 7}, restored_epoch=0)
+    use_pool(monkeypatch, pool)
+    stream = ShardStream(FakeHost(pool, epoch=1), params, BATCH)
+    next(iter(stream))
+    assert stream.carried == {}
+    assert stream.position is not None and 9 not in stream.position.partial
+
+
 # -- the walks through their narrow interface (data/walks/base.py), no stream -----------------
 def test_leases_walk_reports_each_batch_and_shard_end_to_its_ledger(
     params: DatasetParams, monkeypatch: pytest.MonkeyPatch
