@@ -13,28 +13,38 @@ from strata_redis.storage import Storage
 
 class Counting(Storage):
     """``inner``, counting the reads (whole and ranged) of each path; with ``log``, each read
-    is also appended to that file (one path a line), for reads in other processes."""
+    is also appended to that file (one path a line), for reads in other processes. With
+    ``in_place``, an inner storage's own files are offered to be read in place
+    (``local_file``), each offer logged as ``place <path>`` (and counted in ``placed``)."""
 
-    def __init__(self, inner: Storage, log: str | None = None) -> None:
+    def __init__(self, inner: Storage, log: str | None = None, in_place: bool = False) -> None:
         self.inner = inner
         self.log = log
+        self.in_place = in_place
         self.reads: Counter[str] = Counter()
         self.ranged: Counter[str] = Counter()
+        self.placed: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def _note(self, path: str, ranged: bool) -> None:
+    def _note(self, path: str, kind: str) -> None:
         with self._lock:
-            (self.ranged if ranged else self.reads)[path] += 1
+            {"read": self.reads, "range": self.ranged, "place": self.placed}[kind][path] += 1
             if self.log is not None:
                 with open(self.log, "a") as out:
-                    out.write(f"{'range' if ranged else 'read'} {path}\n")
+                    out.write(f"{kind} {path}\n")
+
+    def local_file(self, path: str) -> str | None:
+        file = self.inner.local_file(path) if self.in_place else None
+        if file is not None:
+            self._note(path, "place")
+        return file
 
     def read(self, path: str) -> bytes:
-        self._note(path, False)
+        self._note(path, "read")
         return self.inner.read(path)
 
     def read_range(self, path: str, start: int, length: int) -> bytes:
-        self._note(path, True)
+        self._note(path, "range")
         return self.inner.read_range(path, start, length)
 
     def write(self, path: str, data: object) -> None:
@@ -56,10 +66,10 @@ class Counting(Storage):
         return self.inner.describe()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"inner": self.inner, "log": self.log}
+        return {"inner": self.inner, "log": self.log, "in_place": self.in_place}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["inner"], state["log"])  # type: ignore[misc]
+        self.__init__(state["inner"], state["log"], state["in_place"])  # type: ignore[misc]
 
 
 class Outage(Counting):

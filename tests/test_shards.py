@@ -461,3 +461,28 @@ def test_a_local_storages_shards_are_read_in_place_and_left_there(
         stats = reader.stats()
     assert stats["fetched_shards"] == 6 and stats["max_held_bytes"] == 0, stats
     assert {n: storage.read(shard_path(DATASET, n)) for n in before} == before
+
+
+def test_a_shard_file_changed_while_read_in_place_is_refused(
+    redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    """A shard read in place is checked once; its file replaced after that (a dataset
+    written again under a running job) is refused with ``ShardChecksumError`` naming it, not
+    read unchecked."""
+    storage = LocalStorage(tmp_path / "root")
+    _write(storage, total=30, per=10)
+    _register(redis_url, job_id, storage)
+    with (
+        _orchestrator(redis_url, job_id, tmp_path) as orch,
+        ShardReader(orch, DATASET, storage, batch_size=4) as reader,
+    ):
+        batches = reader.batches()
+        first = next(batches)  # 4 samples of one shard: its file checked and mapped
+        shard = shard_name(first[0]["__id__"] // 10)
+        file = tmp_path / "root" / shard_path(DATASET, shard)
+        replaced = file.with_name(file.name + ".new")
+        replaced.write_bytes(file.read_bytes())  # the same bytes, another file
+        os.replace(replaced, file)
+        with pytest.raises(ShardChecksumError, match="changed after its checksum") as caught:
+            next(batches)  # the rest of that shard
+        assert shard in str(caught.value)

@@ -126,7 +126,9 @@ def _storage(spec: dict[str, Any]) -> Storage:
 
 def _loop(url: str, worker_id: str, logdir: str, spec: dict[str, Any], cfg: dict[str, Any]) -> None:
     run = cfg["run"]
-    storage = Counting(_storage(spec), log=os.path.join(logdir, f"reads-{run}-{worker_id}"))
+    # (a LocalStorage's shards are read in place: the fetcher's offers are logged as reads)
+    log = os.path.join(logdir, f"reads-{run}-{worker_id}")
+    storage = Counting(_storage(spec), log=log, in_place=True)
     trained: list[int] = []  # this worker's "model": the samples it trained this epoch
     orch = strata_redis.TrainingOrchestrator(
         coordinator_url=url, worker_id=worker_id, job_id=JOB, checkpoint_path=cfg["ckpt"],
@@ -223,11 +225,13 @@ def _kept(params: DatasetParams, ckpt: Any, info: Any) -> tuple[Counter[int], li
 
 
 def _reads(logs: Path, run: str, ranged: bool = False) -> Counter[str]:
-    """The storage objects a run's workers read (whole or, with ``ranged``, by range)."""
+    """The storage objects a run's workers read (whole, by range or in place) or, with
+    ``ranged``, read only in part (by range, or in place: a LocalStorage's own file, of
+    which only the samples left are read)."""
     out: Counter[str] = Counter()
     for path in logs.glob(f"reads-{run}-*"):
         for line in path.read_text().splitlines():
-            if not ranged or line[:5] == "range":
+            if not ranged or line[:5] in ("range", "place"):
                 out[line.split()[1]] += 1
     return out
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..data.sharding import DatasetParams, assignment
 from ..data.stream import ShardStream
-from ..errors import ShardFormatError, ShardManifestError
+from ..errors import ShardChecksumError, ShardFormatError, ShardManifestError
 from ..storage import Storage
 from .fetcher import Fetched, ShardFetcher
 from .index import Manifest, ShardIndex, manifest_path, read_manifest, shard_path
@@ -57,6 +57,9 @@ class WorkItem:
         columns: when every sample has the same fields (``ShardIndex.columns``): their
             names, and an array ``(len(ids), fields, 2)`` of each field's offset in the tar
             and size (then ``spans`` and ``fields`` are not used).
+        stamp: for a storage's own file read in place, its (device, inode, size, mtime)
+            when its checksum was checked: a file found changed since is refused (a dataset
+            rewritten under a running job), not read unchecked.
     """
 
     dataset: str
@@ -69,14 +72,23 @@ class WorkItem:
     fields: Sequence[list[tuple[str, int, int]]] | None = None
     keys: Sequence[str] | None = None
     columns: tuple[tuple[str, ...], np.ndarray] | None = None
+    stamp: tuple[int, int, int, int] | None = None
 
     def samples(self) -> list[dict[str, Any]]:
         """The samples: ``{"__key__": key, "__id__": id, field: bytes, ...}`` each.
 
         Raises:
             ShardFormatError: a span is not a sample's tar members.
+            ShardChecksumError: the storage's own file, read in place, changed since its
+                checksum was checked.
         """
-        view = _mapped(self.path)
+        view, stamp = _mapped(self.path)
+        if self.stamp is not None and stamp != self.stamp:
+            raise ShardChecksumError(
+                "the file changed after its checksum was checked (a shard read in place "
+                "must not change while a job trains from it)", dataset=self.dataset,
+                path=self.object_path or self.shard, backend=self.backend,
+            )  # fmt: skip
         out: list[dict[str, Any]] = []
         keys = self.keys or [""] * len(self.ids)
         if self.columns is not None:
@@ -122,19 +134,20 @@ class WorkItem:
 _MAPPED: list[tuple[str, tuple[int, int, int, int], mmap.mmap | bytes]] = []
 
 
-def _mapped(path: str) -> mmap.mmap | bytes:
+def _mapped(path: str) -> tuple[mmap.mmap | bytes, tuple[int, int, int, int]]:
     """The file at ``path``, mapped read-only; the last one stays mapped (a loader worker
     reads a shard's batches one after the other: one map per shard, not an open and a read
     per sample). A file replaced at the same path (a new inode) is mapped anew; at most one
-    shard's file stays mapped per process (deleted, its space is freed once the next is)."""
+    shard's file stays mapped per process (deleted, its space is freed once the next is).
+    Returns the map and the file's (device, inode, size, mtime)."""
     with open(path, "rb", buffering=0) as file:
         st = os.fstat(file.fileno())
         stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if _MAPPED and _MAPPED[0][0] == path and _MAPPED[0][1] == stamp:
-            return _MAPPED[0][2]
+            return _MAPPED[0][2], stamp
         view = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
     _MAPPED[:] = [(path, stamp, view)]  # (the old map is unmapped once no reader holds it)
-    return view
+    return view, stamp
 
 
 class ShardFeed:
@@ -239,14 +252,15 @@ class ShardFeed:
                     names, table = columns
                     item = WorkItem(self.params.name, index.name, fetched.path, ids, (),
                                     self._backend, object_path, None, _pick(index.keys, at),
-                                    (names, table[at]))  # fmt: skip
+                                    (names, table[at]), fetched.stamp)  # fmt: skip
                 else:
                     where = at.tolist()
                     spans = [(index.offsets[p], index.sizes[p]) for p in where]
                     fields = None if index.fields is None else _pick(index.fields, at)
                     keys = None if index.fields is None else _pick(index.keys, at)
                     item = WorkItem(self.params.name, index.name, fetched.path, ids, spans,
-                                    self._backend, object_path, fields, keys)  # fmt: skip
+                                    self._backend, object_path, fields, keys,
+                                    stamp=fetched.stamp)  # fmt: skip
                 left -= len(ids)
                 self._pending.append(shard)
                 self._out[shard] += 1

@@ -58,6 +58,8 @@ class Fetched:
         whole: the file holds the whole, verified tar.
         owned: the file is the fetcher's copy (deleted or cached when released); False: the
             storage's own file, read in place (never deleted).
+        stamp: for a file read in place, its (device, inode, size, mtime) when it was
+            checked: a reader finding another refuses it (``feed.WorkItem``).
     """
 
     shard: int
@@ -65,6 +67,7 @@ class Fetched:
     path: str
     whole: bool
     owned: bool = True
+    stamp: tuple[int, int, int, int] | None = None
 
 
 class _Entry:
@@ -361,13 +364,14 @@ class ShardFetcher:
         path = shard_path(self.dataset, index.name)
         backend = self.storage.describe()
         in_place = None if self.cache_dir is not None else self.storage.local_file(path)
-        if in_place is not None and self._usable_in_place(index, in_place, positions is None):
+        stamp = None if in_place is None else self._in_place(index, in_place, positions is None)
+        if in_place is not None and stamp is not None:
             with self._lock:
                 self._stats["fetched_shards"] += 1
                 self._stats["reads"] += positions is None
                 self._stats["fetched_bytes"] += index.size if positions is None else 0
                 self._stats["partial_shards"] += positions is not None
-            return Fetched(shard, index, in_place, positions is None, owned=False)
+            return Fetched(shard, index, in_place, positions is None, owned=False, stamp=stamp)
         if positions is None:
             data = self._retrying(self.storage.read, path)
             self._check_whole(index, path, data, backend)
@@ -415,25 +419,28 @@ class ShardFetcher:
             self._account()
         return Fetched(shard, index, local, positions is None)
 
-    def _usable_in_place(self, index: ShardIndex, file: str, verify: bool) -> bool:
-        """Whether the storage's own file of the shard can be read in place: it is there, of
-        the index's size and, to be read whole (``verify``), of its checksum (mapped, not
-        copied). False: the ordinary fetch reads it (and raises the storage's error, or the
-        shard's, naming the object)."""
+    def _in_place(
+        self, index: ShardIndex, file: str, verify: bool
+    ) -> tuple[int, int, int, int] | None:
+        """The stamp (device, inode, size, mtime) of the storage's own file of the shard when
+        it can be read in place: it is there, of the index's size and, to be read whole
+        (``verify``), of its checksum (mapped, not copied). None: the ordinary fetch reads it
+        (and raises the storage's error, or the shard's, naming the object)."""
         try:
             with open(file, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                if size != index.size or size == 0:
-                    return False
+                st = os.fstat(f.fileno())
+                stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                if st.st_size != index.size or st.st_size == 0:
+                    return None
                 if not verify or not index.checksum:
-                    return True
+                    return stamp
                 with (
                     mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
                     memoryview(mapped) as view,
                 ):
-                    return checksum(view) == index.checksum
+                    return stamp if checksum(view) == index.checksum else None
         except (OSError, ValueError):
-            return False
+            return None
 
     def _check_whole(self, index: ShardIndex, path: str, data: bytes, backend: str) -> None:
         if len(data) != index.size:
