@@ -210,7 +210,7 @@ class ShardIndex:
     @classmethod
     def from_binary(cls, raw: bytes, *, dataset: str, path: str, backend: str) -> ShardIndex:
         """Read an index's binary form (``to_binary``), checked as arrays: no Python loop over
-        its samples (their keys and fields are read when asked for).
+        its samples but for slicing their keys (their fields are made when asked for).
 
         Raises:
             ShardFormatError: it is not a binary index of this version, or its spans are not
@@ -261,7 +261,7 @@ class ShardIndex:
                 dataset=dataset, path=path, backend=backend,
             )  # fmt: skip
         fields = _Fields(names, bounds, member_name, member_at, member_size)
-        index = cls(name, size, checksum_, _Keys(blob, key_ends), offsets.tolist(),
+        index = cls(name, size, checksum_, _keys(blob, key_ends.tolist()), offsets.tolist(),
                     sizes.tolist(), fields)  # fmt: skip
         # the columns straight from the arrays (``columns`` would walk ``fields``)
         index.__dict__["columns"] = fields.columns(offsets)
@@ -324,25 +324,14 @@ class ShardIndex:
         return index
 
 
-class _Keys(Sequence[str]):
-    """A binary index's keys, decoded as they are asked for."""
-
-    def __init__(self, blob: bytes, ends: np.ndarray) -> None:
-        self._blob, self._ends = blob, ends.tolist()
-
-    def __len__(self) -> int:
-        return len(self._ends)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        ends = self._ends
-        if i < 0:
-            i += len(ends)
-        if not 0 <= i < len(ends):
-            raise IndexError(i)
-        start = ends[i - 1] if i else 0
-        return self._blob[start : ends[i]].decode("utf-8", "surrogateescape")
+def _keys(blob: bytes, ends: list[int]) -> list[str]:
+    """The keys in ``blob`` (UTF-8, each ending at ``ends``): sliced from its text when it is
+    ASCII (a character per byte: the usual keys), else decoded one by one."""
+    starts = [0, *ends[:-1]]
+    text = blob.decode("utf-8", "surrogateescape")
+    if len(text) == len(blob):
+        return [text[a:b] for a, b in zip(starts, ends, strict=True)]
+    return [blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends, strict=True)]
 
 
 class _Fields(Sequence[Sequence[tuple[str, int, int]]]):
