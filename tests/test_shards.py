@@ -32,7 +32,7 @@ from strata_redis.shards import (
     read_manifest,
     register_shards,
 )
-from strata_redis.shards.index import index_path, shard_name, shard_path
+from strata_redis.shards.index import binary_index_path, index_path, shard_name, shard_path
 from strata_redis.storage import LocalStorage, S3Storage, Storage
 
 from .shardstores import Counting, Outage, sample_bytes, sample_id
@@ -160,7 +160,7 @@ def test_existing_tars_are_indexed_in_place(
     assert [s.count for s in manifest.shards] == [7, 7, 7, 7, 3]
     assert sorted(storage.list(f"{DATASET}/shards/")) == sorted(
         [shard_path(DATASET, n) for n in tars] + [index_path(DATASET, n) for n in tars]
-        + [f"{DATASET}/shards/index.json"]
+        + [binary_index_path(DATASET, n) for n in tars] + [f"{DATASET}/shards/index.json"]
     )  # fmt: skip
     if not checksums:  # headers only: ranged reads, never the whole object
         assert not counting.reads and counting.ranged
@@ -486,3 +486,84 @@ def test_a_shard_file_changed_while_read_in_place_is_refused(
         with pytest.raises(ShardChecksumError, match="changed after its checksum") as caught:
             next(batches)  # the rest of that shard
         assert shard in str(caught.value)
+
+
+# -- the binary index ------------------------------------------------------------------------------
+def test_the_binary_index_reads_as_the_json_one_and_is_checked(tmp_path: Path) -> None:
+    """The writer and ``index_tar_shards`` write each index in binary form too, and the
+    manifest says so; read back it is the JSON index (keys, spans, fields, columns), for
+    samples of the same fields and of unequal ones; one that does not fit its tar, or is cut
+    short, is refused naming it."""
+    from strata_redis.shards.index import ShardIndex, read_index
+
+    storage = LocalStorage(tmp_path / "root")
+    with ShardWriter(storage, DATASET, samples_per_shard=4) as writer:
+        for i in range(10):
+            extra = {"cls": str(i)} if i % 3 else {}
+            writer.write({"__key__": f"s/é{i:03d}", "bin": sample_bytes(i), **extra})
+    manifest = read_manifest(storage, DATASET)
+    assert manifest.binary_index
+    tars = {f"part-{n:02d}.tar": _webdataset_tar(n * 7, 7, long_names=n == 1) for n in range(2)}
+    for name, data in tars.items():
+        storage.write(shard_path("tars", name), data)
+    indexed = index_tar_shards(storage, "tars")
+    assert indexed.binary_index and read_manifest(storage, "tars").binary_index
+    for dataset, entries in ((DATASET, manifest.shards), ("tars", indexed.shards)):
+        for entry in entries:
+            doc = read_index(storage, dataset, entry)
+            binary = read_index(storage, dataset, entry, binary=True)
+            assert (binary.name, binary.size, binary.checksum) == (doc.name, doc.size,
+                                                                    doc.checksum)  # fmt: skip
+            assert list(binary.keys) == list(doc.keys) and binary.keys[-1] == doc.keys[-1]
+            assert (binary.offsets, binary.sizes) == (doc.offsets, doc.sizes)
+            assert doc.fields is not None and binary.fields is not None
+            assert [list(f) for f in binary.fields] == [list(f) for f in doc.fields]
+            if doc.columns is None:
+                assert binary.columns is None
+            else:
+                assert binary.columns is not None and binary.columns[0] == doc.columns[0]
+                assert (binary.columns[1] == doc.columns[1]).all()
+    assert read_index(storage, "tars", indexed.shards[0], binary=True).columns is not None
+    assert read_index(storage, DATASET, manifest.shards[0], binary=True).columns is None
+    raw = storage.read(binary_index_path(DATASET, shard_name(0)))
+    index = ShardIndex.from_binary(raw, dataset=DATASET, path="p", backend="b")
+    small = ShardIndex(index.name, index.offsets[-1], "", list(index.keys), index.offsets,
+                       index.sizes, [list(f) for f in index.fields or []])  # fmt: skip
+    for bad, why in (
+        (small.to_binary(), "do not fit together or in its"),
+        (raw[:-200], "bytes, its arrays need|do not fit"),
+        (b"NOTANIDX" + raw[8:], "not a binary shard index"),
+    ):
+        with pytest.raises(ShardFormatError, match=why):
+            ShardIndex.from_binary(bad, dataset=DATASET, path="p", backend="b")
+
+
+def test_a_dataset_written_before_the_binary_index_is_read_through_its_json_indexes(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    """A manifest without ``binary_index`` (a dataset written by an earlier version: JSON
+    indexes only) is read as before, through the JSON indexes; a new one's readers read the
+    binary indexes and no JSON one."""
+    _write(local, total=30, per=10)
+    assert local.inner.exists(binary_index_path(DATASET, shard_name(0)))
+    _register(redis_url, job_id, local)
+    assert _read_all(redis_url, job_id, tmp_path, local) == Counter(range(30))
+    read = set(local.reads)
+    assert {binary_index_path(DATASET, shard_name(k)) for k in range(3)} <= read
+    assert not {index_path(DATASET, shard_name(k)) for k in range(3)} & read
+    # the same dataset as an earlier version wrote it: no binary index, none in the manifest
+    import orjson
+
+    from strata_redis.shards.index import manifest_path
+
+    for k in range(3):
+        local.inner.delete(binary_index_path(DATASET, shard_name(k)))
+    doc = orjson.loads(local.inner.read(manifest_path(DATASET)))
+    del doc["binary_index"]
+    local.inner.write(manifest_path(DATASET), orjson.dumps(doc))
+    assert not read_manifest(local, DATASET).binary_index
+    local.reads.clear()
+    with _orchestrator(redis_url, job_id, tmp_path) as orch:
+        orch.advance_epoch()
+    assert _read_all(redis_url, job_id, tmp_path, local) == Counter(range(30))
+    assert {index_path(DATASET, shard_name(k)) for k in range(3)} <= set(local.reads)

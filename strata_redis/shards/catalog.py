@@ -13,6 +13,7 @@ from .index import (
     Manifest,
     ShardEntry,
     ShardIndex,
+    binary_index_path,
     check_objects,
     checksum,
     index_path,
@@ -98,7 +99,7 @@ def _index_tar(storage: Storage, dataset_id: str, name: str, *, checksums: bool)
 
 def index_tar_shards(storage: Storage, dataset_id: str, *, checksums: bool = False) -> Manifest:
     """Index the webdataset tars already under ``{dataset_id}/shards/`` in place: write each
-    one's index and the dataset's manifest, converting nothing.
+    one's index (JSON and binary) and the dataset's manifest, converting nothing.
 
     The tars are taken in name order (shard ``i`` is the ``i``-th name). A scan reads the
     tar headers only, through ranged reads of ``WINDOW`` bytes (the data of members larger
@@ -130,8 +131,9 @@ def index_tar_shards(storage: Storage, dataset_id: str, *, checksums: bool = Fal
                                    path=shard_path(dataset_id, name),
                                    backend=storage.describe())  # fmt: skip
         storage.write(index_path(dataset_id, name), index.to_json())
+        storage.write(binary_index_path(dataset_id, name), index.to_binary())
         entries.append(ShardEntry(name, index.count, index.size, index.checksum))
-    manifest = Manifest(dataset_id, entries)
+    manifest = Manifest(dataset_id, entries, binary_index=True)
     manifest.check_counts(backend=storage.describe())
     storage.write(manifest_path(dataset_id), manifest.to_json())
     return manifest

@@ -342,7 +342,8 @@ class ShardFetcher:
     def _index(self, shard: int) -> ShardIndex:
         index = self._indexes.get(shard)
         if index is None:
-            index = read_index(self.storage, self.dataset, self.manifest.shards[shard])
+            index = read_index(self.storage, self.dataset, self.manifest.shards[shard],
+                               binary=self.manifest.binary_index)  # fmt: skip
             self._indexes[shard] = index
         return index
 

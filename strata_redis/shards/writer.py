@@ -12,6 +12,7 @@ from .index import (
     Manifest,
     ShardEntry,
     ShardIndex,
+    binary_index_path,
     checksum,
     index_path,
     manifest_path,
@@ -58,7 +59,8 @@ class ShardSet:
 
 class ShardWriter:
     """Write samples as webdataset-compatible tars of ``samples_per_shard`` samples each,
-    with an index per shard and the dataset's manifest (``shards/index.py``), to ``storage``.
+    with an index per shard (JSON and binary) and the dataset's manifest (``shards/index.py``),
+    to ``storage``.
 
     Each full shard is written as soon as it is full (its tar, then its index); ``close``
     writes the last, shorter one and then the manifest, which is what readers and
@@ -165,6 +167,7 @@ class ShardWriter:
                            self._fields)  # fmt: skip
         self.storage.write(shard_path(self.dataset, name), data)
         self.storage.write(index_path(self.dataset, name), index.to_json())
+        self.storage.write(binary_index_path(self.dataset, name), index.to_binary())
         self._entries.append(ShardEntry(name, index.count, index.size, index.checksum))
         self._parts, self._size = [], 0
         self._keys, self._offsets, self._sizes, self._fields = [], [], [], []
@@ -181,7 +184,7 @@ class ShardWriter:
         self._flush()
         if not self._entries:
             raise ValueError(f"{self!r}: no sample was written")
-        manifest = Manifest(self.dataset, list(self._entries))
+        manifest = Manifest(self.dataset, list(self._entries), binary_index=True)
         self.storage.write(manifest_path(self.dataset), manifest.to_json())
         self._closed = ShardSet(self.dataset, self.storage.describe(), manifest)
         return self._closed
