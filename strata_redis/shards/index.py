@@ -251,9 +251,9 @@ class ShardIndex:
         if ok:
             owner = np.repeat(np.arange(count), per_sample)
             ok = bool(
-                (offsets >= 0).all() and (sizes > 0).all() and (offsets + sizes <= size).all()
-                and (member_at >= 0).all()
-                and (member_at + member_size <= sizes[owner]).all()
+                (offsets >= 0).all() and (sizes > 0).all() and (offsets <= size - sizes).all()
+                and (member_at >= 0).all() and (member_size >= 0).all()
+                and (member_at <= sizes[owner] - member_size).all()
             )  # fmt: skip
         if not ok:
             raise ShardFormatError(
@@ -281,7 +281,9 @@ class ShardIndex:
                 raise ValueError(f"version {doc.get('version')!r}, not {_VERSION}")
             keys, offsets, sizes = doc["keys"], doc["offsets"], doc["sizes"]
             # (checked as arrays: an index has a few entries per sample, read per shard)
-            starts, lengths = np.asarray(offsets), np.asarray(sizes)
+            # (an empty list is no float array: a shard of no samples is an index too)
+            starts = np.asarray(offsets) if offsets else np.zeros(0, dtype=np.int64)
+            lengths = np.asarray(sizes) if sizes else np.zeros(0, dtype=np.int64)
             if (
                 not isinstance(keys, list) or not set(map(type, keys)) <= {str}
                 or starts.dtype.kind != "i" or lengths.dtype.kind != "i"
@@ -295,17 +297,19 @@ class ShardIndex:
                 f"not a shard index: {exc}", dataset=dataset, path=path, backend=backend
             ) from None
         spans_ok = len(starts) == len(lengths) == index.count and bool(
-            (starts >= 0).all() and (lengths > 0).all() and (starts + lengths <= index.size).all()
+            # (start <= size - length: start + length could wrap past int64's range)
+            (starts >= 0).all() and (lengths > 0).all() and (starts <= index.size - lengths).all()
         )
         columns = None
         if spans_ok and index.fields is not None and len(index.fields) == index.count:
             columns = index.columns
         if columns is not None:  # the usual index: checked as one array
             table = columns[1]
-            ends = table[:, :, 0] + table[:, :, 1] - starts[:, None]
+            at = table[:, :, 0] - starts[:, None]  # each field's offset in its sample
             spans_ok = spans_ok and bool(
-                (table[:, :, 0] >= starts[:, None]).all() and (ends <= lengths[:, None]).all()
-            )
+                (at >= 0).all() and (table[:, :, 1] >= 0).all()
+                and (table[:, :, 1] <= lengths[:, None] - at).all()
+            )  # fmt: skip
         elif index.fields is not None:
             spans_ok = (
                 spans_ok
