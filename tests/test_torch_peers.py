@@ -73,6 +73,15 @@ def _agent(url: str, job: str, tmp: Path, index: int) -> subprocess.Popen[bytes]
     )
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` (another's child) has exited: no such process, or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 @pytest.mark.timeout(150)
 def test_a_killed_peer_never_hangs_the_survivors(redis_url: str, tmp_path: Path) -> None:
     procs = [_agent(redis_url, "peers", tmp_path, i) for i in range(3)]
@@ -91,15 +100,21 @@ def test_a_killed_peer_never_hangs_the_survivors(redis_url: str, tmp_path: Path)
         os.killpg(procs[2].pid, signal.SIGKILL)
         killed = time.monotonic()
 
-        def interrupted() -> int:
-            marker = "ending this rank's process group"
-            return sum(marker in p.read_text() for p in tmp_path.glob("log-0-*"))
+        survivors = [int(pid) for pid, agent in started if int(agent) != procs[2].pid]
+
+        def ended() -> int:
+            return sum(_gone(pid) for pid in survivors)
 
         # The bound separates the peer watch (the heartbeat timeout, then an exit) from
         # gloo's own timeout (300 s here, 30 min by default): without the watch the survivors
-        # stay in all_reduce until then.
-        took = wait_for(lambda: interrupted() == 2, HEARTBEAT_TIMEOUT + 5.0,
+        # stay in all_reduce until then. A survivor whose watch fires first aborts its group
+        # and exits; the other's all_reduce may then fail on the closed sockets before its
+        # own watch fires (under load): either way it ends, which is what is asserted, and
+        # at least one watch said it ended the group.
+        took = wait_for(lambda: ended() == 2, HEARTBEAT_TIMEOUT + 5.0,
                         why=lambda: sorted(p.name for p in tmp_path.iterdir()))  # fmt: skip
+        marker = "ending this rank's process group"
+        assert any(marker in p.read_text() for p in tmp_path.glob("log-0-*"))
         # then torchrun restarts them without the dead member (a new round of 2)
         wait_for(lambda: len(list(tmp_path.glob("started-1-*"))) == 2, 90,
                  why=lambda: outs[0].text()[-3000:])  # fmt: skip
