@@ -110,7 +110,8 @@ def test_one_thread_beats_every_worker_of_a_process(redis_url: str, job_id: str)
     # one is declared failed behind the thread's back: it is told, dropped, never revived
     job.client.zadd(job.keys.heartbeats, {"w5": 0})
     assert job.reap() == ["w5"]
-    wait_for(lambda: ws[5].lost is not None, 5)
+    # (the thread sets ``lost``, then calls ``on_lost`` outside its lock: wait for the call)
+    wait_for(lambda: ws[5].lost is not None and bool(lost), 5)
     assert lost == [ws[5].lost] and isinstance(lost[0], WorkerFailedError)
     assert not ws[5].heartbeating
     # one stops its heartbeats: none is sent after stop_heartbeat returns
