@@ -42,13 +42,17 @@ def _worker(
     job_handle = strata_redis.connect(url, job_id=job)
     orch = strata_redis.TrainingOrchestrator(
         coordinator_url=url, worker_id=worker_id, job_id=job, checkpoint_path=ckpt,
-        min_workers=cfg["min_workers"], last_call=2.0, batch_size=4, heartbeat_timeout=3.0,
-        state_provider=lambda: b"model", preempt_budget=cfg["budget"],
+        min_workers=cfg["min_workers"], last_call=2.0, batch_size=4,
+        heartbeat_timeout=cfg.get("heartbeat", 3.0), state_provider=lambda: b"model",
+        preempt_budget=cfg["budget"],
     )  # fmt: skip
     try:
         stream = orch.get_shards(DATASET)
         for epoch in orch.epochs(1):
             for step, batch in enumerate(stream):
+                if cfg.get("fail") == worker_id and step == 3:  # as a trainer's exception
+                    orch.close(end=False)  # (leaving its ``with`` block)
+                    raise SystemExit(1)
                 if cfg["collective"]:
                     name = f"step-r{orch.round.number}-e{epoch}-s{step}"
                     job_handle.barrier(name, expected=orch.world_size).wait(worker_id, timeout=60)
@@ -154,6 +158,62 @@ def test_budget_exceeded_aborts_the_save_releases_the_leases_and_exits_75(
         for _, samples in steps:
             trained.update(samples)
     assert trained == Counter(range(TOTAL))
+
+
+@pytest.mark.timeout(150)
+def test_a_survivor_signalled_while_its_broken_round_regroups_leaves_and_the_restart_trains_all(
+    redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    """torchrun's teardown of a failed group: w1 fails, its agent SIGTERMs w0 (which is
+    rejoining, its round broken) and SIGKILLs it past the grace, then starts both again.
+    w0 must leave at the signal (75: nothing saved), not wait in the next round: killed
+    there, it would stay a member of it for its heartbeat timeout, and the restarted pair
+    would close that round as the old one's continuation, with the old round's shards done
+    and in no model (before the fix, 60 of 240 samples of torchrun's restart untrained)."""
+    from strata_redis.keys import Keys
+
+    _register(redis_url, job_id)
+    # (a heartbeat timeout long enough for the restart to meet a killed w0's membership)
+    procs = _start(redis_url, job_id, tmp_path, launch=1, workers=2, collective=False,
+                   fail="w1", sleep=0.05, heartbeat=20.0)  # fmt: skip
+    assert join_all(procs[1:], timeout=60) == [1]
+    import redis
+
+    rendezvous = Keys(job_id).rendezvous
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        # w0 saw its round break and waits in the next one for a second member
+        wait_for(lambda: client.hget(rendezvous, "round") == "2", 30,
+                 why=lambda: client.hgetall(rendezvous))  # fmt: skip
+        time.sleep(0.5)
+    os.kill(procs[0].pid, signal.SIGTERM)
+    signalled = time.monotonic()
+    procs[0].join(5.0)  # torchrun waits 30 s, then SIGKILLs: 5 s here
+    if procs[0].is_alive():
+        os.kill(procs[0].pid, signal.SIGKILL)
+    procs[0].join(10)
+    took = time.monotonic() - signalled
+    assert procs[0].exitcode == EXIT_BUDGET_EXCEEDED, procs[0].exitcode
+    print(f"the survivor left {took:.2f}s after SIGTERM, exit 75")
+    before = sum(len(steps) for steps in _steps(tmp_path, 1).values())
+    assert before > 3  # both trained in launch 1 (w1 its 3 steps)
+
+    # the restart: w1 first, as a slower rank 0 would let it (before the fix it closed round
+    # 2 with the killed w0, alive to Redis for its heartbeat timeout, as the old round's
+    # continuation)
+    cfg = {"launch": 2, "min_workers": 2, "budget": 25.0, "collective": False, "sleep": 0.03}
+    w1 = spawn(_worker, redis_url, job_id, "w1", str(tmp_path / "ckpt"), str(tmp_path), cfg)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        members = Keys(job_id).round_members(2)
+        wait_for(lambda: client.zscore(members, "w1") is not None or not w1.is_alive(), 30)
+        time.sleep(2.0 + 1.0)  # the last call (2 s): round 2 would close now with a killed w0
+    w0 = spawn(_worker, redis_url, job_id, "w0", str(tmp_path / "ckpt"), str(tmp_path), cfg)
+    assert join_all([w0, w1], timeout=90) == [0, 0]
+    assert not _committed(redis_url, tmp_path, job_id)  # nothing saved: from the start
+    again: Counter[int] = Counter()
+    for steps in _steps(tmp_path, 2).values():
+        for _, samples in steps:
+            again.update(samples)
+    assert again == Counter(range(TOTAL))  # each sample once, the first launch's too
 
 
 def test_parse_signals() -> None:

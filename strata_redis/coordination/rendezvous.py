@@ -151,7 +151,13 @@ class Rendezvous:
         return int(self.context.client.hget(self.context.keys.rendezvous, "round") or 0)
 
     def join(
-        self, worker_id: str, incarnation: int, *, leaving: int = 0, spare_waits: bool = False
+        self,
+        worker_id: str,
+        incarnation: int,
+        *,
+        leaving: int = 0,
+        spare_waits: bool = False,
+        between: Callable[[], None] | None = None,
     ) -> Round:
         """Join the open round (or open one) and wait until it closes.
 
@@ -163,6 +169,8 @@ class Rendezvous:
             spare_waits: a spare (waiting while the running round is at ``max_workers``)
                 waits with no deadline, as torchrun's redundant agents do; ``timeout`` counts
                 again from when it stops being one. False: ``timeout`` counts from the call.
+            between: called before each wait for the round to close; it may raise to give
+                the join up (the caller then leaves: its leave takes it out of the round).
 
         Returns:
             The closed round, with this worker's rank.
@@ -216,6 +224,8 @@ class Rendezvous:
                 )  # fmt: skip
             if kind == "closed":
                 continue
+            if between is not None:
+                between()
             block = self._look_ms()  # a waiter's looks keep its waiting entry fresh
             if kind == "joining" and int(payload[3]):
                 block = min(block, max(5, int(payload[3]) - int(payload[4]) + 5))

@@ -32,9 +32,19 @@ class RoundMember:
         self._o = o
 
     def join(self, leaving: int, *, abort: bool = False) -> Round:
-        """Join a round (leaving round ``leaving`` if it broke); it becomes ``o.round``."""
+        """Join a round (leaving round ``leaving`` if it broke); it becomes ``o.round``.
+
+        A worker preempted while it rejoins leaves instead (``_leave_preempted``), both while
+        it waits and once the round closed: it must not train in a round its process will
+        not live through."""
         o = self._o
-        round_ = o._retry(o.rendezvous.join, o.worker_id, o.worker.incarnation, leaving=leaving)
+        between = None if leaving == 0 else lambda: self._leave_preempted(leaving, "")
+        round_ = o._retry(
+            o.rendezvous.join, o.worker_id, o.worker.incarnation, leaving=leaving,
+            between=between,
+        )  # fmt: skip
+        if between is not None:
+            between()
         log.info(
             "worker %r: round %d, rank %d of %d (restarts: %d failure, %d growth)",
             o.worker_id, round_.number, round_.rank, round_.world_size,
@@ -82,9 +92,26 @@ class RoundMember:
             return
         if not o.elastic:
             raise broken
+        self._leave_preempted(broken.round, broken.reason)
         self.join(leaving=broken.round, abort=broken.reason != "superseded")
         for stream in o._streams.values():
             stream.rebase()
+
+    def _leave_preempted(self, leaving: int, reason: str) -> None:
+        """A preempted worker whose round broke leaves (``Preempted``, 75: nothing saved)
+        instead of joining another round: no whole-round checkpoint can commit in the broken
+        one, and in a new one it would take shards its process will not live to report (a
+        torchrun agent tearing a failed group down SIGTERMs the survivors, and SIGKILLs them
+        30 s later; the restarted group would find their shards done). Its leases go back
+        at its data position; the relaunch resumes from the last committed checkpoint."""
+        o = self._o
+        if not o.preempted or o._stopping.exiting:
+            return
+        log.warning(
+            "worker %r: preempted (%s) and round %d is over%s: leaving, not joining another",
+            o.worker_id, o._preemption.signal_name, leaving, f" ({reason})" if reason else "",
+        )  # fmt: skip
+        o._stopping.leave(None, committed=False)
 
     def advance(self) -> int:
         """``advance_epoch``: the epoch barrier over the round's members (met again in a new

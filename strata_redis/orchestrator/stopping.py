@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..checkpoint.ids import MAX_NUMBER
 from ..preemption import EXIT_BUDGET_EXCEEDED, Preempted
@@ -61,7 +61,7 @@ class Stopping:
                         "leaving without a checkpoint (the relaunch resumes from the previous "
                         "one)", o.worker_id,
                     )  # fmt: skip
-                    self._leave(None, False)
+                    self.leave(None, False)
                 o.preempt_exit(step, o._job_epoch)
         o._member.guard()
 
@@ -103,9 +103,9 @@ class Stopping:
                         [c.label for c in aborted])  # fmt: skip
         except Exception as exc:  # the worker leaves all the same
             log.warning("worker %r: the preemption checkpoint failed: %s", o.worker_id, exc)
-        self._leave(label, committed)
+        self.leave(label, committed)
 
-    def _leave(self, label: str | None, committed: bool) -> None:
+    def leave(self, label: str | None, committed: bool) -> NoReturn:
         """Release the leases at the data position, leave, raise ``Preempted``."""
         o = self._o
         self.exiting = True
