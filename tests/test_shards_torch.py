@@ -351,3 +351,44 @@ def test_a_corrupt_shard_read_in_a_loader_worker_reaches_the_loop_as_its_own_err
             for _ in loader:
                 pass
         ds.close()
+
+
+def test_leases_go_back_at_once_when_the_first_batch_fails(redis_url: str, tmp_path: Path) -> None:
+    """Every shard's first sample corrupt, found by the loader worker that parses it: the
+    loader's first batch fails. The walk's leases go back as the error leaves the loop (not
+    when the suspended walk is collected: maybe never while a traceback holds it, or after
+    Redis is gone), and the worker processes stop then too: no shard of the epoch is held."""
+    import orjson
+
+    from strata_redis.errors import ShardFormatError
+    from strata_redis.shards.index import index_path, manifest_path
+
+    storage = LocalStorage(tmp_path / "root")
+    _write(storage, total=40, per=10)
+    manifest = orjson.loads(storage.read(manifest_path(DATASET)))
+    del manifest["binary_index"]  # (each shard's JSON index is read: edited below)
+    for shard in range(4):
+        name = shard_name(shard)
+        index = orjson.loads(storage.read(index_path(DATASET, name)))
+        del index["fields"]  # (the worker then parses each sample's tar headers)
+        index["checksum"] = manifest["shards"][shard]["checksum"] = ""
+        storage.write(index_path(DATASET, name), orjson.dumps(index))
+        tar = bytearray(storage.read(shard_path(DATASET, name)))
+        tar[0:512] = bytes(512)  # sample 0's header: zeros
+        storage.write(shard_path(DATASET, name), bytes(tar))
+    storage.write(manifest_path(DATASET), orjson.dumps(manifest))
+    _register(redis_url, storage)
+    with strata_redis.TrainingOrchestrator(
+        coordinator_url=redis_url, worker_id="w0", job_id=JOB, checkpoint_path=tmp_path / "ck",
+        last_call=0.1, heartbeat_timeout=3.0, lease_ttl=60.0,
+    ) as orch, strata_redis.connect(redis_url, JOB) as job:  # fmt: skip
+        holders = job.leases(DATASET, 0, "reader").keys.holders
+        ds = strata_torch.ShardDataset(orch, DATASET, storage, batch_size=5, decode=decode_id)
+        loader = strata_torch.DataLoader(ds, num_workers=2)
+        ds.set_epoch(0)
+        with pytest.raises(ShardFormatError, match=r": sample \d+: "):
+            for _ in loader:
+                pass
+        # (pytest.raises keeps the traceback, and with it the loader's frames)
+        assert job.context.client.hlen(holders) == 0, job.context.client.hgetall(holders)
+        ds.close()

@@ -4,6 +4,7 @@ prefetched."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -257,3 +258,25 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[misc]
             walk = walk or (sampler._walk if sampler._walk is not other else None)
             if walk is not None:
                 sampler.close(walk)
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        return _WorkersIter(self)
+
+
+class _WorkersIter(torch.utils.data.dataloader._MultiProcessingDataLoaderIter):  # type: ignore[misc]
+    """torch's iterator over worker processes, which stop at once when its start fails (the
+    sampler's error while it takes its first batches: a corrupt first shard). torch leaves
+    them to the half-made iterator's collection, which the error's traceback delays, at
+    interpreter exit to no one: its queues' feeder threads then race the exit (a thread's
+    ValueError on stderr; under pytest, exit status 1)."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        try:
+            super().__init__(loader)
+        except BaseException:
+            with contextlib.suppress(AttributeError):  # (failed before its workers existed)
+                self._shutdown_workers()
+            raise
