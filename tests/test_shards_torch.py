@@ -312,33 +312,41 @@ def test_killed_mid_epoch_relaunched_with_fewer_then_more_workers_trains_each_sa
 
 
 # -- errors in the loader's worker processes ----------------------------------------------------
+def _corrupt_headers(storage: Storage, at: dict[int, int]) -> None:
+    """Zero sample ``at[shard]``'s tar header in each of those shards (the archive's end, to a
+    parser), indexed without fields or checksum (as ``index_tar_shards`` indexes in place), so
+    the loader worker that parses that sample finds it; the dataset's JSON indexes are read
+    (as a dataset's written before the binary index)."""
+    import orjson
+
+    from strata_redis.shards.index import index_path, manifest_path
+
+    manifest = orjson.loads(storage.read(manifest_path(DATASET)))
+    del manifest["binary_index"]
+    for shard, sample in at.items():
+        name = shard_name(shard)
+        index = orjson.loads(storage.read(index_path(DATASET, name)))
+        del index["fields"]  # (the worker then parses each sample's tar headers)
+        index["checksum"] = manifest["shards"][shard]["checksum"] = ""
+        storage.write(index_path(DATASET, name), orjson.dumps(index))
+        tar = bytearray(storage.read(shard_path(DATASET, name)))
+        offset = index["offsets"][sample]
+        tar[offset : offset + 512] = bytes(512)
+        storage.write(shard_path(DATASET, name), bytes(tar))
+    storage.write(manifest_path(DATASET), orjson.dumps(manifest))
+
+
 def test_a_corrupt_shard_read_in_a_loader_worker_reaches_the_loop_as_its_own_error(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """A sample whose tar header is corrupt is found by the loader worker that parses it (a
-    shard indexed without fields or checksum, as ``index_tar_shards`` indexes in place): the
+    """A sample whose tar header is corrupt is found by the loader worker that parses it: the
     loop gets the ``ShardFormatError`` naming the object, not torch's ``RuntimeError`` (which
     it gives for an error it cannot re-make from its message)."""
-    import orjson
-
     from strata_redis.errors import ShardFormatError
-    from strata_redis.shards.index import index_path, manifest_path
 
     storage = LocalStorage(tmp_path / "root")
     _write(storage, total=40, per=10)
-    name = shard_name(1)
-    index = orjson.loads(storage.read(index_path(DATASET, name)))
-    del index["fields"]  # (the worker then parses each sample's tar headers)
-    index["checksum"] = ""
-    storage.write(index_path(DATASET, name), orjson.dumps(index))
-    manifest = orjson.loads(storage.read(manifest_path(DATASET)))
-    manifest["shards"][1]["checksum"] = ""
-    del manifest["binary_index"]  # (a dataset written before the binary index: its JSON read)
-    storage.write(manifest_path(DATASET), orjson.dumps(manifest))
-    tar = bytearray(storage.read(shard_path(DATASET, name)))
-    at = index["offsets"][3]
-    tar[at : at + 512] = bytes(512)  # sample 13's header: zeros (the archive's end, to a parser)
-    storage.write(shard_path(DATASET, name), bytes(tar))
+    _corrupt_headers(storage, {1: 3})  # sample 13
     _register(redis_url, storage)
     with strata_redis.TrainingOrchestrator(
         coordinator_url=redis_url, worker_id="w0", job_id=JOB, checkpoint_path=tmp_path / "ck",
@@ -347,6 +355,7 @@ def test_a_corrupt_shard_read_in_a_loader_worker_reaches_the_loop_as_its_own_err
         ds = strata_torch.ShardDataset(orch, DATASET, storage, batch_size=5, decode=decode_id)
         loader = strata_torch.DataLoader(ds, num_workers=2)
         ds.set_epoch(0)
+        name = shard_name(1)
         with pytest.raises(ShardFormatError, match=rf"'{DATASET}/shards/{name}': sample 13: "):
             for _ in loader:
                 pass
@@ -358,25 +367,11 @@ def test_leases_go_back_at_once_when_the_first_batch_fails(redis_url: str, tmp_p
     loader's first batch fails. The walk's leases go back as the error leaves the loop (not
     when the suspended walk is collected: maybe never while a traceback holds it, or after
     Redis is gone), and the worker processes stop then too: no shard of the epoch is held."""
-    import orjson
-
     from strata_redis.errors import ShardFormatError
-    from strata_redis.shards.index import index_path, manifest_path
 
     storage = LocalStorage(tmp_path / "root")
     _write(storage, total=40, per=10)
-    manifest = orjson.loads(storage.read(manifest_path(DATASET)))
-    del manifest["binary_index"]  # (each shard's JSON index is read: edited below)
-    for shard in range(4):
-        name = shard_name(shard)
-        index = orjson.loads(storage.read(index_path(DATASET, name)))
-        del index["fields"]  # (the worker then parses each sample's tar headers)
-        index["checksum"] = manifest["shards"][shard]["checksum"] = ""
-        storage.write(index_path(DATASET, name), orjson.dumps(index))
-        tar = bytearray(storage.read(shard_path(DATASET, name)))
-        tar[0:512] = bytes(512)  # sample 0's header: zeros
-        storage.write(shard_path(DATASET, name), bytes(tar))
-    storage.write(manifest_path(DATASET), orjson.dumps(manifest))
+    _corrupt_headers(storage, dict.fromkeys(range(4), 0))
     _register(redis_url, storage)
     with strata_redis.TrainingOrchestrator(
         coordinator_url=redis_url, worker_id="w0", job_id=JOB, checkpoint_path=tmp_path / "ck",
