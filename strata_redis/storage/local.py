@@ -188,6 +188,8 @@ class LocalStorage(Storage):
         directory = os.path.dirname(full)
         try:
             _fsync_dir(directory)
+        except _ABSENT:  # another deleter emptied the directory and removed it meanwhile
+            directory = os.path.dirname(directory)
         except OSError as exc:
             raise self._error("delete", path, exc) from exc
         self._prune(directory)
