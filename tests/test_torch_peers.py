@@ -33,9 +33,11 @@ SCRIPT = textwrap.dedent(
     import strata_redis, strata_redis.torch
 
     out, url = sys.argv[1], sys.argv[2]
-    restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    # the first group (3) or the restarted one (2): not TORCHELASTIC_RESTART_COUNT, which an
+    # agent that restarts for the others' new round (not its trainer's failure) leaves at 0
+    phase = "0" if os.environ["WORLD_SIZE"] == "3" else "1"
     logging.basicConfig(
-        filename=os.path.join(out, f"log-{restart}-{os.environ['RANK']}"), level=logging.INFO,
+        filename=os.path.join(out, f"log-{phase}-{os.environ['RANK']}"), level=logging.INFO,
         format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s",
     )
     orch = strata_redis.TrainingOrchestrator(
@@ -43,9 +45,9 @@ SCRIPT = textwrap.dedent(
         heartbeat_timeout=HEARTBEAT, checkpoint_path=os.path.join(out, "ckpt"),
     )
     strata_redis.torch.init_process_group(orch, "gloo", timeout=300)
-    with open(os.path.join(out, f"started-{restart}-{os.environ['GROUP_RANK']}"), "w") as f:
+    with open(os.path.join(out, f"started-{phase}-{os.environ['GROUP_RANK']}"), "w") as f:
         f.write(f"{os.getpid()} {os.getppid()}")
-    if restart != "0":
+    if phase != "0":
         orch.close(end=False)
         sys.exit(0)
     t = torch.ones(1)
@@ -80,6 +82,13 @@ def _gone(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def _story(tmp: Path, outs: list[Output]) -> str:
+    """What the agents printed and the trainers logged, for a failure's message."""
+    agents = [f"agent {i}: {out.text()[-1500:]}" for i, out in enumerate(outs)]
+    logs = [f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(tmp.glob("log-*"))]
+    return "\n".join([*agents, *logs, str(sorted(p.name for p in tmp.iterdir()))])
 
 
 @pytest.mark.timeout(150)
@@ -117,7 +126,7 @@ def test_a_killed_peer_never_hangs_the_survivors(redis_url: str, tmp_path: Path)
         assert any(marker in p.read_text() for p in tmp_path.glob("log-0-*"))
         # then torchrun restarts them without the dead member (a new round of 2)
         wait_for(lambda: len(list(tmp_path.glob("started-1-*"))) == 2, 90,
-                 why=lambda: outs[0].text()[-3000:])  # fmt: skip
+                 why=lambda: _story(tmp_path, outs))  # fmt: skip
         for proc in procs[:2]:
             assert proc.wait(60) == 0, outs[0].text()[-3000:]
         print(
