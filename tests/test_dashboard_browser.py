@@ -166,9 +166,13 @@ def test_the_page_live_in_a_real_browser(
         conn = driver.find_element(By.ID, "conn-text").text
         assert re.fullmatch(r"updated \d+(\.\d)? s ago", conn), conn
         assert driver.find_element(By.ID, "conn").get_attribute("data-state") == "live"
-        text = driver.find_element(By.TAG_NAME, "body").text
+
+        def body() -> str:
+            return str(driver.find_element(By.TAG_NAME, "body").text)
+
+        # (the fail event can reach the timeline a poll after the status: read until it does)
         for needle in ("images · epoch 0", "committed", "fail w-2", "Barrier release latency"):
-            assert needle in text, needle
+            wait_for(lambda n=needle: n in body(), 20, why=lambda n=needle: (n, body()[-3000:]))
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors
 
