@@ -170,21 +170,18 @@ def test_a_survivor_signalled_while_its_broken_round_regroups_leaves_and_the_res
     there, it would stay a member of it for its heartbeat timeout, and the restarted pair
     would close that round as the old one's continuation, with the old round's shards done
     and in no model (before the fix, 60 of 240 samples of torchrun's restart untrained)."""
-    from strata_redis.keys import Keys
+    import strata_redis
+    from strata_redis.coordination.rendezvous import Rendezvous
 
     _register(redis_url, job_id)
     # (a heartbeat timeout long enough for the restart to meet a killed w0's membership)
     procs = _start(redis_url, job_id, tmp_path, launch=1, workers=2, collective=False,
                    fail="w1", sleep=0.05, heartbeat=20.0)  # fmt: skip
     assert join_all(procs[1:], timeout=60) == [1]
-    import redis
-
-    rendezvous = Keys(job_id).rendezvous
-    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        # w0 saw its round break and waits in the next one for a second member
-        wait_for(lambda: client.hget(rendezvous, "round") == "2", 30,
-                 why=lambda: client.hgetall(rendezvous))  # fmt: skip
-        time.sleep(0.5)
+    job = strata_redis.connect(redis_url, job_id)
+    rendezvous = Rendezvous(job.context)
+    # w0 saw its round break and waits in the next one for a second member
+    wait_for(lambda: "w0" in rendezvous.members(2), 30, why=rendezvous.state)
     os.kill(procs[0].pid, signal.SIGTERM)
     signalled = time.monotonic()
     procs[0].join(5.0)  # torchrun waits 30 s, then SIGKILLs: 5 s here
@@ -202,10 +199,9 @@ def test_a_survivor_signalled_while_its_broken_round_regroups_leaves_and_the_res
     # continuation)
     cfg = {"launch": 2, "min_workers": 2, "budget": 25.0, "collective": False, "sleep": 0.03}
     w1 = spawn(_worker, redis_url, job_id, "w1", str(tmp_path / "ckpt"), str(tmp_path), cfg)
-    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        members = Keys(job_id).round_members(2)
-        wait_for(lambda: client.zscore(members, "w1") is not None or not w1.is_alive(), 30)
-        time.sleep(2.0 + 1.0)  # the last call (2 s): round 2 would close now with a killed w0
+    wait_for(lambda: "w1" in rendezvous.members(2) or not w1.is_alive(), 30)
+    time.sleep(2.0 + 1.0)  # the last call (2 s): round 2 would close now with a killed w0
+    job.close()
     w0 = spawn(_worker, redis_url, job_id, "w0", str(tmp_path / "ckpt"), str(tmp_path), cfg)
     assert join_all([w0, w1], timeout=90) == [0, 0]
     assert not _committed(redis_url, tmp_path, job_id)  # nothing saved: from the start
