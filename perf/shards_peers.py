@@ -545,7 +545,7 @@ class Strata(Reader):
     row, one training worker holding the leases, the DataLoader's workers reading them."""
 
     name = "strata"
-    note = "ShardDataset(prefetch=2), its shuffled order"
+    note = "ShardDataset(prefetch=2, field='bin'), its shuffled order"
 
     def __init__(self) -> None:
         self._open: list[Any] = []
@@ -589,7 +589,7 @@ class Strata(Reader):
 
         dataset = ShardDataset(
             orch, DATASET, strata_storage(run.corpus, run.store), batch_size=run.batch_size,
-            prefetch=2, decode=strata_payload,
+            prefetch=2, field="bin",
         )  # fmt: skip
         self._open.insert(0, dataset)
         dataset.set_epoch(orch.epoch)
@@ -643,11 +643,6 @@ def strata_storage(corpus: Corpus, store: str) -> Any:
     if store == "local":
         return LocalStorage(os.path.join(corpus.root, TAR))
     return S3Storage(BUCKET, "us-east-1", corpus.endpoint_url, prefix=TAR)
-
-
-def strata_payload(sample: dict[str, Any]) -> bytes:
-    """A strata sample dict's payload (its ``.bin`` member)."""
-    return bytes(sample["bin"])
 
 
 READERS: list[Callable[[], Reader]] = [Floor, Strata, Litdata, Mosaic, Webdataset]

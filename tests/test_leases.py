@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -311,6 +313,73 @@ def test_leaving_the_loop_gives_back_the_shard_leased_ahead(job: strata_redis.Jo
         break  # ... which leaving the loop gives back
     progress = leases.progress()
     assert (progress.done, progress.leased, progress.todo) == (1, 0, 4)
+
+
+def test_a_lease_thread_holds_leases_ready_and_its_completions_land_by_settle(
+    job: strata_redis.Job,
+) -> None:
+    ShardManager(job).register_dataset_params("ds", 200, 10)  # 20 shards
+    job.register_worker("w", heartbeat_interval=None)
+    leases = job.leases("ds", 0, "w", ttl=600, ahead=2)
+    gate = threading.Event()
+
+    def refused() -> None:
+        raise ValueError("a call of the lease thread failed")
+
+    with leases.draining():
+        first = leases.acquire()
+        assert first is not None
+        leases.settle()
+        assert len(leases.held()) == 3, "the lease handed out and two held ready"
+        leases.later(gate.wait)  # the lease thread is held back ...
+        leases.later(lambda: leases.complete(first) and None)
+        second = leases.acquire()  # ... and a ready lease is taken without waiting for it
+        assert second is not None and second.shard_id != first.shard_id
+        assert leases.progress().done == 0, "the completion waits behind the held-back call"
+        gate.set()
+        leases.settle()
+        assert leases.progress().done == 1 and first.finished
+        leases.later(refused)
+        with pytest.raises(ValueError, match="lease thread failed"):
+            leases.settle()
+        leases.settle()  # (raised once)
+    progress = leases.progress()
+    assert (progress.done, progress.leased, progress.todo) == (1, 0, 19), (
+        "leaving gave back the lease handed out and those held ready"
+    )
+
+
+def test_a_checkpoint_waits_for_the_completions_the_lease_thread_sends(
+    redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    ShardManager(redis_url, job_id=job_id).register_dataset_params("ds", 40, 10)  # 4 shards
+    with strata_redis.TrainingOrchestrator(
+        redis_url, "w-0", job_id=job_id, checkpoint_path=tmp_path / "store", last_call=0.1
+    ) as orch:  # fmt: skip
+        stream = orch.get_shards("ds", batch_size=10, track_consumption=True, lease_ahead=1)
+        walk = iter(stream)
+        next(walk)  # a shard's only batch ...
+        stream.consumed(1)  # ... taken by the training step
+        (leases,) = stream._drained  # the walk's leases: hold their thread back
+        leases.settle()
+        gate = threading.Event()
+        leases.later(gate.wait)
+        next(walk)  # the walk goes on; the first shard's completion waits behind the gate
+        assert stream.position is not None
+        counted = set(stream.position.own)
+        assert len(counted) == 1
+        timer = threading.Timer(1.5, gate.set)
+        timer.start()
+        try:
+            orch.save_checkpoint(step=1, epoch=0, state=b"model")
+            with strata_redis.connect(redis_url, job_id) as job:
+                recorded = set(job.leases("ds", 0, "w-0").completions())
+        finally:
+            timer.cancel()
+            gate.set()
+        assert counted <= recorded, (
+            "the checkpoint's position counts a shard done whose completion had not landed"
+        )
 
 
 def test_worker_failed_mid_loop_keeps_its_completion_and_stops_leasing(

@@ -18,8 +18,9 @@ import logging
 import os
 import threading
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,11 @@ class ShardLeases:
         ttl: lease time-to-live in seconds; the background renewer renews at ``ttl / 3``.
         steal: lease other workers' unstarted shards once this worker's own run out.
         on_lost: called (from the renewer thread) with the error when a lease is lost.
+        ahead: inside ``draining``, leases held ready beyond those handed out (0..4): a
+            thread of this object's own leases them and runs ``later``'s completions, so
+            the loop's ``acquire`` takes a ready lease with no round trip. 0 (default): every
+            call runs on the caller's thread (a completion still leases the next shard in
+            its round trip).
     """
 
     def __init__(
@@ -128,6 +134,7 @@ class ShardLeases:
         ttl: float = 30.0,
         steal: bool = True,
         on_lost: Callable[[LeaseLostError], None] | None = None,
+        ahead: int = 0,
     ) -> None:
         self.context = ctx
         self.params = params
@@ -136,6 +143,7 @@ class ShardLeases:
         self.ttl = check_seconds("ttl", ttl, high=86400)
         self.steal = steal
         self.on_lost = on_lost
+        self.ahead = check_int("ahead", ahead, low=0, high=4)
         self.keys = k = ctx.keys.lease_keys(params.name, self.epoch)
         jk = ctx.keys
         self._acquire_keys = [k.meta, k.taken, k.holders, k.expiry, k.done, jk.fence,
@@ -145,7 +153,11 @@ class ShardLeases:
         self._prepared = False
         self._own: list[int] = []
         self._held: dict[int, Lease] = {}
-        self._next: Lease | None = None  # leased by the last complete(), for acquire()
+        # leased ahead (by a completion's round trip, or by the lease thread), for acquire()
+        self._ready: deque[Lease] = deque()
+        # the lease thread (``ahead``, inside ``draining``) and its calls not yet waited for
+        self._thread: ThreadPoolExecutor | None = None
+        self._queued: deque[Future[None]] = deque()
         self._done = -1  # shards done, as the last acquire that found nothing to lease saw
         self._iterating = False
         # Serializes renewals (renewer thread) with completions and releases (the loop),
@@ -206,19 +218,29 @@ class ShardLeases:
     def acquire(self) -> Lease | None:
         """Lease the next shard: own shards first, then (if ``steal``) others' unstarted ones.
 
-        Inside iteration, the previous ``complete()`` already leased it in the same round
-        trip; it is returned without another.
+        Inside iteration, one leased ahead (by the previous ``complete()``'s round trip, or
+        by the lease thread with ``ahead``) is returned without another.
 
         Returns:
             The lease, or None when nothing can be leased now (all done, or all leased).
 
         Raises:
             WorkerNotRegisteredError, WorkerFailedError, WorkerLeftError: not a live worker.
+            Whatever a call of the lease thread raised (``later``), once.
         """
-        with self._lock:
-            lease, self._next = self._next, None
-        if lease is not None and lease.lost is None and not lease.finished:
-            return lease
+        self._raise_failed()
+        lease = self._take_ready()
+        if lease is None and self._queued:
+            self.settle()  # the calls under way may lease one (and must land first)
+            lease = self._take_ready()
+        if lease is None:
+            lease = self._acquire_now()
+        if lease is not None:
+            self._top_up()
+        return lease
+
+    def _acquire_now(self) -> Lease | None:
+        """One ``acquire_shard`` round trip: a lease, or None (nothing to lease now)."""
         if not self._prepared:
             self.prepare()
         grant = new_grant()
@@ -226,8 +248,61 @@ class ShardLeases:
         reply = self._run("acquire_shard", self._handoff_keys(), args, self._context)
         if int(reply[0]) == Acquire.NO_POOL:  # the pool was removed (expired record): again
             self._prepared = False
-            return self.acquire()
+            return self._acquire_now()
         return self._granted(reply, grant)
+
+    def _take_ready(self) -> Lease | None:
+        """The oldest lease held ready and still good (one lost meanwhile is dropped)."""
+        while True:
+            try:
+                lease = self._ready.popleft()
+            except IndexError:
+                return None
+            if lease.lost is None and not lease.finished:
+                return lease
+
+    # -- the lease thread (``ahead``) ------------------------------------------------------
+    def later(self, call: Callable[[], None]) -> None:
+        """Run ``call`` (a completion: ``complete`` wrapped by the caller) on the lease
+        thread, after the calls before it; without one (``ahead=0``, or outside
+        ``draining``), now. What it raises comes out of the next ``acquire`` or ``settle``."""
+        thread = self._thread
+        if thread is None:
+            call()
+            return
+        self._queued.append(thread.submit(call))
+
+    def settle(self) -> None:
+        """Wait until every call given to the lease thread has landed (a checkpoint's data
+        position then agrees with the completion record). Raises the first one's error."""
+        failed: BaseException | None = None
+        while self._queued:
+            error = self._queued.popleft().exception()
+            failed = failed or error
+        if failed is not None:
+            raise failed
+
+    def _raise_failed(self) -> None:
+        """Raise the error of a call of the lease thread that has ended (those ended fine
+        are forgotten)."""
+        while self._queued and self._queued[0].done():
+            error = self._queued.popleft().exception()
+            if error is not None:
+                raise error
+
+    def _top_up(self) -> None:
+        """Ask the lease thread to hold ``ahead`` leases ready (after the calls queued
+        before: a completion's round trip may lease one first)."""
+        if self._thread is not None and len(self._ready) < self.ahead:
+            self._queued.append(self._thread.submit(self._fill))
+
+    def _fill(self) -> None:
+        # (on the lease thread)
+        while self._iterating and len(self._ready) < self.ahead:
+            lease = self._acquire_now()
+            if lease is None:
+                return
+            self._ready.append(lease)
 
     def _granted(self, reply: list[Any], grant: str) -> Lease | None:
         """The lease in an acquire reply (shard, token, expires, offset, consumed), if any,
@@ -285,7 +360,12 @@ class ShardLeases:
         if lease.lost is not None and guard("fencing"):  # (off: the fault checker's proof)
             raise lease.lost
         with self._lock:
-            prefetch = prefetch and self._iterating and self._next is None and self._prepared
+            prefetch = (
+                prefetch
+                and self._iterating
+                and self._prepared
+                and len(self._ready) < max(1, self.ahead)
+            )
             trained = len(lease.shard) - lease.start  # counted once, if this call records it
             if prefetch:
                 grant = new_grant()  # the next lease's
@@ -302,7 +382,9 @@ class ShardLeases:
                 keys = self._handoff_keys(lease.shard_id)
                 reply = self._run("acquire_shard", keys, args, context)
                 if prefetch:
-                    self._next = self._granted(reply[1:], grant)
+                    following = self._granted(reply[1:], grant)
+                    if following is not None:
+                        self._ready.append(following)
                     if int(reply[0]) < 0:  # refused, but the next lease is ours
                         check([Status.LEASE_LOST], context)  # raises LeaseLostError
             except LeaseLostError as exc:
@@ -443,19 +525,33 @@ class ShardLeases:
     @contextmanager
     def draining(self) -> Iterator[ShardLeases]:
         """Drain by hand: inside, ``complete`` also leases the next shard (one round trip per
-        shard) and held leases are renewed in the background; leaving releases what is held.
+        shard), held leases are renewed in the background and, with ``ahead``, the lease
+        thread keeps leases ready and runs ``later``'s completions; leaving waits for those
+        (``settle``) and releases what is held, the ready leases included.
 
         ``__iter__`` is built on it; use it to drive ``acquire``/``complete`` yourself.
         """
         self._start_renewer()
         self._iterating = True
+        if self.ahead:
+            self._thread = ThreadPoolExecutor(
+                1, thread_name_prefix=f"strata-leases-{self.worker_id}"
+            )
         try:
             yield self
         finally:
+            thread, self._thread = self._thread, None
+            self._iterating = False  # (no lease is held ready from here)
+            try:
+                self.settle()
+            except Exception as exc:  # (the loop left already: its completions are logged)
+                log.warning("worker %r: a completion did not land: %s", self.worker_id, exc)
+            if thread is not None:
+                thread.shutdown(wait=True)
             self._stop_renewer()
             with self._lock:
                 self._iterating = False
-                self._next = None
+                self._ready.clear()
                 held = list(self._held.values())
             for lease in held:
                 try:

@@ -36,6 +36,7 @@ Guarantees, for ``DatasetParams(name, total_samples, samples_per_shard, shuffle,
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -112,11 +113,34 @@ class Shard:
         """
         if self.seed is None:
             return np.arange(self.start, self.stop, dtype=np.int64)
-        key = _combine(_SAMPLES_TAG, self.seed, self.epoch, self.shard_id)
-        order = np.argsort(hashring.stream(key, np.arange(self.stop - self.start)))
-        indices: I64Array = order.astype(np.int64)
-        indices += self.start
-        return indices
+        args = (self.seed, self.epoch, self.shard_id, self.start, self.stop)
+        if self.stop - self.start > _KEPT_SAMPLES:
+            return _shuffle(*args)
+        kept: I64Array = _kept(*args).copy()
+        return kept
+
+
+#: shards of at most this many samples keep their last few shuffled orders (16 x 512 KiB)
+_KEPT_SAMPLES = 2**16
+
+
+def _shuffle(seed: int, epoch: int, shard_id: int, start: int, stop: int) -> I64Array:
+    """A shuffled shard's indices: the permutation of ``range(start, stop)`` of ``(seed, epoch,
+    shard_id)``."""
+    key = _combine(_SAMPLES_TAG, seed, epoch, shard_id)
+    order = np.argsort(hashring.stream(key, np.arange(stop - start)))
+    indices: I64Array = order.astype(np.int64)
+    indices += start
+    return indices
+
+
+@functools.lru_cache(maxsize=16)
+def _kept(seed: int, epoch: int, shard_id: int, start: int, stop: int) -> I64Array:
+    """``_shuffle``, the last few kept (a shard's walk and its reader each ask for its
+    order), read-only."""
+    indices = _shuffle(seed, epoch, shard_id, start, stop)
+    indices.flags.writeable = False
+    return indices
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,10 @@ class ShardStream:
             ``DistributedSampler``): ``quota`` is rounded up, every sample comes once, and the
             ranks that find the pool empty fill their last batches with samples they already
             had (fewer than ``world_size * batch_size`` repeats in all).
+        lease_ahead: with ``mode="leases"`` (not ``lockstep``), shards held leased ahead by
+            a thread of the walk, which also sends the completions: the loop's thread makes
+            no round trip per shard (0..4; default 0: it makes one). A checkpoint's data
+            position waits for the completions to land (``settle``).
 
     Attributes:
         walk: the walk's name (``data/walks/``): ``lockstep``, or ``mode``.
@@ -110,6 +114,7 @@ class ShardStream:
         wait_for_others: bool = True,
         lockstep: bool = False,
         drop_last: bool = True,
+        lease_ahead: int = 0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'leases' or 'static', got {mode!r}")
@@ -130,6 +135,7 @@ class ShardStream:
         self.wait_for_others = wait_for_others and not lockstep
         self.lockstep = lockstep
         self.drop_last = drop_last
+        self.lease_ahead = check_int("lease_ahead", lease_ahead, low=0, high=4)
         self._walk = WALKS[self.walk]()  # made once: a walk's state lasts between iterations
         #: shard -> samples already trained when the walk began (restored offsets)
         self.starts: dict[int, int] = {}
@@ -186,6 +192,7 @@ class ShardStream:
         spec = WalkSpec(
             params, epoch, self.batch_size, frozenset(done), dict(self.starts),
             wait_for_others=self.wait_for_others, drop_last=self.drop_last,
+            ahead=self.lease_ahead,
         )  # fmt: skip
         host.set_status("training")
         yield from self._walk(spec, self, host)
@@ -295,6 +302,18 @@ class ShardStream:
         """The current walk leases from ``leases`` (``release_held`` gives them back)."""
         self._drained.append(leases)
 
+    def settle(self) -> None:
+        """Wait until the completions of the shards the position counts done have landed in
+        Redis (``lease_ahead`` sends them from a thread): call before saving the position.
+
+        Raises:
+            The error a completion met other than ``LeaseLostError`` (logged: the shard is
+            another holder's), as a completion on the loop's thread would have raised it: a
+            position that counts that shard must not be saved.
+        """
+        for leases in self._drained:
+            leases.settle()
+
     def release_held(self) -> list[tuple[int, int | None]]:
         """Give back every lease the current walk holds, at the data position: the next holder
         starts after the samples this worker trained (counted in its position, so in its
@@ -303,6 +322,11 @@ class ShardStream:
 
         Errors are logged, not raised: a lease that cannot be released expires.
         """
+        for leases in self._drained:
+            try:
+                leases.settle()  # (consumed shards' completions first)
+            except (LeaseLostError, NotReplicatedError, redis.RedisError) as exc:
+                log.warning("a completion did not land: %s", exc)
         position = self._position
         released: list[tuple[int, int | None]] = []
         for leases in self._drained:

@@ -319,6 +319,7 @@ class TrainingOrchestrator:
         wait_for_others: bool = True,
         lockstep: bool = False,
         drop_last: bool = True,
+        lease_ahead: int = 0,
     ) -> ShardStream:
         """This worker's batches of ``dataset``: iterate it once per epoch.
 
@@ -337,6 +338,9 @@ class TrainingOrchestrator:
             lockstep: every member of the round gets the same number of full batches this
                 epoch (DDP without ``Join``; ``data/walks/lockstep.py``).
             drop_last: with ``lockstep``, False pads instead of dropping.
+            lease_ahead: shards a thread of the walk holds leased ahead and whose
+                completions it sends (``mode="leases"``, not ``lockstep``): the loop's thread
+                then makes no Redis round trip per shard (0..4; default 0).
 
         Returns:
             A ``ShardStream`` (its docstring details each option); each iteration walks the
@@ -351,7 +355,7 @@ class TrainingOrchestrator:
         stream = ShardStream(
             self._host, params, self.batch_size if batch_size is None else batch_size, mode,
             track_consumption=track_consumption, wait_for_others=wait_for_others,
-            lockstep=lockstep, drop_last=drop_last,
+            lockstep=lockstep, drop_last=drop_last, lease_ahead=lease_ahead,
         )  # fmt: skip
         self._streams[params.name] = stream
         return stream

@@ -84,6 +84,8 @@ class Saves:
         """The data-position part of this rank's share of ``cid``: where each of its
         streams stands, with what the position was saved in."""
         o = self._o
+        for stream in o._streams.values():
+            stream.settle()  # (completions sent from a lease thread land first)
         positions = [s.position for s in o._streams.values() if s.position is not None]
         meta.update(epoch=cid.epoch, step=cid.step, run=cid.run, round=o.round.number,
                     rank=o.rank, worker=o.worker_id, job_epoch=job_epoch)  # fmt: skip

@@ -82,24 +82,18 @@ class WorkItem:
             ShardChecksumError: the storage's own file, read in place, changed since its
                 checksum was checked.
         """
-        view, stamp = _mapped(self.path)
-        if self.stamp is not None and stamp != self.stamp:
-            raise ShardChecksumError(
-                "the file changed after its checksum was checked (a shard read in place "
-                "must not change while a job trains from it)", dataset=self.dataset,
-                path=self.object_path or self.shard, backend=self.backend,
-            )  # fmt: skip
-        out: list[dict[str, Any]] = []
+        view = self._view()
         keys = self.keys or [""] * len(self.ids)
         if self.columns is not None:
             names, table = self.columns
             if len(names) == 1:  # the usual sample: one field
                 name = names[0]
-                for sample_id, key, (at, n) in zip(
-                    self.ids, keys, table[:, 0].tolist(), strict=True
-                ):
-                    out.append({"__key__": key, name: view[at : at + n], "__id__": sample_id})
-                return out
+                starts, ends = _bounds(table[:, 0])
+                return [
+                    {"__key__": key, name: view[at:end], "__id__": sample_id}
+                    for sample_id, key, at, end in zip(self.ids, keys, starts, ends, strict=True)
+                ]
+            out: list[dict[str, Any]] = []
             for sample_id, key, row in zip(self.ids, keys, table.tolist(), strict=True):
                 sample: dict[str, Any] = {"__key__": key}
                 for name, (at, n) in zip(names, row, strict=True):
@@ -107,11 +101,52 @@ class WorkItem:
                 sample["__id__"] = sample_id
                 out.append(sample)
             return out
+        return self._parsed(view, keys)
+
+    def field(self, name: str) -> list[bytes]:
+        """Each sample's field ``name`` (its bytes), in the samples' order: no dict is made
+        when every sample has the same fields (``columns``).
+
+        Raises:
+            ShardFormatError: a sample has no such field, or a span is not a sample's tar
+                members.
+            ShardChecksumError: as ``samples``.
+        """
+        if self.columns is not None and name in self.columns[0]:
+            view = self._view()
+            starts, ends = _bounds(self.columns[1][:, self.columns[0].index(name)])
+            return [view[at:end] for at, end in zip(starts, ends, strict=True)]
+        out: list[bytes] = []
+        for sample in self.samples():
+            if name not in sample:
+                raise ShardFormatError(
+                    f"sample {sample['__id__']} has no field {name!r} (it has "
+                    f"{sorted(k for k in sample if not k.startswith('__'))})",
+                    dataset=self.dataset, path=self.object_path or self.shard,
+                    backend=self.backend,
+                )  # fmt: skip
+            out.append(sample[name])
+        return out
+
+    def _view(self) -> mmap.mmap | bytes:
+        """The local file's bytes (mapped), checked unchanged since its checksum was."""
+        view, stamp = _mapped(self.path)
+        if self.stamp is not None and stamp != self.stamp:
+            raise ShardChecksumError(
+                "the file changed after its checksum was checked (a shard read in place "
+                "must not change while a job trains from it)", dataset=self.dataset,
+                path=self.object_path or self.shard, backend=self.backend,
+            )  # fmt: skip
+        return view
+
+    def _parsed(self, view: mmap.mmap | bytes, keys: Sequence[str]) -> list[dict[str, Any]]:
+        """The samples from the index's per-sample fields, or else by their tar headers."""
+        out: list[dict[str, Any]] = []
         if self.fields is not None:
             for sample_id, key, (offset, _), members in zip(
                 self.ids, keys, self.spans, self.fields, strict=True
             ):
-                sample = {"__key__": key}
+                sample: dict[str, Any] = {"__key__": key}
                 for name, at, n in members:
                     sample[name] = view[offset + at : offset + at + n]
                 sample["__id__"] = sample_id
@@ -140,14 +175,22 @@ def _mapped(path: str) -> tuple[mmap.mmap | bytes, tuple[int, int, int, int]]:
     per sample). A file replaced at the same path (a new inode) is mapped anew; at most one
     shard's file stays mapped per process (deleted, its space is freed once the next is).
     Returns the map and the file's (device, inode, size, mtime)."""
+    if _MAPPED and _MAPPED[0][0] == path:  # the usual case: one stat, no open
+        st = os.stat(path)
+        if _MAPPED[0][1] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns):
+            return _MAPPED[0][2], _MAPPED[0][1]
     with open(path, "rb", buffering=0) as file:
         st = os.fstat(file.fileno())
         stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if _MAPPED and _MAPPED[0][0] == path and _MAPPED[0][1] == stamp:
-            return _MAPPED[0][2], stamp
         view = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
     _MAPPED[:] = [(path, stamp, view)]  # (the old map is unmapped once no reader holds it)
     return view, stamp
+
+
+def _bounds(spans: np.ndarray) -> tuple[list[int], list[int]]:
+    """Each (offset, size) row of ``spans`` as its start and end offsets, two lists."""
+    starts = spans[:, 0]
+    return starts.tolist(), (starts + spans[:, 1]).tolist()
 
 
 class ShardFeed:

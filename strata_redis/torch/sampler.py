@@ -47,6 +47,9 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
             batch_size`` samples are dropped per epoch, every other sample comes once.
         drop_last: with ``lockstep``, False pads the last batches with repeats instead of
             dropping (as ``DistributedSampler(drop_last=False)``).
+        lease_ahead: shards a thread holds leased ahead, which also sends the completions
+            (``get_shards``): the loader's thread makes no Redis round trip per shard
+            (default 1; 0: it makes one; not with ``lockstep``, whose ranks lease in turn).
 
     Raises:
         TypeError, ValueError: a bad argument; DatasetNotFoundError: an unknown dataset.
@@ -61,6 +64,7 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         mode: str = "leases",
         lockstep: bool = False,
         drop_last: bool = True,
+        lease_ahead: int = 2,
     ) -> None:
         if not isinstance(orchestrator, TrainingOrchestrator):
             raise TypeError(
@@ -69,7 +73,7 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         self.orchestrator = orchestrator
         self.stream: ShardStream = orchestrator.get_shards(
             dataset, batch_size, mode=mode, track_consumption=True, wait_for_others=False,
-            lockstep=lockstep, drop_last=drop_last,
+            lockstep=lockstep, drop_last=drop_last, lease_ahead=lease_ahead,
         )  # fmt: skip
         self.dataset = self.stream.params.name
         self.batch_size = self.stream.batch_size
@@ -157,6 +161,7 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
         The same position goes into every strata checkpoint by itself; this is for
         callers that keep their own record.
         """
+        self.stream.settle()  # (the completions it counts have landed)
         position = self.stream.position
         return {
             "version": STATE_VERSION,

@@ -83,9 +83,12 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
             temporary directory, each shard's file deleted once its batches are consumed (a
             ``LocalStorage``'s shards are then read in place: never copied).
         cache_bytes: ``cache_dir``'s size limit (least recently used shards evicted).
-        decode: applied to each sample dict in the loader's worker processes (picklable
-            when they are spawned).
+        decode: applied to each sample (dict, or ``field``'s bytes) in the loader's worker
+            processes (picklable when they are spawned).
         storage_wait: seconds a fetch retries while the storage fails.
+        field: each sample is this field's bytes (``"bin"``, ``"jpg"``), not a dict: no
+            dict is made per sample (as webdataset's ``to_tuple`` of one field); a sample
+            without it raises ``ShardFormatError``.
 
     Raises:
         DatasetNotFoundError: not registered. StorageNotFoundError: no manifest.
@@ -104,10 +107,14 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
         cache_bytes: int | None = None,
         decode: Callable[[dict[str, Any]], Any] | None = None,
         storage_wait: float = 60.0,
+        field: str | None = None,
     ) -> None:
         if decode is not None and not callable(decode):
             raise TypeError(f"decode must be callable, got {type(decode).__name__}")
+        if field is not None and (not isinstance(field, str) or not field):
+            raise TypeError(f"field must be a field's name (str), got {field!r}")
         self.decode = decode
+        self.field = field
         self.lease_sampler: ShardBatchSampler | None = ShardBatchSampler(
             orchestrator, dataset_id, storage, batch_size, prefetch=prefetch,
             cache_dir=cache_dir, cache_bytes=cache_bytes, storage_wait=storage_wait,
@@ -124,7 +131,7 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
 
     def __getitems__(self, item: WorkItem) -> list[Any]:
         """One batch's samples, read from the local copy (in a loader worker process)."""
-        samples = item.samples()
+        samples: list[Any] = item.samples() if self.field is None else item.field(self.field)
         decode = self.decode
         return samples if decode is None else [decode(s) for s in samples]
 
@@ -135,7 +142,7 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
 
     def __getstate__(self) -> dict[str, Any]:
         # a loader worker needs only the decoder: the leases stay in the training process
-        return {"decode": self.decode, "lease_sampler": None}
+        return {"decode": self.decode, "field": self.field, "lease_sampler": None}
 
     def set_epoch(self, epoch: int) -> None:
         """As ``LeaseBatchSampler.set_epoch``."""

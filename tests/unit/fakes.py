@@ -217,6 +217,12 @@ class FakeShardLeases:
             pool.todo[lease.shard_id] = lease.start if offset is None else offset
         pool.released.append((self.worker_id, lease.shard_id, offset))
 
+    def later(self, call: Callable[[], None]) -> None:
+        call()  # (no lease thread: now, as ShardLeases without ``ahead``)
+
+    def settle(self) -> None:
+        pass
+
     def wait_for_work(self, last_id: str = "$") -> str:
         pool = self.pool
         pool.waits += 1
@@ -247,7 +253,7 @@ def use_pool(monkeypatch: Any, pool: LeasePool) -> dict[str, FakeShardLeases]:
     made: dict[str, FakeShardLeases] = {}
 
     def factory(ctx: Any, params: DatasetParams, epoch: int, worker_id: str,
-                ttl: float = 0.0) -> FakeShardLeases:  # fmt: skip
+                ttl: float = 0.0, ahead: int = 0) -> FakeShardLeases:  # fmt: skip
         assert params is pool.params and epoch == pool.epoch
         made[worker_id] = FakeShardLeases(pool, worker_id)
         return made[worker_id]

@@ -73,6 +73,8 @@ class WalkSpec:
             (``leases``).
         drop_last: drop the samples left under a round's worth instead of padding
             (``lockstep``).
+        ahead: shards held leased ahead by a thread of the walk's leases, which also sends
+            the completions (``leases``; ``ShardLeases``'s ``ahead``); 0: on the loop's thread.
     """
 
     params: DatasetParams
@@ -82,6 +84,7 @@ class WalkSpec:
     starts: Mapping[int, int] = field(default_factory=dict)
     wait_for_others: bool = True
     drop_last: bool = True
+    ahead: int = 0
 
 
 class Ledger(Protocol):

@@ -1,6 +1,9 @@
 """The ``leases`` walk: fenced shard leases, own shards first, then others' unstarted ones.
 
 One Redis round trip per shard and none per batch: a shard's completion leases the next one.
+With ``WalkSpec.ahead``, the round trips leave the loop's thread: a lease thread keeps that
+many shards leased ahead and sends the completions (``ShardLeases.later``), and a checkpoint
+waits for them to land first (``ShardLeases.settle``).
 Every shard is trained once per epoch whoever fails: a lease taken back (its holder was
 declared failed, or it expired) is trained by whoever holds it now.
 """
@@ -23,7 +26,8 @@ def completer(
     host: WalkHost, leases: ShardLeases, lease: Lease, *, prefetch: bool = True
 ) -> Callable[[], None]:
     """The completion of ``lease``, to run once its last batch is consumed (``prefetch``:
-    it also leases the next shard in the same round trip)."""
+    it also leases the next shard in the same round trip), on the leases' own thread when
+    they have one (``ShardLeases.later``)."""
 
     def complete() -> None:
         try:
@@ -31,14 +35,15 @@ def completer(
         except LeaseLostError as exc:
             log.warning("worker %r: %s", host.worker_id, exc)
 
-    return complete
+    return lambda: leases.later(complete)
 
 
 def leases_walk(spec: WalkSpec, ledger: Ledger, host: WalkHost) -> Iterator[Batch]:
     """Lease, train, complete, until the epoch is done (or, without ``wait_for_others``,
     until nothing can be leased now)."""
     size = spec.batch_size
-    leases = ShardLeases(host.context, spec.params, spec.epoch, host.worker_id, ttl=host.lease_ttl)
+    leases = ShardLeases(host.context, spec.params, spec.epoch, host.worker_id,
+                         ttl=host.lease_ttl, ahead=spec.ahead)  # fmt: skip
     ledger.drains(leases)
     with leases.draining():
         last_id = "$"
