@@ -291,9 +291,9 @@ class ShardLeases:
                 raise error
 
     def _top_up(self) -> None:
-        """Ask the lease thread to hold ``ahead`` leases ready (after the calls queued
-        before: a completion's round trip may lease one first)."""
-        if self._thread is not None and len(self._ready) < self.ahead:
+        """Ask the lease thread to hold ``ahead`` leases ready once fewer than ``ahead - 1``
+        are (at least one): above that, the completions' round trips lease the next ones."""
+        if self._thread is not None and len(self._ready) < max(1, self.ahead - 1):
             self._queued.append(self._thread.submit(self._fill))
 
     def _fill(self) -> None:
