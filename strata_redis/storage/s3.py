@@ -308,7 +308,9 @@ class S3Storage(Storage):
                     body.seek(0)
 
     def read(self, path: str) -> bytes:
-        """Return the whole object at ``path``.
+        """Return the whole object at ``path``: one GET below ``multipart_threshold`` bytes
+        (a GET of that many first bytes is all of it); a larger one moves as parallel ranged
+        GETs pinned to that first reply's ETag.
 
         Raises:
             StorageNotFoundError: no object at ``path``.
@@ -317,18 +319,30 @@ class S3Storage(Storage):
         path, key = self._key(path)
         for attempt in range(3):
             try:
-                head = self._client.head_object(Bucket=self._bucket, Key=key)
-                size, etag = int(head["ContentLength"]), str(head["ETag"])
-                if size < self._threshold:
-                    body = self._client.get_object(Bucket=self._bucket, Key=key, IfMatch=etag)
-                    with body["Body"] as stream:
-                        data: bytes = stream.read()
+                try:
+                    reply = self._client.get_object(
+                        Bucket=self._bucket, Key=key, Range=f"bytes=0-{self._threshold - 1}"
+                    )
+                except self._boto_errors as exc:
+                    if error_code(exc) != "InvalidRange":
+                        raise
+                    reply = None  # no first byte: an empty object
+                if reply is None:
+                    size = int(
+                        self._client.head_object(Bucket=self._bucket, Key=key)["ContentLength"]
+                    )
+                    data = b""
                 else:
-                    data = self._download(key, size, etag)
+                    size = _object_size(reply)
+                    with reply["Body"] as stream:
+                        if size <= self._threshold:
+                            data = stream.read()
+                    if size > self._threshold:
+                        data = self._download(key, size, str(reply["ETag"]))
             except self._boto_errors as exc:
                 if error_code(exc) in NOT_FOUND:
                     raise self._not_found("read", path) from None
-                # 412: the object was replaced between our HEAD and GET; read the new one.
+                # 412: the object was replaced while its parts were read; read the new one.
                 if error_code(exc) not in ("PreconditionFailed", "412") or attempt == 2:
                     raise self._error("read", path, exc) from exc
                 continue
@@ -556,3 +570,12 @@ def _timestamp(value: object) -> float:
             value = value.replace(tzinfo=datetime.timezone.utc)
         return value.timestamp()
     return 0.0
+
+
+def _object_size(reply: dict[str, Any]) -> int:
+    """The whole object's size from a ranged GET's reply (``Content-Range: bytes
+    0-99/1000``), or its length when the server sent the whole object (no range)."""
+    content_range = reply.get("ContentRange")
+    if content_range:
+        return int(str(content_range).rsplit("/", 1)[1])
+    return int(reply["ContentLength"])
