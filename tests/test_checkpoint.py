@@ -478,6 +478,23 @@ def test_retention_keeps_the_newest_and_touches_only_this_job(
     assert [i.step for i in one.list()] == [1], "the newest committed step is never deleted"
 
 
+def test_retention_keeps_a_checkpoint_committed_after_its_listing(
+    manager: Factory, job_id: str, tmp_path: Path
+) -> None:
+    # the pass listed step 1 before its leader wrote metadata.json; by the time it asks Redis,
+    # step 1 is committed (not "committing"): it is no leftover. (CI under load: a four-rank
+    # retention test found a kept checkpoint's part deleted this way.)
+    ckpt = manager(keep_count=3)
+    for step in (1, 2):
+        ckpt.save(part(step), step=step).result(timeout=30)
+    ckpt.wait(30)
+    root = tmp_path / "store" / job_id / "checkpoints"
+    (root / "step_1" / "metadata.json").unlink()  # as the listing saw it
+    report = ckpt.prune()
+    assert report.leftovers == [], "a committed checkpoint was deleted as a leftover"
+    assert (root / "step_1" / "model.bin").exists()
+
+
 def rank_saver(url: str, job_id: str, root: str, rank: int, steps: int) -> None:
     """One of 4 ranks: save its part of every step, overlapping saves, then close."""
     ckpt = CheckpointManager(

@@ -11,7 +11,8 @@ prefix once and then
   for the next pass);
 - deletes leftovers: checkpoints without metadata.json older than the newest committed one
   (they can never commit: acks behind the newest committed checkpoint are refused), unless
-  Redis says a leader is committing one right now;
+  Redis says a leader is committing one right now, or has committed it since the listing
+  (it is in the index: a half-deleted one left the index first);
 - asks the storage to remove what killed writers left (``Storage.remove_abandoned``: a local
   writer's hidden temporary files, an S3 multipart upload) in the checkpoints it deleted,
   and anywhere under the prefix once it is older than ``tmp_age`` (S3 judges the age by its
@@ -94,6 +95,10 @@ def prune(
     if newest is not None:
         candidates = [s for s in steps if s < newest and METADATA not in steps[s]]
         for step in sorted(set(candidates) - _committing(ctx, candidates)):
+            if index.metadata(step) is not None:
+                # committed since the listing (its leader wrote metadata.json after it): not
+                # a leftover (a half-deleted one left the index before its files went)
+                continue
             _delete_step(storage, job_id, step, steps[step])
             report.leftovers.append(step)
     # Nothing writes to a deleted step any more: its debris goes at once; elsewhere, once old.
