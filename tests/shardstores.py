@@ -19,6 +19,7 @@ class Counting(Storage):
 
     def __init__(self, inner: Storage, log: str | None = None, in_place: bool = False) -> None:
         self.inner = inner
+        self.remote = inner.remote  # (a remote one's shards are copied in helper processes)
         self.log = log
         self.in_place = in_place
         self.reads: Counter[str] = Counter()

@@ -4,6 +4,7 @@ written, indexed in place, registered and read by lease; bad input gets its erro
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import re
 import tarfile
@@ -35,6 +36,7 @@ from strata_redis.shards import (
 from strata_redis.shards.index import binary_index_path, index_path, shard_name, shard_path
 from strata_redis.storage import LocalStorage, S3Storage, Storage
 
+from .procs import kill9
 from .shardstores import Counting, Outage, sample_bytes, sample_id
 
 DATASET = "ds"
@@ -378,6 +380,67 @@ def test_a_truncated_shard_is_refused_naming_it(
     storage.write(path, storage.read(path)[:3000])
     with pytest.raises(ShardFormatError, match=re.escape(f"{path!r}: truncated: 3000 bytes")):
         _read_all(redis_url, job_id, tmp_path, storage)
+
+
+def _fetch_then_wait(endpoint: str, out: str) -> None:
+    """A training process's fetcher of the S3 dataset: one shard copied by a helper process,
+    its local file's path and the helpers' pids written to ``out``; then it waits, to be
+    killed."""
+    import psutil
+
+    from strata_redis.shards import ShardFetcher
+    from strata_redis.shards.index import read_manifest
+
+    storage = S3Storage("shards", endpoint_url=endpoint, prefix="data")
+    fetcher = ShardFetcher(storage, read_manifest(storage, DATASET), prefetch=0, processes=2)
+    deadline = time.monotonic() + 60
+    while fetcher.stats()["helper_copies"] == 0 and time.monotonic() < deadline:
+        fetched = fetcher.demand(3).result(timeout=60)  # (in a thread until the helpers start)
+        fetcher.release(3)
+        time.sleep(0.2)
+    fetched = fetcher.demand(3).result(timeout=60)
+    helpers = [p.pid for p in psutil.Process().children()]
+    with open(out + ".tmp", "w") as file:
+        file.write(
+            f"{fetcher.stats()['helper_copies']} {fetched.path} {' '.join(map(str, helpers))}"
+        )
+    os.replace(out + ".tmp", out)
+    time.sleep(600)
+
+
+def test_helper_processes_copy_s3_shards_and_die_with_the_training_process(
+    s3: S3Storage, s3_endpoint: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    import psutil
+
+    _write(s3)
+    out = str(tmp_path / "fetched")
+    # (not procs.spawn's daemonic process: a daemonic one may have no children)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_fetch_then_wait, args=(s3_endpoint, out)
+    )
+    proc.start()
+    request.addfinalizer(lambda: proc.kill() if proc.is_alive() else None)
+    deadline = time.monotonic() + 90
+    while not os.path.exists(out):
+        assert time.monotonic() < deadline and proc.is_alive(), "the fetcher did not report"
+        time.sleep(0.1)
+    copies, path, *pids = Path(out).read_text().split()
+    assert int(copies) >= 1 and len(pids) == 2, (copies, pids)
+    with open(path, "rb") as file:
+        assert file.read() == s3.read(shard_path(DATASET, shard_name(3))), "the copy differs"
+    kill9(proc)
+    deadline = time.monotonic() + 10
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    while any(alive(int(p)) for p in pids):
+        assert time.monotonic() < deadline, "a helper outlived the training process"
+        time.sleep(0.1)
 
 
 def test_a_storage_outage_mid_epoch_is_waited_out(

@@ -8,7 +8,9 @@ through). The bytes go to a local file at their offsets in the tar, so the loade
 processes read samples from it (mapped) and the bytes cross no process boundary twice. A
 storage whose objects are local files already (``LocalStorage``: ``Storage.local_file``) is
 read in place, not copied, when no ``cache_dir`` is given: a whole shard's checksum is
-checked on the storage's own file, and a part-way one needs no read at all.
+checked on the storage's own file, and a part-way one needs no read at all. Other storages'
+shards (S3) are copied by helper processes forked from this one (``copier.CopyProcesses``),
+so their requests' client CPU does not take this process's GIL.
 
 Bounds: at most ``prefetch`` shards are fetched ahead of use (a later call re-targets them:
 shards no longer expected are dropped); the shards in use are those with batches handed out
@@ -24,6 +26,7 @@ import contextlib
 import functools
 import logging
 import mmap
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -33,17 +36,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ShardChecksumError, ShardFormatError
+from ..errors import ShardChecksumError
 from ..storage import Storage, retry_call
 from ..validate import check_int, check_seconds
+from .copier import GAP, CopyJob, CopyProcesses, copy_shard
 from .index import Manifest, ShardIndex, checksum, read_index, shard_path
 
 __all__ = ["GAP", "Fetched", "ShardFetcher"]
 
 log = logging.getLogger("strata_redis.shards")
-
-#: spans of a part-way shard closer than this are read as one range (gaps read through)
-GAP = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ class ShardFetcher:
             is raised. A missing
             object and a bad checksum are not retried (a bad checksum is read twice).
         threads: fetches at once (default ``prefetch + 1``).
+        processes: for a ``remote`` storage (S3), helper processes that copy the shards
+            (``copier.CopyProcesses``; default 2; 0, or in a daemonic process, which may
+            have none: the fetch threads copy them, with the storage's client CPU here).
 
     Raises:
         TypeError, ValueError: a bad argument.
@@ -113,6 +117,7 @@ class ShardFetcher:
         cache_bytes: int | None = None,
         storage_wait: float = 60.0,
         threads: int | None = None,
+        processes: int = 2,
     ) -> None:
         self.storage = storage
         self.manifest = manifest
@@ -140,8 +145,13 @@ class ShardFetcher:
             "prefetched",
             "prefetch_hits", "prefetch_dropped", "cache_hits", "evicted", "retries",
             "checksum_rereads", "max_ahead_shards", "max_held_shards", "max_held_bytes",
+            "helper_copies",
         ), 0)  # fmt: skip
         self._closed = False
+        check_int("processes", processes, low=0, high=64)
+        # (a daemonic process may not have children: its fetch threads copy)
+        helpers = storage.remote and processes and not multiprocessing.current_process().daemon
+        self._helpers = CopyProcesses(storage, processes) if helpers else None
         if self.cache_dir is not None:
             self._scan_cache()
 
@@ -223,7 +233,8 @@ class ShardFetcher:
         ``fetched_shards``/``fetched_bytes``/``reads`` (storage reads of shard bytes; of them
         ``ranged_reads`` for shards fetched part-way),
         ``partial_shards`` (fetched part-way), ``prefetched``/``prefetch_hits``/
-        ``prefetch_dropped``, ``cache_hits``/``cached_bytes``/``evicted``, ``retries``."""
+        ``prefetch_dropped``, ``cache_hits``/``cached_bytes``/``evicted``, ``retries``,
+        ``helper_copies`` (copies made by helper processes: ``processes``)."""
         with self._lock:
             held = [e for e in self._entries.values()]
             return {
@@ -242,6 +253,8 @@ class ShardFetcher:
             self._closed = True
             for entry in self._entries.values():
                 entry.future.cancel()
+        if self._helpers is not None:
+            self._helpers.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self._temp, ignore_errors=True)
 
@@ -360,65 +373,55 @@ class ShardFetcher:
             self._stats["retries"] += 1
 
     def _fetch(self, shard: int, positions: list[int] | None) -> Fetched:
-        index = self._retrying(self._index, shard)
-        _ = index.columns  # (worked out here, off the training thread)
-        path = shard_path(self.dataset, index.name)
-        backend = self.storage.describe()
-        in_place = None if self.cache_dir is not None else self.storage.local_file(path)
-        stamp = None if in_place is None else self._in_place(index, in_place, positions is None)
-        if in_place is not None and stamp is not None:
-            with self._lock:
-                self._stats["fetched_shards"] += 1
-                self._stats["reads"] += positions is None
-                self._stats["fetched_bytes"] += index.size if positions is None else 0
-                self._stats["partial_shards"] += positions is not None
-            return Fetched(shard, index, in_place, positions is None, owned=False, stamp=stamp)
-        if positions is None:
-            data = self._retrying(self.storage.read, path)
-            self._check_whole(index, path, data, backend)
-            if index.checksum and checksum(data) != index.checksum:
+        entry = self.manifest.shards[shard]
+        index = self._indexes.get(shard)
+        if self.cache_dir is None and not self.storage.remote:  # in place, if it checks out
+            index = self._retrying(self._index, shard)
+            _ = index.columns  # (worked out here, off the training thread)
+            in_place = self.storage.local_file(shard_path(self.dataset, index.name))
+            stamp = None if in_place is None else self._in_place(index, in_place, positions is None)
+            if in_place is not None and stamp is not None:
                 with self._lock:
-                    self._stats["checksum_rereads"] += 1
-                data = self._retrying(
-                    self.storage.read, path
-                )  # a transfer's fault, or the object's?
-                self._check_whole(index, path, data, backend)
-                if checksum(data) != index.checksum:
-                    log.error("%s: shard %r: checksum %s, its index says %s", self.dataset,
-                              path, checksum(data), index.checksum)  # fmt: skip
-                    raise ShardChecksumError(
-                        f"its bytes' checksum is {checksum(data)}, its index says "
-                        f"{index.checksum} (read twice): the shard is not trained",
-                        dataset=self.dataset, path=path, backend=backend,
-                    )  # fmt: skip
-            local = self._write_local(shard, index, [(0, data)], whole=True)
-            reads = 1
-        else:
-            spans = _coalesce(index, positions)
-            pieces = []
-            for start, length in spans:
-                piece = self._retrying(self.storage.read_range, path, start, length)
-                if len(piece) != length:
-                    raise ShardFormatError(
-                        f"truncated: {start + len(piece)} bytes where its index says {index.size}",
-                        dataset=self.dataset, path=path, backend=backend,
-                    )  # fmt: skip
-                pieces.append((start, piece))
-            local = self._write_local(shard, index, pieces, whole=False)
-            data = b""
-            reads = len(spans)
-        size = len(data) if positions is None else sum(len(p) for _, p in pieces)
+                    self._stats["fetched_shards"] += 1
+                    self._stats["reads"] += positions is None
+                    self._stats["fetched_bytes"] += index.size if positions is None else 0
+                    self._stats["partial_shards"] += positions is not None
+                return Fetched(shard, index, in_place, positions is None, owned=False, stamp=stamp)
+        job = CopyJob(
+            self.dataset, shard, entry, self.manifest.binary_index, index, positions, self._temp,
+            None if self.cache_dir is None else self._cache_path(shard), self.storage_wait,
+        )  # fmt: skip
+        helpers = self._helpers
+        try:
+            if helpers is not None and helpers.ready and not self._closed:
+                copied = helpers.copy(job)
+                with self._lock:
+                    self._stats["helper_copies"] += 1
+            else:
+                copied = copy_shard(self.storage, job, give_up=lambda: self._closed)
+        except ShardChecksumError as exc:
+            log.error("%s: shard %r: %s", self.dataset, entry.name, exc)
+            raise
+        index = copied.index
+        _ = index.columns  # (worked out here, off the training thread)
         with self._lock:
-            self._stats["fetched_shards"] += 1
-            self._stats["fetched_bytes"] += size
-            self._stats["reads"] += reads
-            self._stats["ranged_reads"] += reads if positions is not None else 0
-            self._stats["partial_shards"] += positions is not None
-            entry = self._entries.get(shard)
-            if entry is not None:
-                entry.size = size
+            self._indexes[shard] = index
+            stats = self._stats
+            stats["fetched_shards"] += 1
+            stats["fetched_bytes"] += copied.size
+            stats["reads"] += copied.reads
+            stats["ranged_reads"] += copied.reads if positions is not None else 0
+            stats["partial_shards"] += positions is not None
+            stats["checksum_rereads"] += copied.rereads
+            stats["retries"] += copied.retries
+            held = self._entries.get(shard)
+            if held is not None:
+                held.size = copied.size
             self._account()
-        return Fetched(shard, index, local, positions is None)
+        if copied.rereads:
+            log.warning("%s: shard %r read twice: its first read did not have its checksum",
+                        self.dataset, entry.name)  # fmt: skip
+        return Fetched(shard, index, copied.path, positions is None)
 
     def _in_place(
         self, index: ShardIndex, file: str, verify: bool
@@ -442,50 +445,6 @@ class ShardFetcher:
                     return stamp if checksum(view) == index.checksum else None
         except (OSError, ValueError):
             return None
-
-    def _check_whole(self, index: ShardIndex, path: str, data: bytes, backend: str) -> None:
-        if len(data) != index.size:
-            raise ShardFormatError(
-                f"{'truncated: ' if len(data) < index.size else ''}{len(data)} bytes where its "
-                f"index says {index.size}", dataset=self.dataset, path=path, backend=backend,
-            )  # fmt: skip
-
-    def _write_local(self, shard: int, index: ShardIndex, pieces: list[tuple[int, bytes]],
-                     *, whole: bool) -> str:  # fmt: skip
-        """Write the pieces at their offsets to a new file; a whole shard with a cache
-        directory lands there (renamed in whole: a reader never sees part of one)."""
-        if whole and self.cache_dir is not None:
-            final: str | None = self._cache_path(shard)
-            fd, path = tempfile.mkstemp(dir=self.cache_dir, prefix=".strata-tmp-")
-        else:  # a name of its own: a dropped fetch of the same shard may still be writing
-            final = None
-            fd, path = tempfile.mkstemp(dir=self._temp, prefix=index.name + ".")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for offset, piece in pieces:
-                    out.seek(offset)
-                    out.write(piece)
-            if final is not None:
-                os.replace(path, final)
-                return final
-        except BaseException:
-            _unlink(path)
-            raise
-        return path
-
-
-def _coalesce(index: ShardIndex, positions: list[int]) -> list[tuple[int, int]]:
-    """The byte ranges covering the samples at ``positions``, neighbours closer than ``GAP``
-    read as one."""
-    spans = sorted((index.offsets[p], index.sizes[p]) for p in set(positions))
-    out: list[tuple[int, int]] = []
-    for start, size in spans:
-        if out and start - (out[-1][0] + out[-1][1]) < GAP:
-            first = out[-1][0]
-            out[-1] = (first, max(out[-1][1], start + size - first))
-        else:
-            out.append((start, size))
-    return out
 
 
 def _chain(source: Future[Fetched], target: Future[Fetched]) -> None:

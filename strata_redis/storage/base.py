@@ -239,6 +239,11 @@ class Storage(abc.ABC):
         check_range(start, length)
         return self.read(path)[start : start + length]
 
+    #: each request costs this process client CPU worth moving out of it (S3: boto3's few
+    #: ms a request): a reader copying many objects may do it in helper processes, each with
+    #: a copy of the storage (it pickles). False here.
+    remote: bool = False
+
     def local_file(self, path: str) -> str | None:
         """The file holding the object at ``path`` on this machine, when the backend keeps
         its objects as local files (``LocalStorage``); None otherwise (this default).

@@ -111,6 +111,8 @@ class S3Storage(Storage):
         TypeError, ValueError: a bad argument, naming it.
     """
 
+    remote = True
+
     def __init__(
         self,
         bucket: str,
