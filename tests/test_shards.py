@@ -502,6 +502,22 @@ def test_a_sample_reads_the_same_through_its_indexed_fields_or_its_tar_headers(
     assert [s["bin"] for s in fast] == [sample_bytes(i) for i in ids]
     assert fast[0] == {"__key__": "000000007", "__id__": 7, "bin": sample_bytes(7),
                        "cls": b"7", "npy": np.arange(1).tobytes()}  # fmt: skip
+    # one field, no dict: from the columns (every sample has the same fields), from the
+    # per-sample fields, and by the tar headers, the same bytes; a field no sample has is
+    # refused, naming it
+    columns = index.columns
+    assert columns is not None
+    at = np.asarray(ids)
+    by_columns = WorkItem(DATASET, index.name, path, ids, (), keys=index.keys[::-1],
+                          columns=(columns[0], columns[1][at]))  # fmt: skip
+    for item in (by_columns, WorkItem(DATASET, index.name, path, ids, spans[::-1],
+                                      fields=index.fields[::-1], keys=index.keys[::-1]),
+                 WorkItem(DATASET, index.name, path, ids, spans[::-1])):  # fmt: skip
+        assert item.field("bin") == [sample_bytes(i) for i in ids]
+        assert item.field("cls") == [str(i).encode() for i in ids]
+        with pytest.raises(ShardFormatError, match="no field 'jpg'"):
+            item.field("jpg")
+    assert by_columns.samples() == fast
 
 
 def test_a_local_storages_shards_are_read_in_place_and_left_there(

@@ -387,3 +387,14 @@ def test_leases_go_back_at_once_when_the_first_batch_fails(redis_url: str, tmp_p
         # (pytest.raises keeps the traceback, and with it the loader's frames)
         assert job.context.client.hlen(holders) == 0, job.context.client.hgetall(holders)
         ds.close()
+
+
+def test_bad_shard_dataset_arguments_are_refused_before_anything_is_leased() -> None:
+    from strata_redis.torch import ShardDataset
+
+    with pytest.raises(TypeError, match="field must be a field's name"):
+        ShardDataset(None, DATASET, None, field="")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="field must be a field's name"):
+        ShardDataset(None, DATASET, None, field=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="decode must be callable"):
+        ShardDataset(None, DATASET, None, decode="bytes")  # type: ignore[arg-type]

@@ -20,7 +20,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 
 from ..errors import ShardChecksumError, ShardFormatError
@@ -203,9 +204,21 @@ class CopyProcesses:
         """Every helper has started."""
         return all(f.done() and f.exception() is None for f in self._warm)
 
-    def copy(self, job: CopyJob) -> Copied:
-        """``copy_shard(storage, job)`` in a helper; its error is raised here."""
-        return self._pool.submit(_copy_in_helper, job).result()
+    def copy(self, job: CopyJob, give_up: Callable[[], bool] = lambda: False) -> Copied:
+        """``copy_shard(storage, job)`` in a helper; its error is raised here.
+
+        Raises:
+            CancelledError: ``give_up()`` said so (the fetcher closes) before it was done:
+                a helper riding out a storage outage is not waited for.
+        """
+        future = self._pool.submit(_copy_in_helper, job)
+        while True:
+            try:
+                return future.result(timeout=0.1)
+            except FuturesTimeout:
+                if give_up():
+                    future.cancel()
+                    raise CancelledError(f"copy of shard {job.shard} given up") from None
 
     def close(self) -> None:
         """Stop the helpers (a copy under way finishes first, in the background)."""

@@ -394,7 +394,7 @@ class ShardFetcher:
         helpers = self._helpers
         try:
             if helpers is not None and helpers.ready and not self._closed:
-                copied = helpers.copy(job)
+                copied = helpers.copy(job, give_up=lambda: self._closed)
                 with self._lock:
                     self._stats["helper_copies"] += 1
             else:

@@ -49,7 +49,7 @@ class LeaseBatchSampler(torch.utils.data.Sampler[list[int]]):  # type: ignore[mi
             dropping (as ``DistributedSampler(drop_last=False)``).
         lease_ahead: shards a thread holds leased ahead, which also sends the completions
             (``get_shards``): the loader's thread makes no Redis round trip per shard
-            (default 1; 0: it makes one; not with ``lockstep``, whose ranks lease in turn).
+            (default 2; 0: it makes one; not with ``lockstep``, whose ranks lease in turn).
 
     Raises:
         TypeError, ValueError: a bad argument; DatasetNotFoundError: an unknown dataset.
