@@ -226,7 +226,7 @@ class ShardLeases:
 
         Raises:
             WorkerNotRegisteredError, WorkerFailedError, WorkerLeftError: not a live worker.
-            Whatever a call of the lease thread raised (``later``), once.
+            Exception: what a call of the lease thread raised (``later``), once.
         """
         self._raise_failed()
         lease = self._take_ready()

@@ -307,9 +307,9 @@ class ShardStream:
         Redis (``lease_ahead`` sends them from a thread): call before saving the position.
 
         Raises:
-            The error a completion met other than ``LeaseLostError`` (logged: the shard is
-            another holder's), as a completion on the loop's thread would have raised it: a
-            position that counts that shard must not be saved.
+            Exception: what a completion met other than ``LeaseLostError`` (that one is
+                logged: the shard is another holder's), as a completion on the loop's thread
+                would have raised it; a position counting that shard must not be saved.
         """
         for leases in self._drained:
             leases.settle()
