@@ -23,12 +23,15 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..errors import ShardChecksumError, ShardFormatError
 from ..storage import Storage, retry_call
 from .index import ShardEntry, ShardIndex, checksum, read_index, shard_path
 
 __all__ = ["GAP", "Copied", "CopyJob", "CopyProcesses", "copy_shard"]
+
+T = TypeVar("T")
 
 #: spans of a part-way shard closer than this are read as one range (gaps read through)
 GAP = 64 * 1024
@@ -92,25 +95,22 @@ def copy_shard(
         nonlocal retries
         retries += 1
 
-    def retrying(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+    def retrying(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         return retry_call(f"shards of {job.dataset!r}", job.storage_wait,
                           lambda: fn(*args, **kwargs), on_retry=count, give_up=give_up)  # fmt: skip
 
     index = job.index
     if index is None:
-        index = retrying(read_index, storage, job.dataset, job.entry, binary=job.binary)  # type: ignore[assignment]
-        assert isinstance(index, ShardIndex)
+        index = retrying(read_index, storage, job.dataset, job.entry, binary=job.binary)
     path = shard_path(job.dataset, index.name)
     backend = storage.describe()
     rereads = 0
     if job.positions is None:
         data = retrying(storage.read, path)
-        assert isinstance(data, bytes)
         _check_whole(job.dataset, index, path, data, backend)
         if index.checksum and checksum(data) != index.checksum:
             rereads += 1
             data = retrying(storage.read, path)
-            assert isinstance(data, bytes)
             _check_whole(job.dataset, index, path, data, backend)
             if checksum(data) != index.checksum:
                 raise ShardChecksumError(
@@ -123,7 +123,6 @@ def copy_shard(
     pieces = []
     for start, length in coalesce(index, job.positions):
         piece = retrying(storage.read_range, path, start, length)
-        assert isinstance(piece, bytes)
         if len(piece) != length:
             raise ShardFormatError(
                 f"truncated: {start + len(piece)} bytes where its index says {index.size}",
