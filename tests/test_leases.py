@@ -368,6 +368,8 @@ def test_a_checkpoint_waits_for_the_completions_the_lease_thread_sends(
         assert stream.position is not None
         counted = set(stream.position.own)
         assert len(counted) == 1
+        # the gate opens 1.5 s on: a save that waits for the completion returns after it (and
+        # finds it recorded); one that does not returns at once, the completion still held
         timer = threading.Timer(1.5, gate.set)
         timer.start()
         try:

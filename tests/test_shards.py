@@ -421,7 +421,7 @@ def test_helper_processes_copy_s3_shards_and_die_with_the_training_process(
     )
     proc.start()
     request.addfinalizer(lambda: proc.kill() if proc.is_alive() else None)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 90  # (a spawned interpreter importing torch, on a loaded CI)
     while not os.path.exists(out):
         assert time.monotonic() < deadline and proc.is_alive(), "the fetcher did not report"
         time.sleep(0.1)
@@ -430,6 +430,8 @@ def test_helper_processes_copy_s3_shards_and_die_with_the_training_process(
     with open(path, "rb") as file:
         assert file.read() == s3.read(shard_path(DATASET, shard_name(3))), "the copy differs"
     kill9(proc)
+    # a helper's watchdog looks at its parent every 0.5 s: 10 s separates "exits once its
+    # parent is gone" from "outlives it" (without the watchdog it never exits)
     deadline = time.monotonic() + 10
 
     def alive(pid: int) -> bool:

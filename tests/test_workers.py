@@ -370,7 +370,7 @@ def test_heartbeat_thread_reports_loss(job: strata_redis.Job) -> None:
     w = job.register_worker("w", heartbeat_interval=0.05, on_lost=lost.append)
     # its heartbeat set stale, then reaped; a beat between the two (every 50 ms) makes it
     # fresh again and the reap passes it by (CI, loaded, once): again until the reap has it
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10  # (a loop of two round trips: a bound, not a timing)
     while True:
         job.client.zadd(job.keys.heartbeats, {"w": 0})
         if "w" in job.reap():

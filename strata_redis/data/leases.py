@@ -550,7 +550,6 @@ class ShardLeases:
                 thread.shutdown(wait=True)
             self._stop_renewer()
             with self._lock:
-                self._iterating = False
                 self._ready.clear()
                 held = list(self._held.values())
             for lease in held:

@@ -377,10 +377,10 @@ class ShardFetcher:
         index = self._indexes.get(shard)
         if self.cache_dir is None and not self.storage.remote:  # in place, if it checks out
             index = self._retrying(self._index, shard)
-            _ = index.columns  # (worked out here, off the training thread)
             in_place = self.storage.local_file(shard_path(self.dataset, index.name))
             stamp = None if in_place is None else self._in_place(index, in_place, positions is None)
             if in_place is not None and stamp is not None:
+                _ = index.columns  # (worked out here, off the training thread)
                 with self._lock:
                     self._stats["fetched_shards"] += 1
                     self._stats["reads"] += positions is None
