@@ -61,6 +61,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,9 +82,10 @@ SMOKE = {
     "workers": [0, 2],
     "stores": ["local"],
     "resume_at": [10, 100],
+    "repeat": 1,
 }
 FULL = {"samples": 200_000, "shards": 200, "workers": [0, 2, 4], "stores": ["local", "s3"],
-        "resume_at": [10, 10**6]}  # fmt: skip
+        "resume_at": [10, 10**6], "repeat": 3}  # fmt: skip
 BATCH = 256
 READER_NAMES = {"floor": peers.Floor, "strata": peers.Strata, "litdata": peers.Litdata,
                 "mosaic": peers.Mosaic, "webdataset": peers.Webdataset}  # fmt: skip
@@ -232,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-resume", action="store_true")
     parser.add_argument("--resume-at", help="batches done, e.g. 10,1000000 (--full's)")
     parser.add_argument("--check-ids", action=argparse.BooleanOptionalAction)
+    parser.add_argument(
+        "--repeat", type=int, help="throughput rows per reader and setting, interleaved "
+        "(--full's: 3; else 1): the tables give medians"
+    )  # fmt: skip
     parser.add_argument("--dir", help="where the corpus goes (default: a temp dir, removed)")
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--redis-url", help="default: a private redis-server")
@@ -253,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     readers = args.readers.split(",")
     resume_at = [int(b) for b in args.resume_at.split(",")] if args.resume_at else size[
         "resume_at"]  # fmt: skip
+    repeat = args.repeat or size["repeat"]
+    if repeat < 1:
+        parser.error(f"--repeat must be 1 or more, got {repeat}")
     check_ids = args.check_ids if args.check_ids is not None else not args.full
     in_process = args.in_process if args.in_process is not None else not args.full
     global ROW_TIMEOUT
@@ -281,10 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[dict[str, Any]] = []
         for store in stores:
             for nw in workers:
-                for name in readers:
-                    spec = {**common, "kind": "throughput", "reader": name, "store": store,
-                            "num_workers": nw}  # fmt: skip
-                    rows.append(_run_row(spec, in_process))
+                # each repetition runs every reader once, the order turned by one each time
+                # (none always first after another's cleanup): a repetition's rows are a set
+                for rep in range(repeat):
+                    for name in readers[rep % len(readers) :] + readers[: rep % len(readers)]:
+                        spec = {**common, "kind": "throughput", "reader": name, "store": store,
+                                "num_workers": nw}  # fmt: skip
+                        rows.append({**_run_row(spec, in_process), "rep": rep})
             if not args.no_resume:
                 for name in readers:
                     for batches in resume_at:
@@ -360,14 +372,16 @@ def _brief(row: dict[str, Any]) -> str:
 
 
 def summarize(rows: list[dict[str, Any]], samples: int, shards: int, batch: int) -> dict[str, Any]:
-    """The rows with ``x_floor`` filled, and strata's prefetch bound beside its memory."""
+    """The rows with ``x_floor`` filled (over the raw floor's row of the same repetition,
+    store and ``num_workers``), each setting's medians (``medians``), and strata's prefetch
+    bound beside its memory."""
     floor = {
-        (r["store"], r["num_workers"]): r["samples_per_s"]
+        (r["store"], r["num_workers"], r.get("rep", 0)): r["samples_per_s"]
         for r in rows
         if r["kind"] == "throughput" and r["reader"] == "floor" and "samples_per_s" in r
     }
     for r in rows:
-        ref = floor.get((r["store"], r["num_workers"]))
+        ref = floor.get((r["store"], r["num_workers"], r.get("rep", 0)))
         if r["kind"] == "throughput" and "samples_per_s" in r and ref:
             r["x_floor"] = round(r["samples_per_s"] / ref, 2)
     shard_bytes = -(-samples // shards) * (512 + peers.SAMPLE_BYTES)
@@ -375,8 +389,39 @@ def summarize(rows: list[dict[str, Any]], samples: int, shards: int, batch: int)
         "samples": samples, "shards": shards, "sample_bytes": peers.SAMPLE_BYTES,
         "batch_size": batch, "cores": os.cpu_count(),
         "strata_prefetch_bound_mib": round(2 * shard_bytes / 2**20, 1),
-        "rows": rows,
+        "rows": rows, "medians": medians(rows),
     }  # fmt: skip
+
+
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per reader, store and ``num_workers`` over its repetitions: the median
+    samples/s and ``x_floor`` (each repetition's ratio, then their median), the ratios' range,
+    the median peak memory; a setting none of whose rows ran keeps the first row's reason."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "throughput":
+            groups.setdefault((r["reader"], r["store"], r["num_workers"]), []).append(r)
+    out = []
+    for (reader, store, nw), group in groups.items():
+        ran = [r for r in group if "samples_per_s" in r]
+        entry: dict[str, Any] = {"reader": reader, "store": store, "num_workers": nw,
+                                 "name": group[0].get("name", reader), "runs": len(ran),
+                                 "note": group[0].get("note", "")}  # fmt: skip
+        if not ran:
+            entry["why"] = group[0].get("missing") or "error: " + group[0].get("error", "")
+            out.append(entry)
+            continue
+        ratios = sorted(r["x_floor"] for r in ran if "x_floor" in r)
+        entry.update(
+            samples_per_s=round(statistics.median(r["samples_per_s"] for r in ran)),
+            samples=ran[0]["samples"],
+            peak_rss_mib=round(statistics.median(r["peak_rss_mib"] for r in ran), 1),
+            errors=len(group) - len(ran),
+        )
+        if ratios:
+            entry.update(x_floor=round(statistics.median(ratios), 2), x_floor_each=ratios)
+        out.append(entry)
+    return out
 
 
 def tables(summary: dict[str, Any]) -> str:
@@ -385,23 +430,25 @@ def tables(summary: dict[str, Any]) -> str:
     out = [
         f"{summary['samples']:,} samples of {summary['sample_bytes']:,} B in "
         f"{summary['shards']} shards, batches of {summary['batch_size']}, "
-        f"{summary['cores']} cores",
+        f"{summary['cores']} cores; throughput: the median of each setting's runs (x floor: "
+        "each run over the floor's run beside it, then the median)",
         "",
-        "| reader | store | num_workers | samples/s | x floor | samples "
+        "| reader | store | num_workers | samples/s | x floor | x floor, each run | samples "
         "| peak memory Δ MiB (PSS) | note |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
-    for r in (r for r in rows if r["kind"] == "throughput"):
-        name = r.get("name", r["reader"])
-        if "samples_per_s" in r:
+    for m in summary["medians"]:
+        name = m["name"]
+        if "samples_per_s" in m:
+            each = ", ".join(f"{x}" for x in m.get("x_floor_each", []))
+            failed = f"; {m['errors']} run(s) failed" if m["errors"] else ""
             out.append(
-                f"| {name} | {r['store']} | {r['num_workers']} | {r['samples_per_s']:,} | "
-                f"{r.get('x_floor', '')} | {r['samples']:,} | {r['peak_rss_mib']} | "
-                f"{r.get('note', '')} |"
+                f"| {name} | {m['store']} | {m['num_workers']} | {m['samples_per_s']:,} | "
+                f"{m.get('x_floor', '')} | {each} | {m['samples']:,} | {m['peak_rss_mib']} | "
+                f"{m['note']}{failed} |"
             )
         else:
-            why = r.get("missing") or "error: " + r.get("error", "")
-            out.append(f"| {name} | {r['store']} | {r['num_workers']} | | | | | {why} |")
+            out.append(f"| {name} | {m['store']} | {m['num_workers']} | | | | | | {m['why']} |")
     out += ["", "| reader | store | batches done | resume to first batch, s | note |",
             "| --- | --- | ---: | ---: | --- |"]  # fmt: skip
     for r in (r for r in rows if r["kind"] == "resume"):
@@ -422,14 +469,18 @@ def tables(summary: dict[str, Any]) -> str:
         out += ["", f"strata's prefetch, stated bound: 2 shards ahead "
                 f"(~{summary['strata_prefetch_bound_mib']} MiB of shard files); measured:", "",
                 "| store | num_workers | shards ahead at most | shards held at most (ahead + "
-                "in use) | bytes held at most, MiB | peak memory Δ MiB (PSS) |",
+                "in use) | bytes held at most, MiB | peak memory Δ MiB (PSS), the most |",
                 "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        settings: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for r in strata:
-            held = r.get("max_held_bytes")
-            mib = "" if held is None else round(held / 2**20, 1)
-            ahead, most = r.get("max_ahead_shards", ""), r.get("max_held_shards", "")
-            out.append(f"| {r['store']} | {r['num_workers']} | {ahead} | {most} | {mib} "
-                       f"| {r['peak_rss_mib']} |")  # fmt: skip
+            settings.setdefault((r["store"], r["num_workers"]), []).append(r)
+        for (store, nw), runs in settings.items():  # (the most over the setting's runs)
+            held = [r["max_held_bytes"] for r in runs if r.get("max_held_bytes") is not None]
+            mib = round(max(held) / 2**20, 1) if held else ""
+            ahead = max((r.get("max_ahead_shards", 0) for r in runs), default="")
+            most = max((r.get("max_held_shards", 0) for r in runs), default="")
+            peak = max(r["peak_rss_mib"] for r in runs)
+            out.append(f"| {store} | {nw} | {ahead} | {most} | {mib} | {peak} |")
     return "\n".join(out) + "\n"
 
 
