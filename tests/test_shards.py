@@ -33,7 +33,15 @@ from strata_redis.shards import (
     read_manifest,
     register_shards,
 )
-from strata_redis.shards.index import binary_index_path, index_path, shard_name, shard_path
+from strata_redis.shards.index import (
+    binary_index_path,
+    index_pack_path,
+    index_path,
+    read_index,
+    read_pack,
+    shard_name,
+    shard_path,
+)
 from strata_redis.storage import LocalStorage, S3Storage, Storage
 
 from .procs import kill9
@@ -163,6 +171,7 @@ def test_existing_tars_are_indexed_in_place(
     assert sorted(storage.list(f"{DATASET}/shards/")) == sorted(
         [shard_path(DATASET, n) for n in tars] + [index_path(DATASET, n) for n in tars]
         + [binary_index_path(DATASET, n) for n in tars] + [f"{DATASET}/shards/index.json"]
+        + [index_pack_path(DATASET)]
     )  # fmt: skip
     if not checksums:  # headers only: ranged reads, never the whole object
         assert not counting.reads and counting.ranged
@@ -630,7 +639,9 @@ def test_a_dataset_written_before_the_binary_index_is_read_through_its_json_inde
     _register(redis_url, job_id, local)
     assert _read_all(redis_url, job_id, tmp_path, local) == Counter(range(30))
     read = set(local.reads)
-    assert {binary_index_path(DATASET, shard_name(k)) for k in range(3)} <= read
+    # (each shard's binary index, read on its own or, once loaded, from the index pack)
+    own = {binary_index_path(DATASET, shard_name(k)) for k in range(3)}
+    assert own <= read or index_pack_path(DATASET) in read, read
     assert not {index_path(DATASET, shard_name(k)) for k in range(3)} & read
     # the same dataset as an earlier version wrote it: no binary index, none in the manifest
     import orjson
@@ -639,8 +650,9 @@ def test_a_dataset_written_before_the_binary_index_is_read_through_its_json_inde
 
     for k in range(3):
         local.inner.delete(binary_index_path(DATASET, shard_name(k)))
+    local.inner.delete(index_pack_path(DATASET))
     doc = orjson.loads(local.inner.read(manifest_path(DATASET)))
-    del doc["binary_index"]
+    del doc["binary_index"], doc["index_pack"]
     local.inner.write(manifest_path(DATASET), orjson.dumps(doc))
     assert not read_manifest(local, DATASET).binary_index
     local.reads.clear()
@@ -648,3 +660,66 @@ def test_a_dataset_written_before_the_binary_index_is_read_through_its_json_inde
         orch.advance_epoch()
     assert _read_all(redis_url, job_id, tmp_path, local) == Counter(range(30))
     assert {index_path(DATASET, shard_name(k)) for k in range(3)} <= set(local.reads)
+
+
+def test_the_index_pack_is_one_read_for_every_shards_index(
+    s3: S3Storage, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    """A dataset of small shards has an index pack (its size and CRC-32 in the manifest): a
+    reader fetching the shards from the S3 stand-in reads it once, in the background, and
+    then each shard's tar alone; only shards fetched before it was loaded read their own
+    index (the first and those prefetched with it). Without it, a shard is two requests."""
+    log = str(tmp_path / "reads.log")  # (the helper processes' reads too)
+    storage = Counting(s3, log=log)
+    _write(storage, total=200, per=10)
+    manifest = read_manifest(storage, DATASET)
+    assert manifest.index_pack is not None and manifest.index_pack.size > 0
+    packed = read_pack(storage, manifest).index(7)
+    own = read_index(storage, DATASET, manifest.shards[7], binary=True)
+    assert (packed.name, packed.offsets, packed.sizes) == (own.name, own.offsets, own.sizes)
+    _register(redis_url, job_id, storage)
+    os.unlink(log)
+    seen: Counter[int] = Counter()
+    with (
+        _orchestrator(redis_url, job_id, tmp_path) as orch,
+        ShardReader(orch, DATASET, storage, batch_size=4, prefetch=2) as reader,
+    ):
+        batches = reader.batches()
+        seen.update(s["__id__"] for s in next(batches))
+        deadline = time.monotonic() + 30  # (it is never waited for: wait here, to count)
+        while not reader.stats()["index_pack_bytes"]:
+            assert time.monotonic() < deadline, "the index pack was not loaded"
+            time.sleep(0.01)
+        for batch in batches:
+            seen.update(s["__id__"] for s in batch)
+        stats = reader.stats()
+    assert seen == Counter(range(200))
+    reads = Counter(line.split(" ", 1)[1] for line in Path(log).read_text().splitlines())
+    assert reads[index_pack_path(DATASET)] == 1, reads
+    assert sorted(n for p, n in reads.items() if p.endswith(".tar")) == [1] * 20, reads
+    own = sum(n for p, n in reads.items() if p.endswith(".index.bin"))
+    assert own == stats["index_reads"] <= 3, (own, stats)  # (the first demand + 2 ahead)
+    assert not any(p.endswith(".index.json") for p in reads), reads
+    assert stats["index_pack_bytes"] == manifest.index_pack.size
+
+
+def test_an_index_pack_that_does_not_check_out_leaves_each_shards_own_index(
+    local: Counting, redis_url: str, job_id: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pack that is not the one the manifest describes is reported and read past: every
+    shard's own index is read, and every sample once. A pack missing from storage is named
+    when the dataset is registered."""
+    import logging
+
+    _write(local, total=30, per=10)
+    pack = local.inner.read(index_pack_path(DATASET))
+    local.inner.write(index_pack_path(DATASET), pack[:-1] + bytes([pack[-1] ^ 1]))
+    _register(redis_url, job_id, local)
+    with caplog.at_level(logging.WARNING, logger="strata_redis.shards"):
+        assert _read_all(redis_url, job_id, tmp_path, local) == Counter(range(30))
+    assert "its index pack was not read (ShardFormatError" in caplog.text, caplog.text
+    assert {binary_index_path(DATASET, shard_name(k)) for k in range(3)} <= set(local.reads)
+    local.inner.delete(index_pack_path(DATASET))
+    with pytest.raises(ShardManifestError, match=r"1 objects it names are not in storage "
+                       r"\(\['index\.pack'\]"):  # fmt: skip
+        _register(redis_url, job_id, local)

@@ -11,6 +11,7 @@ from ..shard_manager import ShardManager
 from ..storage import Storage
 from .index import (
     Manifest,
+    PackWriter,
     ShardEntry,
     ShardIndex,
     binary_index_path,
@@ -124,6 +125,7 @@ def index_tar_shards(storage: Storage, dataset_id: str, *, checksums: bool = Fal
         raise ShardManifestError("no .tar shard to index", dataset=dataset_id, path=prefix,
                                  backend=storage.describe())  # fmt: skip
     entries = []
+    pack = PackWriter()
     for name in names:
         index = _index_tar(storage, dataset_id, name, checksums=checksums)
         if not index.count:
@@ -131,10 +133,13 @@ def index_tar_shards(storage: Storage, dataset_id: str, *, checksums: bool = Fal
                                    path=shard_path(dataset_id, name),
                                    backend=storage.describe())  # fmt: skip
         storage.write(index_path(dataset_id, name), index.to_json())
-        storage.write(binary_index_path(dataset_id, name), index.to_binary())
+        binary = index.to_binary()
+        storage.write(binary_index_path(dataset_id, name), binary)
+        pack.add(binary)
         entries.append(ShardEntry(name, index.count, index.size, index.checksum))
-    manifest = Manifest(dataset_id, entries, binary_index=True)
-    manifest.check_counts(backend=storage.describe())
+    Manifest(dataset_id, entries).check_counts(backend=storage.describe())
+    manifest = Manifest(dataset_id, entries, binary_index=True,
+                        index_pack=pack.write(storage, dataset_id))  # fmt: skip
     storage.write(manifest_path(dataset_id), manifest.to_json())
     return manifest
 

@@ -12,6 +12,11 @@ checked on the storage's own file, and a part-way one needs no read at all. Othe
 shards (S3) are copied by helper processes forked from this one (``copier.CopyProcesses``),
 so their requests' client CPU does not take this process's GIL.
 
+A shard's index comes from the dataset's index pack when it has one (``index.IndexPack``:
+every index in one object, read once in a thread of its own, started by the first fetch and
+never waited for): the copies then make one request a shard, not two. Until it is loaded, or
+without one, each shard's own index is read.
+
 Bounds: at most ``prefetch`` shards are fetched ahead of use (a later call re-targets them:
 shards no longer expected are dropped); the shards in use are those with batches handed out
 and not consumed (one or two at a time). Files outside ``cache_dir`` are deleted once their
@@ -36,11 +41,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ShardChecksumError
+from ..errors import ShardChecksumError, ShardFormatError
 from ..storage import Storage, retry_call
 from ..validate import check_int, check_seconds
 from .copier import GAP, CopyJob, CopyProcesses, copy_shard
-from .index import Manifest, ShardIndex, checksum, read_index, shard_path
+from .index import (
+    PACK_LIMIT,
+    IndexPack,
+    Manifest,
+    ShardIndex,
+    checksum,
+    read_index,
+    read_pack,
+    shard_path,
+)
 
 __all__ = ["GAP", "Fetched", "ShardFetcher"]
 
@@ -140,12 +154,16 @@ class ShardFetcher:
         self._entries: dict[int, _Entry] = {}
         self._cached: OrderedDict[int, int] = OrderedDict()  # idle cached shard -> bytes, LRU first
         self._indexes: dict[int, ShardIndex] = {}
+        # the dataset's index pack (one read for every shard's index), once loaded
+        pack = manifest.index_pack
+        self._pack_wanted = manifest.binary_index and pack is not None and pack.size <= PACK_LIMIT
+        self._pack: IndexPack | None = None
         self._stats: dict[str, int] = dict.fromkeys((
             "fetched_shards", "fetched_bytes", "reads", "ranged_reads", "partial_shards",
             "prefetched",
             "prefetch_hits", "prefetch_dropped", "cache_hits", "evicted", "retries",
             "checksum_rereads", "max_ahead_shards", "max_held_shards", "max_held_bytes",
-            "helper_copies",
+            "helper_copies", "index_pack_bytes", "index_reads",
         ), 0)  # fmt: skip
         self._closed = False
         check_int("processes", processes, low=0, high=64)
@@ -234,7 +252,9 @@ class ShardFetcher:
         ``ranged_reads`` for shards fetched part-way),
         ``partial_shards`` (fetched part-way), ``prefetched``/``prefetch_hits``/
         ``prefetch_dropped``, ``cache_hits``/``cached_bytes``/``evicted``, ``retries``,
-        ``helper_copies`` (copies made by helper processes: ``processes``)."""
+        ``helper_copies`` (copies made by helper processes: ``processes``),
+        ``index_reads`` (shards' own index objects read) and ``index_pack_bytes`` (the index
+        pack, once loaded: every shard's index in one read, held while the fetcher lives)."""
         with self._lock:
             held = [e for e in self._entries.values()]
             return {
@@ -355,10 +375,46 @@ class ShardFetcher:
     def _index(self, shard: int) -> ShardIndex:
         index = self._indexes.get(shard)
         if index is None:
+            index = self._packed(shard)
+        if index is None:
             index = read_index(self.storage, self.dataset, self.manifest.shards[shard],
                                binary=self.manifest.binary_index)  # fmt: skip
             self._indexes[shard] = index
+            with self._lock:
+                self._stats["index_reads"] += 1
         return index
+
+    def _packed(self, shard: int) -> ShardIndex | None:
+        """Shard ``shard``'s index out of the index pack, once it is loaded; None before (or
+        with no pack): the shard's own index is read. The first call starts loading it in a
+        thread of its own: a fetch never waits for it."""
+        pack = self._pack
+        if pack is None:
+            with self._lock:
+                wanted, self._pack_wanted = self._pack_wanted, False
+            if wanted:
+                threading.Thread(target=self._load_pack, name="strata-index-pack",
+                                 daemon=True).start()  # fmt: skip
+            return None
+        try:
+            index = pack.index(shard)
+        except ShardFormatError as exc:  # (the shard's own index may still be good)
+            log.warning("%s: %s; reading the shard's own index", self.dataset, exc)
+            return None
+        self._indexes[shard] = index
+        return index
+
+    def _load_pack(self) -> None:
+        try:
+            pack = self._retrying(read_pack, self.storage, self.manifest)
+        except Exception as exc:  # (each shard's own index is read instead)
+            if not self._closed:
+                log.warning("%s: its index pack was not read (%s: %s): reading each shard's "
+                            "own index", self.dataset, type(exc).__name__, exc)  # fmt: skip
+            return
+        with self._lock:
+            self._pack = pack
+            self._stats["index_pack_bytes"] = pack.size
 
     def _retrying(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)``, again while the storage fails (not for a missing object) for up to
@@ -374,7 +430,6 @@ class ShardFetcher:
 
     def _fetch(self, shard: int, positions: list[int] | None) -> Fetched:
         entry = self.manifest.shards[shard]
-        index = self._indexes.get(shard)
         if self.cache_dir is None and not self.storage.remote:  # in place, if it checks out
             index = self._retrying(self._index, shard)
             in_place = self.storage.local_file(shard_path(self.dataset, index.name))
@@ -387,6 +442,9 @@ class ShardFetcher:
                     self._stats["fetched_bytes"] += index.size if positions is None else 0
                     self._stats["partial_shards"] += positions is not None
                 return Fetched(shard, index, in_place, positions is None, owned=False, stamp=stamp)
+        index = self._indexes.get(shard)
+        if index is None:
+            index = self._packed(shard)  # (None: the copy reads it)
         job = CopyJob(
             self.dataset, shard, entry, self.manifest.binary_index, index, positions, self._temp,
             None if self.cache_dir is None else self._cache_path(shard), self.storage_wait,
@@ -408,6 +466,7 @@ class ShardFetcher:
             self._indexes[shard] = index
             stats = self._stats
             stats["fetched_shards"] += 1
+            stats["index_reads"] += job.index is None  # (the copy read the shard's index)
             stats["fetched_bytes"] += copied.size
             stats["reads"] += copied.reads
             stats["ranged_reads"] += copied.reads if positions is not None else 0

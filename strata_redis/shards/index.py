@@ -10,6 +10,10 @@ The layout (the seeds' ``{root}/{dataset_id}/shards/``)::
     {dataset_id}/shards/shard-000000.tar.index.bin    the same index in binary form (arrays
                                                       loaded without parsing), when the
                                                       manifest says ``binary_index``
+    {dataset_id}/shards/index.pack                    every shard's binary index in one object
+                                                      (``IndexPack``), when they total at most
+                                                      ``PACK_LIMIT`` bytes and the manifest
+                                                      says ``index_pack``
     {dataset_id}/shards/index.json                    the manifest: every shard, in order, with
                                                       its sample count, size and CRC-32
 
@@ -23,6 +27,13 @@ index is read at each use of the shard, and parsing 1,000 samples' JSON holds th
 (the binary form: ~0.15 ms). Datasets written before it (no ``binary_index`` in their
 manifest) are read through their JSON indexes, as before; the JSON index is still written
 beside it, for readers of earlier versions.
+
+The index pack holds the binary indexes once more, together: a reader fetching many small
+shards from an object store reads it once (one request, in the background) rather than one
+index object per shard, which would double its requests (an index is read at each use of
+its shard). Its size and CRC-32 are in the manifest; a dataset whose indexes total more than
+``PACK_LIMIT`` (shards of many samples each, where an index's request is small beside its
+shard's) has none, nor do datasets written before it: their shards' own indexes are read.
 """
 
 from __future__ import annotations
@@ -45,17 +56,25 @@ from ..validate import check_id
 __all__ = [
     "BINARY_INDEX_SUFFIX",
     "FORMAT",
+    "INDEX_PACK",
     "MANIFEST",
+    "PACK_LIMIT",
+    "IndexPack",
     "Manifest",
+    "PackEntry",
+    "PackWriter",
     "ShardEntry",
     "ShardIndex",
     "binary_index_path",
     "check_objects",
     "checksum",
+    "index_pack_path",
     "index_path",
     "manifest_path",
+    "pack_indexes",
     "read_index",
     "read_manifest",
+    "read_pack",
     "shard_name",
     "shard_path",
     "shards_prefix",
@@ -72,6 +91,12 @@ _VERSION = 1
 #: the binary index's first bytes (its version in the last)
 _MAGIC = b"STRSIDX1"
 _HEAD = struct.Struct("<8sQ")  # the magic, the JSON header's length
+#: the index pack's object name, under ``{dataset_id}/shards/``
+INDEX_PACK = "index.pack"
+#: a dataset's binary indexes are packed (as well) while they total at most this many bytes
+PACK_LIMIT = 64 * 2**20
+_PACK_MAGIC = b"STRSPAK1"
+_PACK_HEAD = struct.Struct("<8sQ")  # the magic, the number of indexes
 
 
 def shards_prefix(dataset_id: str) -> str:
@@ -97,6 +122,11 @@ def index_path(dataset_id: str, name: str) -> str:
 def binary_index_path(dataset_id: str, name: str) -> str:
     """The path of the binary index object of shard ``name``."""
     return shards_prefix(dataset_id) + name + BINARY_INDEX_SUFFIX
+
+
+def index_pack_path(dataset_id: str) -> str:
+    """The path of the dataset's index pack."""
+    return shards_prefix(dataset_id) + INDEX_PACK
 
 
 def manifest_path(dataset_id: str) -> str:
@@ -398,6 +428,14 @@ class ShardEntry:
 
 
 @dataclass(frozen=True)
+class PackEntry:
+    """The index pack as the manifest describes it: its size and CRC-32."""
+
+    size: int
+    checksum: str
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A dataset's manifest: its shards in order (shard ``i`` of the registered dataset is
     ``shards[i]``).
@@ -407,11 +445,14 @@ class Manifest:
         shards: the shards, in order.
         binary_index: every shard has its index in binary form too (``.index.bin``);
             False in a manifest written before it (the JSON indexes are read).
+        index_pack: the index pack's size and checksum; None: there is none (the indexes
+            total more than ``PACK_LIMIT``, or the manifest was written before packs).
     """
 
     dataset: str
     shards: list[ShardEntry]
     binary_index: bool = False
+    index_pack: PackEntry | None = None
 
     @property
     def total(self) -> int:
@@ -456,6 +497,8 @@ class Manifest:
             "version": _VERSION, "dataset": self.dataset, "format": FORMAT,
             "total": self.total, "samples_per_shard": self.samples_per_shard,
             "binary_index": self.binary_index,
+            **({} if self.index_pack is None else {"index_pack": {
+                "size": self.index_pack.size, "checksum": self.index_pack.checksum}}),
             "shards": [{"name": s.name, "count": s.count, "size": s.size,
                         "checksum": s.checksum} for s in self.shards],
         }, option=orjson.OPT_INDENT_2)  # fmt: skip
@@ -476,6 +519,9 @@ class Manifest:
                                  str(s["checksum"])) for s in doc["shards"]]  # fmt: skip
             named = str(doc["dataset"])
             binary = doc.get("binary_index", False) is True
+            packed = doc.get("index_pack")
+            pack = None if packed is None else PackEntry(int(packed["size"]),
+                                                         str(packed["checksum"]))  # fmt: skip
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ShardManifestError(
                 f"not a shard manifest: {exc}", dataset=dataset, path=path, backend=backend
@@ -483,7 +529,7 @@ class Manifest:
         if named != dataset:
             raise ShardManifestError(f"the manifest is of dataset {named!r}", dataset=dataset,
                                      path=path, backend=backend)  # fmt: skip
-        return cls(dataset, shards, binary)
+        return cls(dataset, shards, binary, pack)
 
 
 def read_manifest(storage: Storage, dataset_id: str) -> Manifest:
@@ -513,6 +559,17 @@ def read_index(
     backend = storage.describe()
     parse = ShardIndex.from_binary if binary else ShardIndex.from_json
     index = parse(storage.read(path), dataset=dataset_id, path=path, backend=backend)
+    return _as_listed(index, entry, dataset=dataset_id, path=path, backend=backend)
+
+
+def _as_listed(
+    index: ShardIndex, entry: ShardEntry, *, dataset: str, path: str, backend: str
+) -> ShardIndex:
+    """``index``, if it describes the manifest's shard ``entry``.
+
+    Raises:
+        ShardFormatError: it describes another.
+    """
     if (index.name, index.count, index.size, index.checksum) != (
         entry.name,
         entry.count,
@@ -520,11 +577,116 @@ def read_index(
         entry.checksum,
     ):
         raise ShardFormatError(
-            f"the index says {index.count} samples, {index.size} bytes, {index.checksum}; the "
-            f"manifest {entry.count}, {entry.size}, {entry.checksum}",
-            dataset=dataset_id, path=path, backend=backend,
+            f"the index says {index.name!r}, {index.count} samples, {index.size} bytes, "
+            f"{index.checksum}; the manifest {entry.name!r}, {entry.count}, {entry.size}, "
+            f"{entry.checksum}",
+            dataset=dataset, path=path, backend=backend,
         )  # fmt: skip
     return index
+
+
+def pack_indexes(binary_indexes: Sequence[bytes]) -> bytes:
+    """The index pack of these binary indexes (``ShardIndex.to_binary``), in shard order: a
+    magic, their number, each one's end (little-endian int64), then the indexes."""
+    ends = np.cumsum([len(b) for b in binary_indexes], dtype=np.int64)
+    return b"".join([_PACK_HEAD.pack(_PACK_MAGIC, len(binary_indexes)),
+                     ends.astype("<i8").tobytes(), *binary_indexes])  # fmt: skip
+
+
+class PackWriter:
+    """A dataset's binary indexes, collected in shard order for its index pack while they
+    total at most ``limit`` bytes; ``write`` stores the pack and returns what the manifest
+    says of it (None, writing nothing, past the limit)."""
+
+    def __init__(self, limit: int = PACK_LIMIT) -> None:
+        self.limit = limit
+        self._indexes: list[bytes] | None = []
+        self._size = 0
+
+    def add(self, binary_index: bytes) -> None:
+        self._size += len(binary_index)
+        if self._indexes is not None and self._size <= self.limit:
+            self._indexes.append(binary_index)
+        else:
+            self._indexes = None  # (past the limit: none held)
+
+    def write(self, storage: Storage, dataset_id: str) -> PackEntry | None:
+        """Store the pack (``index_pack_path``) and return its entry, or None.
+
+        Raises:
+            StorageError: the write failed.
+        """
+        if not self._indexes:
+            return None
+        pack = pack_indexes(self._indexes)
+        storage.write(index_pack_path(dataset_id), pack)
+        return PackEntry(len(pack), checksum(pack))
+
+
+class IndexPack:
+    """A dataset's index pack, read whole and checked against its manifest; ``index(shard)``
+    reads one shard's index out of it (as ``read_index`` would its own object).
+
+    Raises:
+        ShardFormatError: the bytes are not the manifest's pack (size, checksum, or not a
+            pack of its shards).
+    """
+
+    def __init__(self, raw: bytes, manifest: Manifest, *, backend: str) -> None:
+        self.manifest, self.backend = manifest, backend
+        self.path = path = index_pack_path(manifest.dataset)
+        expected = manifest.index_pack
+        try:
+            if expected is None:
+                raise ValueError("the manifest names no index pack")
+            if len(raw) != expected.size or checksum(raw) != expected.checksum:
+                raise ValueError(
+                    f"{len(raw)} bytes of checksum {checksum(raw)}, the manifest says "
+                    f"{expected.size} of {expected.checksum}"
+                )
+            magic, count = _PACK_HEAD.unpack_from(raw)
+            if magic != _PACK_MAGIC or count != len(manifest.shards):
+                raise ValueError(f"it starts {magic!r} and holds {count} indexes, not "
+                                 f"{len(manifest.shards)}")  # fmt: skip
+            at = _PACK_HEAD.size + 8 * count
+            ends = np.frombuffer(raw, dtype="<i8", count=count, offset=_PACK_HEAD.size)
+            starts = np.concatenate(([0], ends[:-1]))
+            if count and (ends[-1] != len(raw) - at or bool((ends < starts).any())):
+                raise ValueError("its indexes' ends do not fit in it")
+        except (ValueError, struct.error) as exc:
+            raise ShardFormatError(f"not the manifest's index pack: {exc}",
+                                   dataset=manifest.dataset, path=path,
+                                   backend=backend) from None  # fmt: skip
+        self._raw = raw
+        self._spans = [(at + int(a), at + int(b)) for a, b in zip(starts, ends, strict=True)]
+
+    @property
+    def size(self) -> int:
+        return len(self._raw)
+
+    def index(self, shard: int) -> ShardIndex:
+        """Shard ``shard``'s index (the manifest's ``shards[shard]``).
+
+        Raises:
+            ShardFormatError: it does not parse, or disagrees with the manifest.
+        """
+        start, end = self._spans[shard]
+        dataset, backend = self.manifest.dataset, self.backend
+        index = ShardIndex.from_binary(self._raw[start:end], dataset=dataset, path=self.path,
+                                       backend=backend)  # fmt: skip
+        return _as_listed(index, self.manifest.shards[shard], dataset=dataset, path=self.path,
+                          backend=backend)  # fmt: skip
+
+
+def read_pack(storage: Storage, manifest: Manifest) -> IndexPack:
+    """The dataset's index pack (the manifest's ``index_pack``), read whole.
+
+    Raises:
+        StorageNotFoundError: no pack object.
+        ShardFormatError: it is not the manifest's pack.
+    """
+    raw = storage.read(index_pack_path(manifest.dataset))
+    return IndexPack(raw, manifest, backend=storage.describe())
 
 
 def check_objects(storage: Storage, manifest: Manifest) -> None:
@@ -542,6 +704,8 @@ def check_objects(storage: Storage, manifest: Manifest) -> None:
     if manifest.binary_index:
         suffix = BINARY_INDEX_SUFFIX
         missing += [n + suffix for n in named if n + suffix not in stored]
+    if manifest.index_pack is not None and INDEX_PACK not in stored:
+        missing.append(INDEX_PACK)
     extra = sorted(tars - set(named))
     if missing or extra or len(set(named)) != len(named):
         said = []

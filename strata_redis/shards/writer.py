@@ -10,6 +10,7 @@ from ..storage import Storage, as_byte_view
 from ..validate import check_id, check_int
 from .index import (
     Manifest,
+    PackWriter,
     ShardEntry,
     ShardIndex,
     binary_index_path,
@@ -90,6 +91,7 @@ class ShardWriter:
         self.samples_per_shard = check_int("samples_per_shard", samples_per_shard, low=1,
                                            high=2**31)  # fmt: skip
         self._entries: list[ShardEntry] = []
+        self._pack = PackWriter()  # the binary indexes, for the index pack
         self._parts: list[bytes] = []
         self._size = 0
         self._keys: list[str] = []
@@ -167,7 +169,9 @@ class ShardWriter:
                            self._fields)  # fmt: skip
         self.storage.write(shard_path(self.dataset, name), data)
         self.storage.write(index_path(self.dataset, name), index.to_json())
-        self.storage.write(binary_index_path(self.dataset, name), index.to_binary())
+        binary = index.to_binary()
+        self.storage.write(binary_index_path(self.dataset, name), binary)
+        self._pack.add(binary)
         self._entries.append(ShardEntry(name, index.count, index.size, index.checksum))
         self._parts, self._size = [], 0
         self._keys, self._offsets, self._sizes, self._fields = [], [], [], []
@@ -184,7 +188,8 @@ class ShardWriter:
         self._flush()
         if not self._entries:
             raise ValueError(f"{self!r}: no sample was written")
-        manifest = Manifest(self.dataset, list(self._entries), binary_index=True)
+        pack = self._pack.write(self.storage, self.dataset)
+        manifest = Manifest(self.dataset, list(self._entries), binary_index=True, index_pack=pack)
         self.storage.write(manifest_path(self.dataset), manifest.to_json())
         self._closed = ShardSet(self.dataset, self.storage.describe(), manifest)
         return self._closed
