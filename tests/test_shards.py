@@ -532,11 +532,17 @@ def test_a_sample_reads_the_same_through_its_indexed_fields_or_its_tar_headers(
 
 
 def test_a_local_storages_shards_are_read_in_place_and_left_there(
-    redis_url: str, job_id: str, tmp_path: Path
+    redis_url: str, job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ``LocalStorage``'s shards are read where they are (no copy held: ``max_held_bytes``
-    0), their checksums checked all the same, and released shards' files stay (the storage's,
-    not the fetcher's): a second epoch reads them again."""
+    0), their checksums checked all the same — once while a file keeps its stamp (device,
+    inode, size, mtime), again once it changes — and released shards' files stay (the
+    storage's, not the fetcher's): a second epoch reads them again."""
+    from strata_redis.shards import fetcher
+
+    checked: list[int] = []
+    real = fetcher.file_checksum
+    monkeypatch.setattr(fetcher, "file_checksum", lambda fd: checked.append(fd) or real(fd))
     storage = LocalStorage(tmp_path / "root")
     _write(storage, total=30, per=10)
     _register(redis_url, job_id, storage)
@@ -545,11 +551,15 @@ def test_a_local_storages_shards_are_read_in_place_and_left_there(
         _orchestrator(redis_url, job_id, tmp_path) as orch,
         ShardReader(orch, DATASET, storage, batch_size=4) as reader,
     ):
-        for _ in range(2):
+        for epoch in range(3):
+            if epoch == 2:  # the file of shard 1 touched: its stamp is not the one checked
+                file = tmp_path / "root" / shard_path(DATASET, shard_name(1))
+                os.utime(file, ns=(file.stat().st_atime_ns, file.stat().st_mtime_ns + 10**9))
             assert _epoch(reader) == Counter(range(30))
+            assert len(checked) == [3, 3, 4][epoch], (epoch, checked)
             orch.advance_epoch()
         stats = reader.stats()
-    assert stats["fetched_shards"] == 6 and stats["max_held_bytes"] == 0, stats
+    assert stats["fetched_shards"] == 9 and stats["max_held_bytes"] == 0, stats
     assert {n: storage.read(shard_path(DATASET, n)) for n in before} == before
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import mmap
 import multiprocessing
 import os
 import shutil
@@ -50,7 +49,7 @@ from .index import (
     IndexPack,
     Manifest,
     ShardIndex,
-    checksum,
+    file_checksum,
     read_index,
     read_pack,
     shard_path,
@@ -154,6 +153,7 @@ class ShardFetcher:
         self._entries: dict[int, _Entry] = {}
         self._cached: OrderedDict[int, int] = OrderedDict()  # idle cached shard -> bytes, LRU first
         self._indexes: dict[int, ShardIndex] = {}
+        self._verified: dict[str, tuple[int, int, int, int]] = {}  # in-place file -> stamp
         # the dataset's index pack (one read for every shard's index), once loaded
         pack = manifest.index_pack
         self._pack_wanted = manifest.binary_index and pack is not None and pack.size <= PACK_LIMIT
@@ -487,7 +487,8 @@ class ShardFetcher:
     ) -> tuple[int, int, int, int] | None:
         """The stamp (device, inode, size, mtime) of the storage's own file of the shard when
         it can be read in place: it is there, of the index's size and, to be read whole
-        (``verify``), of its checksum (mapped, not copied). None: the ordinary fetch reads it
+        (``verify``), of its checksum (read a chunk at a time, not copied; once while the
+        file keeps its stamp). None: the ordinary fetch reads it
         (and raises the storage's error, or the shard's, naming the object)."""
         try:
             with open(file, "rb", buffering=0) as f:
@@ -495,13 +496,12 @@ class ShardFetcher:
                 stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
                 if st.st_size != index.size or st.st_size == 0:
                     return None
-                if not verify or not index.checksum:
+                if not verify or not index.checksum or self._verified.get(file) == stamp:
                     return stamp
-                with (
-                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
-                    memoryview(mapped) as view,
-                ):
-                    return stamp if checksum(view) == index.checksum else None
+                if file_checksum(f.fileno()) != index.checksum:
+                    return None
+                self._verified[file] = stamp  # (unchanged since: not read again to check)
+                return stamp
         except (OSError, ValueError):
             return None
 
