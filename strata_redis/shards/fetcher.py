@@ -13,9 +13,9 @@ shards (S3) are copied by helper processes forked from this one (``copier.CopyPr
 so their requests' client CPU does not take this process's GIL.
 
 A shard's index comes from the dataset's index pack when it has one (``index.IndexPack``:
-every index in one object, read once in a thread of its own, started by the first fetch and
-never waited for): the copies then make one request a shard, not two. Until it is loaded, or
-without one, each shard's own index is read.
+every index in one object, read once in a thread of its own, started once the first fetch
+is done and never waited for): the copies then make one request a shard, not two. Until it
+is loaded, or without one, each shard's own index is read.
 
 Bounds: at most ``prefetch`` shards are fetched ahead of use (a later call re-targets them:
 shards no longer expected are dropped); the shards in use are those with batches handed out
@@ -386,15 +386,9 @@ class ShardFetcher:
 
     def _packed(self, shard: int) -> ShardIndex | None:
         """Shard ``shard``'s index out of the index pack, once it is loaded; None before (or
-        with no pack): the shard's own index is read. The first call starts loading it in a
-        thread of its own: a fetch never waits for it."""
+        with no pack): the shard's own index is read."""
         pack = self._pack
         if pack is None:
-            with self._lock:
-                wanted, self._pack_wanted = self._pack_wanted, False
-            if wanted:
-                threading.Thread(target=self._load_pack, name="strata-index-pack",
-                                 daemon=True).start()  # fmt: skip
             return None
         try:
             index = pack.index(shard)
@@ -403,6 +397,16 @@ class ShardFetcher:
             return None
         self._indexes[shard] = index
         return index
+
+    def _start_pack(self) -> None:
+        """Start loading the index pack, in a thread of its own, once: after the first
+        fetch, which it would slow (a resume waits for that one only), and never waited
+        for."""
+        with self._lock:
+            wanted, self._pack_wanted = self._pack_wanted, False
+        if wanted:
+            threading.Thread(target=self._load_pack, name="strata-index-pack",
+                             daemon=True).start()  # fmt: skip
 
     def _load_pack(self) -> None:
         try:
@@ -441,6 +445,7 @@ class ShardFetcher:
                     self._stats["reads"] += positions is None
                     self._stats["fetched_bytes"] += index.size if positions is None else 0
                     self._stats["partial_shards"] += positions is not None
+                self._start_pack()
                 return Fetched(shard, index, in_place, positions is None, owned=False, stamp=stamp)
         index = self._indexes.get(shard)
         if index is None:
@@ -477,6 +482,7 @@ class ShardFetcher:
             if held is not None:
                 held.size = copied.size
             self._account()
+        self._start_pack()
         if copied.rereads:
             log.warning("%s: shard %r read twice: its first read did not have its checksum",
                         self.dataset, entry.name)  # fmt: skip
