@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=BATCH)
     parser.add_argument("--skip-cap", type=int, default=700, help="webdataset's skip cap")
     parser.add_argument("--no-resume", action="store_true")
+    parser.add_argument("--no-throughput", action="store_true", help="the resume rows only")
     parser.add_argument("--resume-at", help="batches done, e.g. 10,1000000 (--full's)")
     parser.add_argument("--check-ids", action=argparse.BooleanOptionalAction)
     parser.add_argument(
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                   "check_ids": check_ids}  # fmt: skip
         rows: list[dict[str, Any]] = []
         for store in stores:
-            for nw in workers:
+            for nw in [] if args.no_throughput else workers:
                 # each repetition runs every reader once, the order turned by one each time
                 # (none always first after another's cleanup): a repetition's rows are a set
                 for rep in range(repeat):

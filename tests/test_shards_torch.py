@@ -107,6 +107,42 @@ def test_a_loader_with_workers_reads_each_sample_once_and_saves_what_was_consume
     assert stats["prefetch_hits"] > 0, stats
 
 
+@pytest.mark.parametrize("same_fields", [True, False])
+def test_one_fields_samples_through_loader_workers_each_once(
+    redis_url: str, tmp_path: Path, same_fields: bool
+) -> None:
+    """``ShardDataset(field="bin")``: each sample is its field's bytes, each once, through
+    loader workers. Where every sample has the same fields, an item carries that field's
+    spans alone (no keys: they are never decoded); where they differ, the samples' fields
+    are found one by one, the same bytes."""
+    storage = LocalStorage(tmp_path / "root")
+    with ShardWriter(storage, DATASET, samples_per_shard=20) as writer:
+        for i in range(230):
+            extra = {} if same_fields or i % 3 else {"cls": str(i).encode()}
+            writer.write({"bin": sample_bytes(i), **extra})
+    _register(redis_url, storage)
+    with strata_redis.TrainingOrchestrator(
+        coordinator_url=redis_url, worker_id="w0", job_id=JOB, checkpoint_path=tmp_path / "ck",
+        last_call=0.1, heartbeat_timeout=3.0,
+    ) as orch:  # fmt: skip
+        ds = strata_torch.ShardDataset(orch, DATASET, storage, batch_size=7, field="bin")
+        first = next(iter(ds.sampler))
+        ds.sampler.close()
+        if same_fields:
+            assert first.keys is None and first.columns is not None, first
+            assert first.columns[0] == ("bin",) and first.columns[1].shape == (7, 1, 2)
+        else:
+            assert first.columns is None and first.keys is not None, first
+        loader = strata_torch.DataLoader(ds, num_workers=2, collate_fn=list)
+        seen: Counter[int] = Counter()
+        for batch in loader:
+            for data in batch:
+                assert data == sample_bytes(sample_id(data)), data
+                seen[sample_id(data)] += 1
+        ds.close()
+    assert seen == Counter(range(230))
+
+
 # -- the job killed mid-epoch, relaunched with fewer workers ------------------------------------
 def _worker(
     url: str, worker_id: str, logdir: str, spec: dict[str, Any], cfg: dict[str, Any]

@@ -33,7 +33,7 @@ from ..data.stream import ShardStream
 from ..errors import ShardChecksumError, ShardFormatError, ShardManifestError
 from ..storage import Storage
 from .fetcher import Fetched, ShardFetcher
-from .index import Manifest, ShardIndex, manifest_path, read_manifest, shard_path
+from .index import Manifest, ShardIndex, key_list, manifest_path, read_manifest, shard_path
 from .tarball import TarError, sample_fields
 
 __all__ = ["ShardFeed", "WorkItem"]
@@ -52,7 +52,8 @@ class WorkItem:
         spans: each sample's (offset, size) in the tar (unused with ``columns``).
         fields: each sample's fields as (name, offset in its span, size), when the index
             has them (then no tar header is parsed); None: parse the headers.
-        keys: each sample's key, with ``fields`` or ``columns``.
+        keys: each sample's key, with ``fields`` or ``columns`` (None in an item made for
+            one field: ``ShardFeed(field=)``).
         backend, object_path: where the shard is in storage (for errors).
         columns: when every sample has the same fields (``ShardIndex.columns``): their
             names, and an array ``(len(ids), fields, 2)`` of each field's offset in the tar
@@ -207,6 +208,8 @@ class ShardFeed:
         cache_dir: a cache directory of whole shards (``ShardFetcher``).
         cache_bytes: its size limit (``ShardFetcher``).
         storage_wait: seconds a fetch retries while the storage fails (``ShardFetcher``).
+        field: the one field the items are read for (``WorkItem.field``): when every sample
+            has it, an item holds that field's spans alone, and no keys.
 
     Raises:
         StorageNotFoundError: the dataset has no manifest.
@@ -225,8 +228,10 @@ class ShardFeed:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int | None = None,
         storage_wait: float = 60.0,
+        field: str | None = None,
     ) -> None:
         self.stream = stream
+        self.field = field
         self.params: DatasetParams = stream.params
         self.storage = storage
         self.manifest: Manifest = read_manifest(storage, self.params.name)
@@ -291,16 +296,23 @@ class ShardFeed:
                     object_path = shard_path(self.params.name, index.name)
                 assert fetched is not None and index is not None
                 at = np.asarray(batch) - shard * per
-                if columns is not None:
+                if columns is not None and self.field in columns[0]:  # one field's spans
+                    field = self.field
+                    column = columns[1][at, columns[0].index(field)][:, None]
+                    item = WorkItem(self.params.name, index.name, fetched.path, ids, (),
+                                    self._backend, object_path, None, None,
+                                    ((field,), column), fetched.stamp)  # fmt: skip
+                elif columns is not None:
                     names, table = columns
                     item = WorkItem(self.params.name, index.name, fetched.path, ids, (),
-                                    self._backend, object_path, None, _pick(index.keys, at),
-                                    (names, table[at]), fetched.stamp)  # fmt: skip
+                                    self._backend, object_path, None,
+                                    _pick(key_list(index.keys), at), (names, table[at]),
+                                    fetched.stamp)  # fmt: skip
                 else:
                     where = at.tolist()
                     spans = [(index.offsets[p], index.sizes[p]) for p in where]
                     fields = None if index.fields is None else _pick(index.fields, at)
-                    keys = None if index.fields is None else _pick(index.keys, at)
+                    keys = None if index.fields is None else _pick(key_list(index.keys), at)
                     item = WorkItem(self.params.name, index.name, fetched.path, ids, spans,
                                     self._backend, object_path, fields, keys,
                                     stamp=fetched.stamp)  # fmt: skip

@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -171,7 +171,7 @@ class ShardIndex:
     name: str
     size: int
     checksum: str
-    keys: list[str] = field(repr=False)
+    keys: Sequence[str] = field(repr=False)
     offsets: list[int] = field(repr=False)
     sizes: list[int] = field(repr=False)
     fields: Sequence[Sequence[tuple[str, int, int]]] | None = field(default=None, repr=False)
@@ -209,7 +209,7 @@ class ShardIndex:
         fields = None if self.fields is None else [list(sample) for sample in self.fields]
         return orjson.dumps({
             "version": _VERSION, "name": self.name, "size": self.size, "checksum": self.checksum,
-            "keys": self.keys, "offsets": self.offsets, "sizes": self.sizes,
+            "keys": list(self.keys), "offsets": self.offsets, "sizes": self.sizes,
             **({} if fields is None else {"fields": fields}),
         })  # fmt: skip
 
@@ -304,7 +304,7 @@ class ShardIndex:
                 dataset=dataset, path=path, backend=backend,
             )  # fmt: skip
         fields = _Fields(names, bounds, member_name, member_at, member_size)
-        index = cls(name, size, checksum_, _keys(blob, key_ends.tolist()), offsets.tolist(),
+        index = cls(name, size, checksum_, _Keys(blob, key_ends), offsets.tolist(),
                     sizes.tolist(), fields)  # fmt: skip
         # the columns straight from the arrays (``columns`` would walk ``fields``)
         index.__dict__["columns"] = fields.columns(offsets)
@@ -369,6 +369,37 @@ class ShardIndex:
                 dataset=dataset, path=path, backend=backend,
             )  # fmt: skip
         return index
+
+
+class _Keys(Sequence[str]):
+    """A binary index's keys, decoded when first asked for (a reader of one field, which
+    hands out no keys, never asks): ``_keys`` of its blob, then held."""
+
+    def __init__(self, blob: bytes, ends: np.ndarray) -> None:
+        self._blob, self._ends = blob, ends
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @cached_property
+    def decoded(self) -> list[str]:
+        return _keys(self._blob, self._ends.tolist())
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.decoded[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.decoded)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == (list(other) if isinstance(other, Sequence) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def key_list(keys: Sequence[str]) -> list[str]:
+    """``keys`` as a list (a binary index's, decoded once): what ``_pick`` slices at C speed."""
+    return keys.decoded if isinstance(keys, _Keys) else list(keys)
 
 
 def _keys(blob: bytes, ends: list[int]) -> list[str]:

@@ -118,6 +118,7 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
         self.lease_sampler: ShardBatchSampler | None = ShardBatchSampler(
             orchestrator, dataset_id, storage, batch_size, prefetch=prefetch,
             cache_dir=cache_dir, cache_bytes=cache_bytes, storage_wait=storage_wait,
+            field=field,
         )  # fmt: skip
 
     def __repr__(self) -> str:
