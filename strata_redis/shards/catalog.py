@@ -100,7 +100,8 @@ def _index_tar(storage: Storage, dataset_id: str, name: str, *, checksums: bool)
 
 def index_tar_shards(storage: Storage, dataset_id: str, *, checksums: bool = False) -> Manifest:
     """Index the webdataset tars already under ``{dataset_id}/shards/`` in place: write each
-    one's index (JSON and binary) and the dataset's manifest, converting nothing.
+    one's index (JSON and binary), the index pack and the dataset's manifest, converting
+    nothing.
 
     The tars are taken in name order (shard ``i`` is the ``i``-th name). A scan reads the
     tar headers only, through ranged reads of ``WINDOW`` bytes (the data of members larger

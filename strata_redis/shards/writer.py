@@ -60,12 +60,14 @@ class ShardSet:
 
 class ShardWriter:
     """Write samples as webdataset-compatible tars of ``samples_per_shard`` samples each,
-    with an index per shard (JSON and binary) and the dataset's manifest (``shards/index.py``),
-    to ``storage``.
+    with an index per shard (JSON and binary), the index pack (every binary index in one
+    object, while they total at most ``index.PACK_LIMIT``) and the dataset's manifest
+    (``shards/index.py``), to ``storage``.
 
     Each full shard is written as soon as it is full (its tar, then its index); ``close``
-    writes the last, shorter one and then the manifest, which is what readers and
-    ``register_shards`` go by: a writer that dies leaves no manifest (or the previous one).
+    writes the last, shorter one, the index pack and then the manifest, which is what
+    readers and ``register_shards`` go by: a writer that dies leaves no manifest (or the
+    previous one).
 
     Example::
 
