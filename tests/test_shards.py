@@ -711,6 +711,7 @@ def test_the_index_pack_is_one_read_for_every_shards_index(
     assert own == stats["index_reads"] <= 3, (own, stats)  # (the first demand + 2 ahead)
     assert not any(p.endswith(".index.json") for p in reads), reads
     assert stats["index_pack_bytes"] == manifest.index_pack.size
+    assert reader.feed.fetcher._pack is None  # (every index is out of it: its bytes went)
 
 
 def test_an_index_pack_that_does_not_check_out_leaves_each_shards_own_index(

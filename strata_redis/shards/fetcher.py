@@ -254,7 +254,8 @@ class ShardFetcher:
         ``prefetch_dropped``, ``cache_hits``/``cached_bytes``/``evicted``, ``retries``,
         ``helper_copies`` (copies made by helper processes: ``processes``),
         ``index_reads`` (shards' own index objects read) and ``index_pack_bytes`` (the index
-        pack, once loaded: every shard's index in one read, held while the fetcher lives)."""
+        pack, once loaded: every shard's index in one read, held until each index is out of
+        it; the indexes are kept while the fetcher lives)."""
         with self._lock:
             held = [e for e in self._entries.values()]
             return {
@@ -396,6 +397,8 @@ class ShardFetcher:
             log.warning("%s: %s; reading the shard's own index", self.dataset, exc)
             return None
         self._indexes[shard] = index
+        if len(self._indexes) == len(self.manifest.shards):
+            self._pack = None  # (every index is out of it: its bytes go)
         return index
 
     def _start_pack(self) -> None:
