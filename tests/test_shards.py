@@ -734,3 +734,23 @@ def test_an_index_pack_that_does_not_check_out_leaves_each_shards_own_index(
     with pytest.raises(ShardManifestError, match=r"1 objects it names are not in storage "
                        r"\(\['index\.pack'\]"):  # fmt: skip
         _register(redis_url, job_id, local)
+
+
+def test_no_helper_process_when_asked_for_none(
+    s3: S3Storage, redis_url: str, job_id: str, tmp_path: Path
+) -> None:
+    """``ShardReader(processes=0)`` (as ``ShardDataset``'s): no helper process is forked; the
+    fetch threads copy the shards from S3, every sample once."""
+    import psutil
+
+    _write(s3, total=40, per=10)
+    _register(redis_url, job_id, s3)
+    before = {p.pid for p in psutil.Process().children()}
+    with (
+        _orchestrator(redis_url, job_id, tmp_path) as orch,
+        ShardReader(orch, DATASET, s3, batch_size=4, processes=0) as reader,
+    ):
+        assert _epoch(reader) == Counter(range(40))
+        stats = reader.stats()
+        assert {p.pid for p in psutil.Process().children()} == before
+    assert stats["helper_copies"] == 0 and stats["fetched_shards"] == 4, stats

@@ -208,6 +208,8 @@ class ShardFeed:
         cache_dir: a cache directory of whole shards (``ShardFetcher``).
         cache_bytes: its size limit (``ShardFetcher``).
         storage_wait: seconds a fetch retries while the storage fails (``ShardFetcher``).
+        processes: from a remote storage (S3), helper processes that copy the shards
+            (``ShardFetcher``; default 2; 0: the fetch threads copy them).
         field: the one field the items are read for (``WorkItem.field``): when every sample
             has it, an item holds that field's spans alone, and no keys.
 
@@ -229,6 +231,7 @@ class ShardFeed:
         cache_bytes: int | None = None,
         storage_wait: float = 60.0,
         field: str | None = None,
+        processes: int = 2,
     ) -> None:
         self.stream = stream
         self.field = field
@@ -238,7 +241,7 @@ class ShardFeed:
         _check_registration(self.params, self.manifest, storage)
         self.fetcher = ShardFetcher(storage, self.manifest, prefetch=prefetch,
                                     cache_dir=cache_dir, cache_bytes=cache_bytes,
-                                    storage_wait=storage_wait)  # fmt: skip
+                                    storage_wait=storage_wait, processes=processes)  # fmt: skip
         self._members = members
         self._worker_id = worker_id
         self._backend = storage.describe()

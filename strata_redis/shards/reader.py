@@ -44,6 +44,8 @@ class ShardReader:
         cache_bytes: the cache's size limit (least recently used evicted first).
         decode: applied to each sample (a dict of its fields) before it is handed out.
         storage_wait: seconds a fetch retries while the storage fails.
+        processes: from a remote storage (S3), helper processes that copy the shards
+            (default 2; 0: the fetch threads copy them).
 
     Raises:
         DatasetNotFoundError: not registered. StorageNotFoundError: no manifest.
@@ -62,6 +64,7 @@ class ShardReader:
         cache_bytes: int | None = None,
         decode: Callable[[dict[str, Any]], Any] | None = None,
         storage_wait: float = 60.0,
+        processes: int = 2,
     ) -> None:
         if not isinstance(orchestrator, TrainingOrchestrator):
             raise TypeError(
@@ -75,7 +78,7 @@ class ShardReader:
         self.feed = ShardFeed(
             stream, storage, members=lambda: orchestrator.round.members,
             worker_id=orchestrator.worker_id, prefetch=prefetch, cache_dir=cache_dir,
-            cache_bytes=cache_bytes, storage_wait=storage_wait,
+            cache_bytes=cache_bytes, storage_wait=storage_wait, processes=processes,
         )  # fmt: skip
 
     def __repr__(self) -> str:

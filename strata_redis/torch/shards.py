@@ -86,6 +86,8 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
         decode: applied to each sample (dict, or ``field``'s bytes) in the loader's worker
             processes (picklable when they are spawned).
         storage_wait: seconds a fetch retries while the storage fails.
+        processes: from a remote storage (S3), helper processes that copy the shards
+            (default 2; 0: the fetch threads copy them).
         field: each sample is this field's bytes (``"bin"``, ``"jpg"``), not a dict: no
             dict is made per sample (as webdataset's ``to_tuple`` of one field); a sample
             without it raises ``ShardFormatError``.
@@ -108,6 +110,7 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
         decode: Callable[[dict[str, Any]], Any] | None = None,
         storage_wait: float = 60.0,
         field: str | None = None,
+        processes: int = 2,
     ) -> None:
         if decode is not None and not callable(decode):
             raise TypeError(f"decode must be callable, got {type(decode).__name__}")
@@ -118,7 +121,7 @@ class ShardDataset(torch.utils.data.Dataset):  # type: ignore[misc]
         self.lease_sampler: ShardBatchSampler | None = ShardBatchSampler(
             orchestrator, dataset_id, storage, batch_size, prefetch=prefetch,
             cache_dir=cache_dir, cache_bytes=cache_bytes, storage_wait=storage_wait,
-            field=field,
+            field=field, processes=processes,
         )  # fmt: skip
 
     def __repr__(self) -> str:

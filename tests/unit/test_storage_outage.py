@@ -4,6 +4,8 @@ is missing, and the storage's error once the wait is over."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import pytest
 
@@ -26,8 +28,19 @@ class Flaky:
 
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pauses of this test's thread, recorded, not slept. (``outage.time`` is the
+    ``time`` module: a thread another test left behind sleeps for real, not recorded — it
+    spun, recording its pauses here, once.)"""
     slept: list[float] = []
-    monkeypatch.setattr(outage.time, "sleep", slept.append)
+    me, real = threading.get_ident(), time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == me:
+            slept.append(seconds)
+        else:
+            real(seconds)
+
+    monkeypatch.setattr(outage.time, "sleep", sleep)
     return slept
 
 
