@@ -401,7 +401,9 @@ class _Keys(Sequence[str]):
 
 def key_list(keys: Sequence[str]) -> list[str]:
     """``keys`` as a list (a binary index's, decoded once): what ``_pick`` slices at C speed."""
-    return keys.decoded if isinstance(keys, _Keys) else list(keys)
+    if isinstance(keys, _Keys):
+        return keys.decoded
+    return keys if isinstance(keys, list) else list(keys)  # (a list is not copied each batch)
 
 
 def _keys(blob: bytes, ends: list[int]) -> list[str]:
