@@ -391,10 +391,10 @@ def test_a_truncated_shard_is_refused_naming_it(
         _read_all(redis_url, job_id, tmp_path, storage)
 
 
-def _fetch_then_wait(endpoint: str, out: str) -> None:
+def _fetch_then_wait(endpoint: str, out: str, end: str) -> None:
     """A training process's fetcher of the S3 dataset: one shard copied by a helper process,
     its local file's path and the helpers' pids written to ``out``; then it waits, to be
-    killed."""
+    killed (``end`` "kill -9"), or returns without closing the fetcher ("exit")."""
     import psutil
 
     from strata_redis.shards import ShardFetcher
@@ -414,19 +414,23 @@ def _fetch_then_wait(endpoint: str, out: str) -> None:
             f"{fetcher.stats()['helper_copies']} {fetched.path} {' '.join(map(str, helpers))}"
         )
     os.replace(out + ".tmp", out)
-    time.sleep(600)
+    if end == "kill -9":
+        time.sleep(600)
 
 
-def test_helper_processes_copy_s3_shards_and_die_with_the_training_process(
-    s3: S3Storage, s3_endpoint: str, tmp_path: Path, request: pytest.FixtureRequest
+@pytest.mark.parametrize("end", ["kill -9", "exit"])
+def test_helper_processes_copy_s3_shards_and_end_with_the_training_process(
+    s3: S3Storage, s3_endpoint: str, tmp_path: Path, request: pytest.FixtureRequest, end: str
 ) -> None:
+    """Killed or ended without closing its fetcher, a training process leaves no helper
+    behind; ended, nothing makes it wait for them (it once hung at exit, joining them)."""
     import psutil
 
     _write(s3)
     out = str(tmp_path / "fetched")
     # (not procs.spawn's daemonic process: a daemonic one may have no children)
     proc = multiprocessing.get_context("spawn").Process(
-        target=_fetch_then_wait, args=(s3_endpoint, out)
+        target=_fetch_then_wait, args=(s3_endpoint, out, end)
     )
     proc.start()
     request.addfinalizer(lambda: proc.kill() if proc.is_alive() else None)
@@ -438,9 +442,14 @@ def test_helper_processes_copy_s3_shards_and_die_with_the_training_process(
     assert int(copies) >= 1 and len(pids) == 2, (copies, pids)
     with open(path, "rb") as file:
         assert file.read() == s3.read(shard_path(DATASET, shard_name(3))), "the copy differs"
-    kill9(proc)
-    # a helper's watchdog looks at its parent every 0.5 s: 10 s separates "exits once its
-    # parent is gone" from "outlives it" (without the watchdog it never exits)
+    if end == "kill -9":
+        kill9(proc)
+    else:
+        proc.join(30)
+        assert proc.exitcode == 0, f"the training process did not end: {proc.exitcode}"
+    # a helper exits once its socket's other end is gone (or, that end held open by a
+    # process forked later, its watchdog sees its parent gone within 0.5 s): 10 s separates
+    # "exits once its parent is gone" from "outlives it"
     deadline = time.monotonic() + 10
 
     def alive(pid: int) -> bool:
@@ -452,6 +461,44 @@ def test_helper_processes_copy_s3_shards_and_die_with_the_training_process(
     while any(alive(int(p)) for p in pids):
         assert time.monotonic() < deadline, "a helper outlived the training process"
         time.sleep(0.1)
+
+
+def test_a_helper_process_killed_leaves_its_copies_to_the_training_process(
+    s3: S3Storage, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A helper gone (OOM-killed, say): the copy it had, and the next, are made in the
+    calling thread, with a warning; the other helper goes on; nothing is lost."""
+    import signal
+
+    from strata_redis.shards.copier import CopyJob, CopyProcesses
+
+    _write(s3)
+    manifest = read_manifest(s3, DATASET)
+
+    def job(shard: int) -> CopyJob:
+        entry = manifest.shards[shard]
+        return CopyJob(DATASET, shard, entry, manifest.binary_index, None, None,
+                       str(tmp_path), None, 5.0)  # fmt: skip
+
+    helpers = CopyProcesses(s3, 2)
+    try:
+        deadline = time.monotonic() + 30
+        while not helpers.ready:
+            assert time.monotonic() < deadline, "the helpers did not start"
+            time.sleep(0.05)
+        pids = [h.pid for h in helpers._all]
+        os.kill(pids[0], signal.SIGKILL)
+        os.waitpid(pids[0], 0)  # (reaped here: a pid that is not reused meanwhile)
+        with caplog.at_level("WARNING", logger="strata_redis.shards"):
+            for shard in range(len(manifest.shards)):
+                copied = helpers.copy(job(shard))
+                with open(copied.path, "rb") as file:
+                    assert file.read() == s3.read(shard_path(DATASET, shard_name(shard)))
+        assert [h.pid for h in helpers._all] == pids[1:], "the dead helper is still counted"
+        assert any(f"pid {pids[0]}) is gone" in r.getMessage() for r in caplog.records)
+        assert helpers.ready, "the other helper is still used"
+    finally:
+        helpers.close()
 
 
 def test_a_storage_outage_mid_epoch_is_waited_out(

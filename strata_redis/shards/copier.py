@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing
+import logging
 import os
 import pickle
+import signal
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import TypeVar
 
 from ..errors import ShardChecksumError, ShardFormatError
@@ -32,6 +34,7 @@ from .index import ShardEntry, ShardIndex, checksum, read_index, shard_path
 __all__ = ["GAP", "Copied", "CopyJob", "CopyProcesses", "copy_shard"]
 
 T = TypeVar("T")
+log = logging.getLogger("strata_redis.shards")
 
 #: spans of a part-way shard closer than this are read as one range (gaps read through)
 GAP = 64 * 1024
@@ -178,63 +181,209 @@ def _write(job: CopyJob, pieces: list[tuple[int, bytes]]) -> str:
 
 
 # -- helper processes ----------------------------------------------------------------------------
-#: a helper process's own storage (a copy of the fetcher's, with its own connections)
-_STORAGE: list[Storage] = []
+#: the training process's ends of every helper's socket (a new helper closes its copies of
+#: them: a helper sees the end of its socket when the training process is gone, not later)
+_PARENT_ENDS: set[Connection] = set()
+_FORK_LOCK = threading.Lock()
+
+
+@dataclass
+class _Helper:
+    pid: int
+    conn: Connection  # this process's end of the helper's socket
+    started: bool = False
 
 
 class CopyProcesses:
     """``copy_shard`` in ``processes`` processes forked from this one (each with its own copy
-    of ``storage``: its own connections). They start in the background; ``ready`` says when
-    ``copy`` may be used (until then the caller copies in its own thread). A helper exits
-    when this process is gone (killed included) or ``close`` is called.
+    of ``storage``: its own connections), each spoken to over a socket of its own. They
+    start in the background; ``ready`` says when ``copy`` may be used (until then the
+    caller copies in its own thread). A helper exits when its socket closes: ``close``, or
+    this process gone (killed included); nothing waits for one at exit. A helper that
+    dies is not replaced: its copy, and the next ones, are made in the calling thread.
+
+    (Not a ``ProcessPoolExecutor``: its exit joins its processes through a queue's feeder
+    thread, and under load a training process hung there at exit, its helpers never sent
+    the word to stop.)
     """
 
     def __init__(self, storage: Storage, processes: int) -> None:
         blob = pickle.dumps(storage)  # (a storage that does not pickle fails here, clearly)
-        self._pool = ProcessPoolExecutor(
-            processes, mp_context=multiprocessing.get_context("fork"),
-            initializer=_start_helper, initargs=(blob, os.getpid()),
-        )  # fmt: skip
-        self._warm: list[Future[int]] = [self._pool.submit(os.getpid) for _ in range(processes)]
+        self._storage = storage
+        self._owner = os.getpid()
+        self._cond = threading.Condition()
+        self._idle: list[_Helper] = []
+        self._all: list[_Helper] = []
+        self._closed = False
+        for _ in range(processes):
+            helper = _fork_helper(blob, self._owner)
+            self._idle.append(helper)
+            self._all.append(helper)
         atexit.register(self.close)
 
     @property
     def ready(self) -> bool:
-        """Every helper has started."""
-        return all(f.done() and f.exception() is None for f in self._warm)
+        """Every helper has started (and one at least is still there)."""
+        with self._cond:
+            for helper in list(self._idle):
+                if not helper.started and _poll(helper.conn):
+                    helper.started = self._started(helper)
+            return bool(self._all) and all(h.started for h in self._all)
 
     def copy(self, job: CopyJob, give_up: Callable[[], bool] = lambda: False) -> Copied:
-        """``copy_shard(storage, job)`` in a helper; its error is raised here.
+        """``copy_shard(storage, job)`` in an idle helper (once ``ready``); its error is
+        raised here.
 
         Raises:
-            CancelledError: ``give_up()`` said so (the fetcher closes) before it was done:
-                a helper riding out a storage outage is not waited for.
+            CancelledError: ``give_up()`` said so (the fetcher closes), or ``close``, before
+                it was done: a helper riding out a storage outage is not waited for.
         """
-        future = self._pool.submit(_copy_in_helper, job)
-        while True:
-            try:
-                return future.result(timeout=0.1)
-            except FuturesTimeout:
-                if give_up():
-                    future.cancel()
-                    raise CancelledError(f"copy of shard {job.shard} given up") from None
+        helper = self._take(job, give_up)
+        if helper is None:
+            return copy_shard(self._storage, job, give_up)
+        try:
+            helper.conn.send_bytes(pickle.dumps(job))
+            while not helper.conn.poll(0.1):
+                if give_up() or self._closed:
+                    raise CancelledError(f"copy of shard {job.shard} given up")
+            ok, value = pickle.loads(helper.conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            self._lose(helper)
+            if give_up() or self._closed:
+                raise CancelledError(f"copy of shard {job.shard} given up") from None
+            log.warning("a shard copy helper process (pid %d) is gone (%s): shard %d and the "
+                        "next are copied in this process", helper.pid, exc, job.shard)  # fmt: skip
+            return copy_shard(self._storage, job, give_up)
+        except BaseException:  # given up (it finishes that copy, then sees its socket end)
+            self._lose(helper)
+            raise
+        with self._cond:
+            self._idle.append(helper)
+            self._cond.notify()
+        if ok:
+            return value  # type: ignore[no-any-return]
+        raise value
 
     def close(self) -> None:
-        """Stop the helpers (a copy under way finishes first, in the background)."""
+        """Stop the helpers: each exits once its copy under way (if any) is done."""
         atexit.unregister(self.close)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if os.getpid() != self._owner:  # (a process forked from the owner: not its helpers)
+            return
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._cond.notify_all()
+        for helper in idle:
+            self._lose(helper)
+
+    # -- inside ---------------------------------------------------------------------------------
+    def _take(self, job: CopyJob, give_up: Callable[[], bool]) -> _Helper | None:
+        """An idle helper (waiting for one while all are busy); None: none is left."""
+        with self._cond:
+            while not self._idle:
+                if give_up() or self._closed:
+                    raise CancelledError(f"copy of shard {job.shard} given up")
+                if not self._all:
+                    return None
+                self._cond.wait(0.1)
+            return self._idle.pop(0)  # (in turn)
+
+    def _started(self, helper: _Helper) -> bool:
+        try:
+            word = helper.conn.recv_bytes()
+        except (EOFError, OSError):
+            word = b"gone"
+        if word:
+            log.warning("a shard copy helper process (pid %d) did not start: %s",
+                        helper.pid, word.decode(errors="replace"))  # fmt: skip
+            self._idle.remove(helper)
+            self._all.remove(helper)
+            _close(helper)
+            return False
+        return True
+
+    def _lose(self, helper: _Helper) -> None:
+        """Close the helper's socket (it exits) and reap it in the background."""
+        with self._cond:
+            if helper in self._all:
+                self._all.remove(helper)
+            self._cond.notify_all()
+        _close(helper)
 
 
-def _start_helper(blob: bytes, parent: int) -> None:
-    _STORAGE[:] = [pickle.loads(blob)]
+def _poll(conn: Connection) -> bool:
+    try:
+        return conn.poll(0)
+    except (EOFError, OSError):
+        return True
 
-    def watch() -> None:  # the training process killed: nothing left to copy for
-        while os.getppid() == parent:
+
+def _close(helper: _Helper) -> None:
+    with _FORK_LOCK:
+        _PARENT_ENDS.discard(helper.conn)
+    with contextlib.suppress(OSError):
+        helper.conn.close()
+    threading.Thread(target=_reap, args=(helper.pid,), name="strata-copy-reap",
+                     daemon=True).start()  # fmt: skip
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _fork_helper(blob: bytes, parent: int) -> _Helper:
+    ours, theirs = socket.socketpair()
+    with _FORK_LOCK:
+        pid = os.fork()
+        if pid == 0:  # the helper
+            try:
+                ours.close()
+                for end in _PARENT_ENDS:
+                    with contextlib.suppress(OSError):
+                        os.close(end.fileno())
+                _helper_main(Connection(theirs.detach()), blob, parent)
+            finally:
+                os._exit(0)
+        theirs.close()
+        conn = Connection(ours.detach())
+        _PARENT_ENDS.add(conn)
+    return _Helper(pid, conn)
+
+
+def _helper_main(conn: Connection, blob: bytes, parent: int) -> None:
+    """A helper's life: start (an empty message says so, else why not), then copy each job
+    it is sent and send back ``(True, Copied)`` or ``(False, the error)``, until its socket
+    ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is for the training process)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (not the training process's handler)
+    try:
+        storage = pickle.loads(blob)
+    except Exception as exc:  # (said to the training process, which logs it)
+        conn.send_bytes(f"{type(exc).__name__}: {exc}".encode())
+        return
+    conn.send_bytes(b"")
+
+    def watch() -> None:  # the training process killed while a process forked from it later
+        while os.getppid() == parent:  # holds this socket's other end open
             time.sleep(0.5)
         os._exit(0)
 
     threading.Thread(target=watch, name="strata-copy-watch", daemon=True).start()
-
-
-def _copy_in_helper(job: CopyJob) -> Copied:
-    return copy_shard(_STORAGE[0], job)
+    while True:
+        try:
+            job = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        try:
+            result: tuple[bool, object] = (True, copy_shard(storage, job))
+        except Exception as exc:  # (raised again in the training process)
+            result = (False, exc)
+        try:
+            payload = pickle.dumps(result)
+        except Exception as exc:  # (an error that does not pickle)
+            payload = pickle.dumps((False, RuntimeError(f"{type(result[1]).__name__}: {exc}")))
+        try:
+            conn.send_bytes(payload)
+        except OSError:
+            return
