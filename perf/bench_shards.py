@@ -42,7 +42,10 @@ Rows (``<results>/shards.json`` and ``shards.md``; printed):
   from building the orchestrator);
   the raw floor: a ranged read from the member's offset; webdataset has no resume state, so
   it skips by iterating: at most ``--skip-cap`` batches (700) are iterated and timed, and the
-  row reports the cap and the time extrapolated to all of them.
+  row reports the cap and the time extrapolated to all of them. Each tool's resume state is
+  made in a process of its own (``--prepare``), and the timed resume runs in the row's
+  fresh process, as a relaunch does: no reader's clients or caches are warm from making it
+  (the smoke form, ``--in-process``, makes it in the row's process).
 - **prefetch memory** (strata): the bound its prefetch states (``prefetch`` shards fetched
   ahead, to local files, in the lease-holding process) beside what its ``stats()`` saw at
   most (shards ahead; shards held: ahead and in use by batches in flight) and the peak
@@ -156,7 +159,8 @@ def one_row(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["kind"] == "throughput":
             row.update(_throughput(reader, run, spec.get("check_ids", False)))
         else:
-            row.update(_resume(reader, run, spec["batches_done"], spec["skip_cap"]))
+            fresh = spec["reader"] if spec.get("fresh_resume") else None
+            row.update(_resume(reader, run, spec["batches_done"], spec["skip_cap"], fresh))
         row["note"] = reader.note
     finally:
         reader.close()
@@ -186,7 +190,11 @@ def _throughput(reader: peers.Reader, run: peers.Run, check_ids: bool) -> dict[s
     return out
 
 
-def _resume(reader: peers.Reader, run: peers.Run, batches: int, cap: int) -> dict[str, Any]:
+def _resume(
+    reader: peers.Reader, run: peers.Run, batches: int, cap: int, fresh: str | None = None
+) -> dict[str, Any]:
+    """(``fresh``: the reader's name in ``READER_NAMES``, whose resume state is made by a
+    process of its own)"""
     done = batches * run.batch_size
     epoch, in_epoch = divmod(done, run.corpus.samples)
     out: dict[str, Any] = {"batches_done": batches, "epoch": epoch, "sample_in_epoch": in_epoch}
@@ -204,7 +212,10 @@ def _resume(reader: peers.Reader, run: peers.Run, batches: int, cap: int) -> dic
             out["capped_at"] = cap
             out["extrapolated_s"] = round(took * (batches + 1) / (skip + 1), 1)
         return out
-    prepared = reader.prepare_resume(run, in_epoch, epoch)
+    if fresh:  # its state made by another process: this one made no client, opened nothing
+        prepared = _prepare_elsewhere(fresh, run, in_epoch, epoch)
+    else:
+        prepared = reader.prepare_resume(run, in_epoch, epoch)
     began = time.perf_counter()
     loader = reader.resume(run, in_epoch, epoch, prepared)
     first = next(iter(loader))
@@ -213,6 +224,34 @@ def _resume(reader: peers.Reader, run: peers.Run, batches: int, cap: int) -> dic
     if not isinstance(reader, peers.Strata):  # (strata's order is the epoch's shuffle)
         out["expected_first_id"] = in_epoch
     return out
+
+
+def _prepare_elsewhere(name: str, run: peers.Run, samples_done: int, epoch: int) -> Any:
+    """``prepare_resume`` in a process of its own (``--prepare``): its state, as JSON."""
+    spec = {"reader": name, "run": {**vars(run), "corpus": vars(run.corpus)},
+            "samples_done": samples_done, "epoch": epoch}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "perf.bench_shards", "--prepare",
+                           json.dumps(spec)], capture_output=True, text=True,
+                          timeout=ROW_TIMEOUT, cwd=HERE.parent, env=_env())  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"preparing the resume failed (exit {proc.returncode}): {tail}")
+    return json.loads(lines[-1])["prepared"]
+
+
+def _prepare_here(spec: dict[str, Any]) -> Any:
+    reader = READER_NAMES[spec["reader"]]()
+    run = peers.Run(**{**spec["run"], "corpus": peers.Corpus(**spec["run"]["corpus"])})
+    try:
+        return reader.prepare_resume(run, spec["samples_done"], spec["epoch"])
+    finally:
+        reader.close()
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
 
 
 def _endless(reader: peers.Reader, run: peers.Run) -> Any:
@@ -248,9 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         help="every row in this process (the smoke form's default: faster)",
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a row's spec (JSON): internal
+    parser.add_argument("--prepare", help=argparse.SUPPRESS)  # a resume's state: internal
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one_row(json.loads(args.one))), flush=True)
+        return 0
+    if args.prepare:
+        print(json.dumps({"prepared": _prepare_here(json.loads(args.prepare))}), flush=True)
         return 0
     size = FULL if args.full else SMOKE
     samples = args.samples or size["samples"]
@@ -302,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name in readers:
                     for batches in resume_at:
                         spec = {**common, "kind": "resume", "reader": name, "store": store,
-                                "num_workers": 0, "batches_done": batches}  # fmt: skip
+                                "num_workers": 0, "batches_done": batches,
+                                "fresh_resume": not in_process}  # fmt: skip
                         rows.append(_run_row(spec, in_process))
     summary = summarize(rows, samples, shards, args.batch_size)
     (args.results / "shards.json").write_text(json.dumps(summary, indent=2))
@@ -341,8 +385,7 @@ def _run_row(spec: dict[str, Any], in_process: bool = False) -> dict[str, Any]:
         print(f"  {label}: {_brief(row)}", flush=True)
         return row
     cmd = [sys.executable, "-m", "perf.bench_shards", "--one", json.dumps(spec)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+    env = _env()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ROW_TIMEOUT,
                               cwd=HERE.parent, env=env)  # fmt: skip

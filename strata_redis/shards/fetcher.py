@@ -115,6 +115,8 @@ class ShardFetcher:
         processes: for a ``remote`` storage (S3), helper processes that copy the shards
             (``copier.CopyProcesses``; default 2; 0, or in a daemonic process, which may
             have none: the fetch threads copy them, with the storage's client CPU here).
+            They are forked at the first demand after a fetch is done (the first shard,
+            a resume's first batch, is copied here without waiting for them).
 
     Raises:
         TypeError, ValueError: a bad argument.
@@ -169,7 +171,11 @@ class ShardFetcher:
         check_int("processes", processes, low=0, high=64)
         # (a daemonic process may not have children: its fetch threads copy)
         helpers = storage.remote and processes and not multiprocessing.current_process().daemon
-        self._helpers = CopyProcesses(storage, processes) if helpers else None
+        # (forked at the first demand once a fetch is done: a resume's first batch, which
+        # they are not ready for, does not wait for the forks)
+        self._processes = processes if helpers else 0
+        self._helpers: CopyProcesses | None = None
+        self._fetched_one = False
         if self.cache_dir is not None:
             self._scan_cache()
 
@@ -187,6 +193,8 @@ class ShardFetcher:
         Raises (from the future):
             ShardChecksumError, ShardFormatError, StorageNotFoundError, StorageError.
         """
+        if self._processes and self._fetched_one:
+            self._start_helpers()
         with self._lock:
             entry = self._entries.get(shard)
             if entry is not None and entry.future.done() and entry.future.exception() is not None:
@@ -401,11 +409,25 @@ class ShardFetcher:
             self._pack = None  # (every index is out of it: its bytes go)
         return index
 
+    def _start_helpers(self) -> None:
+        with self._lock:
+            processes, self._processes = self._processes, 0
+            if not processes or self._closed:
+                return
+        helpers = CopyProcesses(self.storage, processes)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._helpers = helpers
+        if closed:  # (meanwhile)
+            helpers.close()
+
     def _start_pack(self) -> None:
         """Start loading the index pack, in a thread of its own, once: after the first
         fetch, which it would slow (a resume waits for that one only), and never waited
         for."""
         with self._lock:
+            self._fetched_one = True
             wanted, self._pack_wanted = self._pack_wanted, False
         if wanted:
             threading.Thread(target=self._load_pack, name="strata-index-pack",

@@ -44,6 +44,10 @@ log = logging.getLogger("strata_redis.storage")
 
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
 _INSTALL_HINT = "S3Storage needs boto3, an optional dependency: pip install 'strata-redis[s3]'"
+#: botocore's data loaders (its service models and endpoint data: JSON files of megabytes,
+#: ~0.3 s to parse here) shared by this process's storages, by data path: a storage after
+#: the first (a dataset's beside the checkpoints', a helper process's copy) parses none
+_LOADERS: dict[str, Any] = {}
 
 
 def check_bucket(value: object, *, arg: str = "bucket") -> str:
@@ -187,8 +191,9 @@ class S3Storage(Storage):
             max_pool_connections=max(10, max_concurrency + 2),
             s3={"addressing_style": style},
         )
-        # A session of our own: boto3's default session is not thread-safe to create from.
-        self._client: Any = boto3.session.Session().client(
+        # A session of our own (boto3's default session is not thread-safe to create from),
+        # with the process's shared data loader
+        self._client: Any = _session(boto3).client(
             "s3", region_name=region, endpoint_url=endpoint_url, config=config
         )
         self._region: str | None = self._client.meta.region_name
@@ -581,3 +586,20 @@ def _object_size(reply: dict[str, Any]) -> int:
     if content_range:
         return int(str(content_range).rsplit("/", 1)[1])
     return int(reply["ContentLength"])
+
+
+def _session(boto3: Any) -> Any:
+    """A new boto3 session whose botocore data loader is the process's shared one for its
+    data path (``AWS_DATA_PATH`` and the config's ``data_path`` are honoured). A loader
+    caches what it parsed; two threads making the first storage at once may both parse it
+    (no lock: a lock held across a fork would stop a child's first storage)."""
+    import botocore.session
+    from botocore.loaders import create_loader
+
+    core = botocore.session.Session()
+    path = core.get_config_variable("data_path") or ""
+    loader = _LOADERS.get(path)
+    if loader is None:
+        loader = _LOADERS.setdefault(path, create_loader(path or None))
+    core.register_component("data_loader", loader)
+    return boto3.session.Session(botocore_session=core)
