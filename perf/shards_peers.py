@@ -13,8 +13,8 @@ How each peer is installed on a CPU machine and how its traps are worked around 
 - MosaicML streaming (``mosaicml-streaming``) requires ``torchvision`` and ``transformers``;
   from PyPI they pull a CUDA build of torch whose ``torchvision`` fails to import against the
   CPU torch. It is installed with ``--no-deps`` and its real dependencies for reading MDS
-  (``xxhash<4``, ``zstd``, ``python-snappy``, ``brotli``, ``catalogue``; the ``bench-peers``
-  extra). ``import streaming`` still imports ``torchvision`` and ``transformers`` for its
+  (``xxhash<4``, ``zstd``, ``python-snappy`` and its ``cramjam``, ``brotli``, ``catalogue``;
+  the ``bench-peers`` extra). ``import streaming`` still imports ``torchvision`` and ``transformers`` for its
   vision/text dataset classes and ``StreamingDataLoader``, none of which this bench uses, so
   :func:`import_streaming` puts stand-in modules holding only those names in
   ``sys.modules``, in this process only and only when the real packages are absent (the
