@@ -14,11 +14,11 @@ How each peer is installed on a CPU machine and how its traps are worked around 
   from PyPI they pull a CUDA build of torch whose ``torchvision`` fails to import against the
   CPU torch. It is installed with ``--no-deps`` and its real dependencies for reading MDS
   (``xxhash<4``, ``zstd``, ``python-snappy`` and its ``cramjam``, ``brotli``, ``catalogue``;
-  the ``bench-peers`` extra). ``import streaming`` still imports ``torchvision`` and ``transformers`` for its
-  vision/text dataset classes and ``StreamingDataLoader``, none of which this bench uses, so
-  :func:`import_streaming` puts stand-in modules holding only those names in
-  ``sys.modules``, in this process only and only when the real packages are absent (the
-  row's note says so).
+  the ``bench-peers`` extra). ``import streaming`` still imports ``torchvision`` and
+  ``transformers`` for its vision/text dataset classes and ``StreamingDataLoader``, none of
+  which this bench uses, so :func:`import_streaming` puts stand-in modules holding only
+  those names in ``sys.modules``, in this process only and only when the real packages are
+  absent (the row's note says so).
 - litdata reads S3 through obstore, which refuses a plain-http endpoint (moto's server on
   loopback) unless the client option ``allow_http`` is set; litdata exposes no setting for
   it, so :func:`import_litdata` adds ``allow_http`` to litdata's obstore client options

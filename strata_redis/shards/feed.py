@@ -181,9 +181,10 @@ _MAPPED: list[tuple[str, tuple[int, int, int, int], mmap.mmap | bytes]] = []
 def _mapped(path: str) -> tuple[mmap.mmap | bytes, tuple[int, int, int, int]]:
     """The file at ``path``, mapped read-only (or read whole: ``READ_WHOLE``); the last one
     stays mapped (a loader worker reads a shard's batches one after the other: one map per
-    shard, not an open and a read per sample). A file replaced at the same path (a new inode) is mapped anew; at most one
-    shard's file stays mapped per process (deleted, its space is freed once the next is).
-    Returns the map and the file's (device, inode, size, mtime)."""
+    shard, not an open and a read per sample). A file replaced at the same path (a new
+    inode) is mapped anew; at most one shard's file stays mapped per process (deleted, its
+    space is freed once the next is). Returns the map and the file's (device, inode, size,
+    mtime)."""
     if _MAPPED and _MAPPED[0][0] == path:  # the usual case: one stat, no open
         st = os.stat(path)
         if _MAPPED[0][1] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns):
