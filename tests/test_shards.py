@@ -445,6 +445,8 @@ def test_helper_processes_copy_s3_shards_and_end_with_the_training_process(
     if end == "kill -9":
         kill9(proc)
     else:
+        # it ends within a second here; 30 s separates "ends" from "hangs at exit joining its
+        # helpers" (the fault this test is for: it never ended) on a loaded CI machine
         proc.join(30)
         assert proc.exitcode == 0, f"the training process did not end: {proc.exitcode}"
     # a helper exits once its socket's other end is gone (or, that end held open by a

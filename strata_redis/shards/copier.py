@@ -297,8 +297,7 @@ class CopyProcesses:
             log.warning("a shard copy helper process (pid %d) did not start: %s",
                         helper.pid, word.decode(errors="replace"))  # fmt: skip
             self._idle.remove(helper)
-            self._all.remove(helper)
-            _close(helper)
+            self._lose(helper)
             return False
         return True
 

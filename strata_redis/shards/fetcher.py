@@ -422,10 +422,10 @@ class ShardFetcher:
         if closed:  # (meanwhile)
             helpers.close()
 
-    def _start_pack(self) -> None:
-        """Start loading the index pack, in a thread of its own, once: after the first
-        fetch, which it would slow (a resume waits for that one only), and never waited
-        for."""
+    def _fetched(self) -> None:
+        """After each fetch: the helper processes may be forked (at the next demand), and
+        the index pack starts loading, in a thread of its own, once (after the first fetch,
+        which it would slow: a resume waits for that one only; never waited for)."""
         with self._lock:
             self._fetched_one = True
             wanted, self._pack_wanted = self._pack_wanted, False
@@ -470,7 +470,7 @@ class ShardFetcher:
                     self._stats["reads"] += positions is None
                     self._stats["fetched_bytes"] += index.size if positions is None else 0
                     self._stats["partial_shards"] += positions is not None
-                self._start_pack()
+                self._fetched()
                 return Fetched(shard, index, in_place, positions is None, owned=False, stamp=stamp)
         index = self._indexes.get(shard)
         if index is None:
@@ -507,7 +507,7 @@ class ShardFetcher:
             if held is not None:
                 held.size = copied.size
             self._account()
-        self._start_pack()
+        self._fetched()
         if copied.rereads:
             log.warning("%s: shard %r read twice: its first read did not have its checksum",
                         self.dataset, entry.name)  # fmt: skip
