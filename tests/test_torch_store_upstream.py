@@ -16,6 +16,7 @@ import json
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -294,7 +295,11 @@ def _group_worker(url: str, worker_id: str, out: str) -> None:
         store.set(f"late-{dist.get_rank()}", "1")
         store.wait([f"late-{1 - dist.get_rank()}"], timedelta(seconds=20))
         result["store_of"] = strata_torch.store_of() is not None
+        world = weakref.ref(dist.group.WORLD)
+        del group, mesh  # (the user's last references to the groups)
         dist.destroy_process_group()
+        # nothing of strata keeps the destroyed group (and gloo's threads) alive until exit
+        result["freed"] = world() is None
         orch.close()
     except Exception as exc:  # reported to the test through the file
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -309,4 +314,4 @@ def test_process_group_keeps_its_store(redis_url: str, tmp_path: Path) -> None:
         for i in range(2)
     ]
     assert codes == [0, 0], (codes, results)
-    assert results == [{"sum": 3, "mesh_sum": 3, "store_of": True}] * 2, results
+    assert results == [{"sum": 3, "mesh_sum": 3, "store_of": True, "freed": True}] * 2, results

@@ -211,8 +211,12 @@ class RedisStore(dist.Store):  # type: ignore[misc]
 
 #: the store of each process group ``init_process_group`` started: a ``RedisStore`` is a
 #: Python object behind torch's C++ store, and the group holds only the C++ half; freed,
-#: every later call through it (``new_group``, a device mesh) fails "Not implemented"
-_LIVE_STORES: dict[Any, RedisStore] = {}
+#: every later call through it (``new_group``, a device mesh) fails "Not implemented".
+#: Weak on the group: holding the group itself would keep its backend (gloo's threads)
+#: alive past ``destroy_process_group()`` into interpreter exit, where a gloo thread that
+#: frees a tensor takes the GIL of a finalizing interpreter and aborts the process
+#: ("terminate called without an active exception", exit -6, after the script's last line)
+_LIVE_STORES: weakref.WeakKeyDictionary[Any, RedisStore] = weakref.WeakKeyDictionary()
 #: the peer watch of the running default group (``peers.py``)
 _WATCHES: list[PeerWatch] = []
 
@@ -240,10 +244,9 @@ def init_process_group(
     call ``torch.distributed.destroy_process_group()`` and this again.
 
     The caller need not keep the returned store: this module holds it (``store_of(group)``)
-    for as long as the process group may use it, since torch keeps only the C++ half of a
-    Python store. It is released by the next call of this function (which runs only after
-    ``destroy_process_group()``), so at most one round's store outlives its group, and it
-    holds no connection of its own (it uses the orchestrator's client).
+    for as long as the process group lives, since torch keeps only the C++ half of a Python
+    store; it goes with the group (``destroy_process_group()`` frees both), and it holds no
+    connection of its own (it uses the orchestrator's client).
 
     Args:
         orchestrator: this worker's orchestrator.
@@ -273,7 +276,6 @@ def init_process_group(
             "torch.distributed is already initialized: call "
             "torch.distributed.destroy_process_group() first (e.g. in on_round)"
         )
-    _LIVE_STORES.clear()  # no group is running: every group they served was destroyed
     for watch in _WATCHES:
         watch.stop()
     _WATCHES.clear()
