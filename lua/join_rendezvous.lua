@@ -5,7 +5,8 @@
 -- (Redis' clock) passed, or at once when every live member of the previous round and every
 -- live waiting worker is in (a re-rendezvous after a failure need not wait out the window).
 -- Ranks are dense, 0..N-1: a member's rank is its place in the round's members ZSET, where
--- the previous round's members keep their order and new ones follow in arrival order. A
+-- the previous round's members that carry the job's state keep their order, then the others
+-- of it, then new ones in arrival order (carrying: lib/rendezvous.lua). A
 -- worker arriving while a round runs waits for the next one, unless a member of the running
 -- round is dead: then the round is broken and it opens the next one. Only live workers (live
 -- heartbeat, current incarnation) count. A worker that waits while the running round is at
@@ -30,8 +31,10 @@
 -- ARGV[8] = events stream cap   ARGV[9] = how long a finished round's keys are kept, ms
 -- returns {S.OK, 'closed', round, rank, world_size, fresh, failure restarts, growth
 --          restarts (rounds ended by leaves count in neither), membership generation at
---          close, last event id}: fresh = 1: no member was in the previous round (a
---          whole-job (re)start); the members are the round's members ZSET, in rank order
+--          close, last event id}: fresh = 1: no member carries the job's state from the
+--          previous round (a whole-job (re)start: every member resumes from the newest
+--          checkpoint; the round is then synced); the members are the round's members ZSET,
+--          in rank order
 --       | {S.OK, 'joining', round, joined, deadline_ms (0: not set), now_ms, last event id}
 --       | {S.OK, 'waiting', round, now_ms, spare, last event id}: a round runs; wait for the
 --          next; spare = 1: the round it waits behind is at max_workers (it cannot be admitted
@@ -78,9 +81,10 @@ end
 local function close(n, k)
   local world = redis.call('ZCARD', k.members)
   local fresh = 1
-  if returning(k) > 0 then fresh = 0 end
+  if carrying(k) > 0 then fresh = 0 end
   redis.call('HSET', R, 'state', 'closed', 'world_size', world, 'closed_ms', now,
     'fresh', fresh, 'generation', redis.call('GET', k.gen) or '0')
+  if fresh == 1 then redis.call('HSET', R, 'synced', n) end
   redis.call('XADD', k.rv_events, 'MAXLEN', '~', cap, '*', 'type', 'close', 'round', n,
     'world_size', world, 'ms', now)
   redis.call('PEXPIRE', k.prev_members, keep_ms)
@@ -104,7 +108,14 @@ local function join(n, k)
     end
     local score = NEW + now
     if inc_of(redis.call('HGET', k.prev_ranks, id)) == inc then
-      score = redis.call('ZRANK', k.prev_members, id) or score
+      local before = redis.call('ZSCORE', k.prev_members, id)
+      if before then
+        score = redis.call('ZRANK', k.prev_members, id)
+        -- (it carries the state on if it carried it in, or the round was synced since)
+        if tonumber(before) >= CARRIED and redis.call('HGET', R, 'synced') ~= tostring(n - 1) then
+          score = CARRIED + score
+        end
+      end
     end
     redis.call('ZADD', k.members, score, id)
     redis.call('HSET', k.ranks, id, inc)

@@ -1,6 +1,7 @@
 -- review_round: at an epoch boundary, decide once for every member of round g whether it
 -- goes on, or ends so that workers that arrived late (live, waiting) join a bigger round.
--- The first member to ask decides and records it; the others read the same answer.
+-- The first member to ask decides and records it; the others read the same answer. It is
+-- asked after the round's epoch barrier released: the round is marked synced ('synced' = g).
 -- Bounded (uses: lib/rendezvous.lua): it drops the waiting entries older than the heartbeat
 -- timeout (a waiter refreshes its entry, ms on Redis' clock, on each look while it waits: an
 -- old one is a dead waiter's), then looks at the 256 least recently refreshed at most,
@@ -33,5 +34,7 @@ if waiting and tonumber(f[6]) < tonumber(ARGV[3]) then
   open_round({R = R, rv_events = KEYS[4], events = KEYS[5], gen = KEYS[6], expected = KEYS[7]},
     tonumber(ARGV[1]) + 1, 'growth', now, ARGV[4])
 end
-redis.call('HSET', R, 'decided_epoch', ARGV[2], 'decision', decision)
+-- (the epoch barrier passed whole: every member of round g holds the state now, and carries
+-- it into the next round: lib/rendezvous.lua)
+redis.call('HSET', R, 'decided_epoch', ARGV[2], 'decision', decision, 'synced', ARGV[1])
 return {S.OK, decision}

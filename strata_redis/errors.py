@@ -14,6 +14,8 @@ The tree::
     │   └── BarrierBrokenError          .culprit, .reason: a member failed or aborted
     ├── RendezvousError             .job_id, .round
     │   ├── RoundBrokenError            .culprit, .reason: a member failed or left; rejoin
+    │   ├── RoundRestartedError         .worker_id: the rejoined round is fresh (no member
+    │   │                                   holds the state): restart the process
     │   ├── RendezvousTimeoutError      .joined, .needed: too few workers joined in time
     │   ├── RendezvousEndedError        .spare: the rendezvous was ended for good (``end``)
     │   └── RestartLimitError           .restarts: more failure restarts than max_restarts
@@ -110,6 +112,7 @@ __all__ = [
     "RendezvousTimeoutError",
     "RestartLimitError",
     "RoundBrokenError",
+    "RoundRestartedError",
     "ShardChecksumError",
     "ShardError",
     "ShardFormatError",
@@ -370,6 +373,36 @@ class RoundBrokenError(RendezvousError):
     def refused(cls, c: Context) -> RoundBrokenError:
         """The round is over (``ROUND_BROKEN``; payload: culprit, reason)."""
         return cls.because(c["job_id"], int(c["round"]), str(c["payload"][0]), c["payload"][1])
+
+
+class RoundRestartedError(RendezvousError):
+    """The round this worker rejoined, after its last one broke, is fresh: no member holds
+    the job's state. Every member that held it was lost before this worker passed an epoch
+    barrier with them (it joined the running job, and may never have got the state from
+    them), so the job restarts from its newest checkpoint, as a relaunch does; a loop cannot
+    put its model back in place. Let the process exit (``close()`` the orchestrator, or leave
+    its ``with`` block): relaunched, it resumes from that checkpoint (``resumed``).
+
+    Attributes:
+        worker_id: this worker.
+    """
+
+    def __init__(self, message: str, *, job_id: str, round: int, worker_id: str) -> None:
+        super().__init__(message, job_id=job_id, round=round)
+        self.worker_id = worker_id
+
+    @classmethod
+    def rejoined(cls, job_id: str, round: int, worker_id: str, left: int) -> RoundRestartedError:
+        """``worker_id`` left round ``left`` and got round ``round``, a fresh one."""
+        return cls(
+            f"worker {worker_id!r} of job {job_id!r}: round {round} restarts the job from its "
+            f"newest checkpoint: the members of round {left} that held the job's state were "
+            "lost before this worker passed an epoch barrier with them, so it may not hold "
+            "the state; restart this process to resume from the checkpoint",
+            job_id=job_id,
+            round=round,
+            worker_id=worker_id,
+        )
 
 
 class RendezvousTimeoutError(RendezvousError):

@@ -211,6 +211,8 @@ class Keys:
         """HASH the rendezvous, read and written only by ``coordination/rendezvous.py`` and its
         scripts: ``round``, ``state`` (joining/closed: the round took its members),
         ``opened_ms``, ``deadline_ms``, ``closed_ms``, ``world_size``, ``fresh``,
+        ``synced`` (the last round whose members all hold the job's state: a fresh one, or
+        one past an epoch barrier; its members carry it into the next round),
         ``generation``, ``restarts_failure``/``restarts_growth``, the round's fate
         (``broken_round``, ``broken``, ``reason``), the epoch review (``decided_epoch``,
         ``decision``), the membership-event cursor (``mev``, ``mgen``, ``mscan``), the
@@ -226,7 +228,9 @@ class Keys:
         return f"{self.base}:restores"
 
     def round_members(self, round_: int) -> str:
-        """ZSET a round's members -> order score (previous rank, else arrival): rank order."""
+        """ZSET a round's members -> order score (previous rank for a member carrying the
+        job's state; a large offset plus it for another member of the previous round, plus
+        the arrival ms for a new one): rank order."""
         return f"{self.base}:round_members:{round_}"
 
     def round_ranks(self, round_: int) -> str:

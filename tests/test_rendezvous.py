@@ -167,3 +167,57 @@ def test_a_member_replaced_while_the_round_joins_is_in_it_once(job: strata_redis
     got = _round_of(rdzv, again)
     assert (got.members, got.rank) == (("w000", "w001", "w002"), 1)  # it joined anew
     rdzv.check(got)  # whole: the member is its new incarnation
+
+
+def _carry_round(job: strata_redis.Job, workers: list[Worker]) -> tuple[Rendezvous, Round]:
+    """Round 1 = w000 and w001 (fresh: both hold the job's state); w001 leaves, and round 2
+    is w000 (who holds it) with w002, new (who gets it from w000 once they train)."""
+    rdzv = Rendezvous(job.context, min_workers=2, max_workers=2, timeout=5)
+    _join(rdzv, workers[0])
+    _join(rdzv, workers[1])
+    first = _round_of(rdzv, workers[0])
+    assert first.fresh
+    workers[1].leave()
+    _join(rdzv, workers[0], leaving=1)
+    assert _join(rdzv, workers[2])[0] == "closed"
+    second = _round_of(rdzv, workers[2])
+    assert (second.number, second.fresh, second.members) == (2, False, ("w000", "w002"))
+    return rdzv, second
+
+
+def _without_the_holder(rdzv: Rendezvous, workers: list[Worker], second: Round) -> Round:
+    """w000 leaves round 2 (a SIGKILL, declared failed, is the same to the rendezvous); w002
+    and w003 (new) make round 3: as w002 sees it."""
+    workers[0].leave()
+    with pytest.raises(RoundBrokenError):
+        rdzv.check(second)
+    _join(rdzv, workers[2], leaving=2)
+    assert _join(rdzv, workers[3])[0] == "closed"
+    return _round_of(rdzv, workers[2])
+
+
+def test_a_round_whose_state_holders_all_died_is_fresh(job: strata_redis.Job) -> None:
+    """w000, the one member of round 2 that held the job's state, is lost before round 2
+    passed an epoch barrier (w002 may never have got the state from it): round 3, of w002
+    and w003, is fresh (it resumes from the newest checkpoint), not a continuation of a
+    model no member holds; w002 keeps its rank ahead of the new w003."""
+    workers = _workers(job, 4)
+    rdzv, second = _carry_round(job, workers)
+    third = _without_the_holder(rdzv, workers, second)
+    assert (third.number, third.fresh, third.members) == (3, True, ("w002", "w003"))
+    # and a fresh round holds the state whole: its members carry it into round 4
+    workers[3].leave()
+    _join(rdzv, workers[2], leaving=3)
+    late = job.register_worker("w004", heartbeat_interval=None)
+    assert _join(rdzv, late)[0] == "closed"
+    assert _round_of(rdzv, late).fresh is False
+
+
+def test_a_round_past_an_epoch_barrier_carries_the_state_on(job: strata_redis.Job) -> None:
+    """The same, but round 2 passed an epoch barrier (review_round, which runs after it):
+    w002 trained with w000 and holds the state, so round 3 goes on from it (not fresh)."""
+    workers = _workers(job, 4)
+    rdzv, second = _carry_round(job, workers)
+    assert rdzv.review(second, epoch=1) is True
+    third = _without_the_holder(rdzv, workers, second)
+    assert (third.number, third.fresh, third.members) == (3, False, ("w002", "w003"))

@@ -14,8 +14,15 @@
 -- most EVENT_STEP events per call; after a gap it also scans the round's members in HSCAN
 -- steps ('mscan': the HSCAN cursor, '' when no scan runs), so a death is never missed.
 -- While the round is joining, a member found dead leaves it; once closed, it is the casualty.
--- returning(k): how many members were in the previous round (their order scores are their
--- previous ranks, below NEW; a new member's is NEW + its arrival ms): O(log N).
+-- returning(k): how many members were in the previous round (their order scores are below
+-- NEW; a new member's is NEW + its arrival ms): O(log N). carrying(k): how many of them carry
+-- the job's state (scores below CARRIED: their previous ranks; a previous member that does
+-- not carry it scores CARRIED + its previous rank). A member of round n-1 carries the state
+-- into round n when it carried it into n-1, or when round n-1 was synced (R's 'synced' =
+-- n-1: it was fresh, every member restoring the checkpoint, or it passed an epoch barrier
+-- whole: review_round). A worker that joined a running job and lost every carrier before
+-- either never got the state: a round with no carrier is fresh (it resumes from the newest
+-- checkpoint), never a continuation of a model nobody holds.
 -- expect_step: one step of filling k.expected at a round's opening ('escan': P:<cursor> over
 -- the previous round's members, then W:<cursor> over the waiting workers, then 'done'), of
 -- EXPECT_STEP entries (a previous round of 10^5 takes ~400 joins).
@@ -40,9 +47,12 @@ local function why_gone(k, w)
   if st ~= 'failed' and st ~= 'left' then st = 'replaced' end
   return st
 end
-local NEW = 10000000000000
+local NEW, CARRIED = 10000000000000, 5000000000000
 local function returning(k)
   return redis.call('ZCOUNT', k.members, '-inf', '(' .. NEW)
+end
+local function carrying(k)
+  return redis.call('ZCOUNT', k.members, '-inf', '(' .. CARRIED)
 end
 local function drop(k, w)
   redis.call('ZREM', k.members, w)

@@ -68,8 +68,12 @@ class Round:
         rank: this member's rank, ``0 <= rank < world_size``, fixed for the round.
         world_size: how many members the round has.
         members: the members' ids in rank order.
-        fresh: no member was in the previous round: a whole-job start or restart (the
-            orchestrator restores the data position from the newest checkpoint then).
+        fresh: no member carries the job's state from the previous round: a whole-job start
+            or restart (the orchestrator restores the data position from the newest
+            checkpoint then). A member carries it when it was in a fresh round or one that
+            passed an epoch barrier, and in every round since: a worker that joined a running
+            job and lost all who held the state before either never got it (its round is
+            fresh, not a continuation of a model nobody holds).
         generation: the membership generation when the round closed.
         failure_restarts: rounds opened because a member failed or left, so far.
         growth_restarts: rounds opened to admit workers that arrived late, so far.

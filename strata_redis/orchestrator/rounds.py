@@ -11,7 +11,13 @@ import redis as redis_py
 from ..coordination.barrier import Barrier
 from ..coordination.epochs import round_epoch_barrier
 from ..coordination.rendezvous import Round
-from ..errors import BarrierBrokenError, EpochUnfinishedError, RoundBrokenError, StrataError
+from ..errors import (
+    BarrierBrokenError,
+    EpochUnfinishedError,
+    RoundBrokenError,
+    RoundRestartedError,
+    StrataError,
+)
 
 if TYPE_CHECKING:
     from .loop import TrainingOrchestrator
@@ -45,6 +51,9 @@ class RoundMember:
         )  # fmt: skip
         if between is not None:
             between()
+        if leaving and round_.fresh:  # (lib/rendezvous.lua: who carries the state)
+            o.round = round_
+            raise RoundRestartedError.rejoined(o.job_id, round_.number, o.worker_id, leaving)
         log.info(
             "worker %r: round %d, rank %d of %d (restarts: %d failure, %d growth)",
             o.worker_id, round_.number, round_.rank, round_.world_size,
