@@ -40,7 +40,7 @@ from .proxy import Proxy
 from .schedule import CHECKPOINTED, WORKLOADS, Fault, draw
 from .stand_in import S3StandIn, available
 from .topology import SERVICE, Topology
-from .worker import DATASET
+from .worker import DATASET, STOPPED
 
 __all__ = ["CLIENTS", "STORAGES", "Outcome", "RunConfig", "check_guards", "run"]
 
@@ -158,6 +158,19 @@ class _Workers:
 
     def proc(self, slot: int) -> subprocess.Popen[bytes]:
         return self.procs[self.current[slot]]
+
+    def relaunch_restarted(self) -> None:
+        """Relaunch, under its id, a slot's process that stopped with
+        ``RoundRestartedError`` (its round was fresh: no member held the job's state): the
+        documented recovery, a supervisor's restart; relaunched, it resumes."""
+        ended = [slot for slot in range(self.cfg.workers) if self.proc(slot).poll() == STOPPED]
+        if not ended:
+            return
+        restarted = {(e["who"], e["pid"]) for e in read_history(self.folder)
+                     if e["ev"] == "stopped" and e["error"] == "RoundRestartedError"}  # fmt: skip
+        for slot in ended:
+            if (self.ids[slot], self.proc(slot).pid) in restarted:
+                self.launch(slot)
 
     def live(self) -> list[subprocess.Popen[bytes]]:
         """The current process of every slot that is still running."""
@@ -430,11 +443,16 @@ def _started(workers: _Workers, folder: Path, timeout: float = 60.0) -> None:
 
 
 def _wait(workers: _Workers, seconds: float, folder: Path, stall: float | None = None) -> None:
-    """Wait for every process to end, at most ``seconds``; with ``stall``, also stop waiting
-    once no process has written to the history for that long (the run is stuck)."""
+    """Wait for every process to end, at most ``seconds`` (one that stopped with
+    ``RoundRestartedError`` is relaunched meanwhile, as its supervisor would); with
+    ``stall``, also stop waiting once no process has written to the history for that long
+    (the run is stuck)."""
     start = time.monotonic()
     seen, moved = -1, start
-    while workers.running() and time.monotonic() < start + seconds:
+    while time.monotonic() < start + seconds:
+        workers.relaunch_restarted()
+        if not workers.running():
+            return
         if stall is not None:
             size = sum(f.stat().st_size for f in folder.glob("*.jsonl"))
             if size != seen:
@@ -488,7 +506,9 @@ def run(cfg: RunConfig, progress: bool = False) -> Outcome:
             _started(workers, folder)
             start = time.monotonic()
             for fault in faults:
-                time.sleep(max(0.0, start + fault.at - time.monotonic()))
+                while time.monotonic() < start + fault.at:
+                    workers.relaunch_restarted()
+                    time.sleep(min(0.2, max(0.0, start + fault.at - time.monotonic())))
                 if not workers.running():
                     break
                 if progress:
