@@ -228,9 +228,9 @@ class Keys:
         return f"{self.base}:restores"
 
     def round_members(self, round_: int) -> str:
-        """ZSET a round's members -> order score (previous rank for a member carrying the
-        job's state; a large offset plus it for another member of the previous round, plus
-        the arrival ms for a new one): rank order."""
+        """ZSET a round's members -> order score: rank order. A member carrying the job's
+        state scores its previous rank; another member of the previous round, an offset plus
+        its previous rank; a new one, a larger offset plus its arrival ms."""
         return f"{self.base}:round_members:{round_}"
 
     def round_ranks(self, round_: int) -> str:
