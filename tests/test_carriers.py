@@ -69,6 +69,9 @@ def test_a_joiner_whose_state_holders_were_killed_restarts_from_the_checkpoint(
     a, b = (spawn(_worker, redis_url, w, ckpt, str(out)) for w in ("a", "b"))
     procs = [a, b]
     manager = strata_redis.CheckpointManager(ckpt, job_id=JOB, redis=redis_url)
+    # (each wait below takes a few seconds here: a start, or a heartbeat timeout of 2 s and a
+    # rendezvous; 60 s separates "slow on a loaded CI machine" from "never": the failure on
+    # the Lua before this rule is that "c" never stops and "d" never resumes)
     try:
         wait_for(lambda: manager.latest() is not None, 60, why=lambda: _events(out, "a")[-3:])
         # round 2: "a" (it holds the model) and "c", new

@@ -120,6 +120,7 @@ class _Workers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # "<id>#<n>" -> process
         self.current: list[str] = [""] * cfg.workers
         self.phase = ""  # "" the run, "b-" the relaunch after a recovery (history files)
+        self._judged: set[str] = set()  # stopped processes relaunch_restarted looked at
         self._n = itertools.count()
         self.start()
 
@@ -163,12 +164,14 @@ class _Workers:
         """Relaunch, under its id, a slot's process that stopped with
         ``RoundRestartedError`` (its round was fresh: no member held the job's state): the
         documented recovery, a supervisor's restart; relaunched, it resumes."""
-        ended = [slot for slot in range(self.cfg.workers) if self.proc(slot).poll() == STOPPED]
+        ended = [slot for slot in range(self.cfg.workers) if self.current[slot] not in
+                 self._judged and self.proc(slot).poll() == STOPPED]  # fmt: skip
         if not ended:
             return
         restarted = {(e["who"], e["pid"]) for e in read_history(self.folder)
                      if e["ev"] == "stopped" and e["error"] == "RoundRestartedError"}  # fmt: skip
         for slot in ended:
+            self._judged.add(self.current[slot])  # (its history is read once)
             if (self.ids[slot], self.proc(slot).pid) in restarted:
                 self.launch(slot)
 
