@@ -30,7 +30,10 @@ Rows (``<results>/shards.json`` and ``shards.md``; printed):
   modulo ``num_workers``), finds the members by their tar headers and yields them: no
   coordination, no shuffle, no cache. Peak memory (the process and its DataLoader workers,
   summed, each as its PSS, sampled every 50 ms) over what it was before the loader was made, is
-  beside each.
+  beside each: measured in rows of its own (``memory``, one per reader and setting after
+  the timed ones), since the sampling thread takes CPU and the GIL from the process it
+  measures (5 processes' PSS every 50 ms at ``num_workers=4``: ~15 ms of each 50) and slowed
+  a reader with threads of its own more than one without.
 - **resume to the first batch**: seconds from building the loader at a position (from each
   tool's own resume state) to its first batch, at ``num_workers=0``, at 10 and at 10^6
   batches done. A position past the end of an epoch is epoch ``done // samples`` and the
@@ -156,8 +159,9 @@ def one_row(spec: dict[str, Any]) -> dict[str, Any]:
     run = peers.Run(corpus, spec["store"], spec["num_workers"], spec["batch_size"], scratch,
                     spec.get("redis_url"))  # fmt: skip
     try:
-        if spec["kind"] == "throughput":
-            row.update(_throughput(reader, run, spec.get("check_ids", False)))
+        if spec["kind"] in ("throughput", "memory"):
+            memory = spec["kind"] == "memory"
+            row.update(_throughput(reader, run, spec.get("check_ids", False), memory))
         else:
             fresh = spec["reader"] if spec.get("fresh_resume") else None
             row.update(_resume(reader, run, spec["batches_done"], spec["skip_cap"], fresh))
@@ -168,10 +172,16 @@ def one_row(spec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _throughput(reader: peers.Reader, run: peers.Run, check_ids: bool) -> dict[str, Any]:
+def _throughput(
+    reader: peers.Reader, run: peers.Run, check_ids: bool, memory: bool = False
+) -> dict[str, Any]:
+    """One epoch; ``memory``: its peak memory sampled too (``PeakRss``: its thread takes CPU
+    and the GIL from the process it measures, so a row that samples is not timed for the
+    throughput tables)."""
     seen = 0
     ids: list[int] = []
-    with PeakRss() as rss:
+    rss = PeakRss() if memory else None
+    with rss or contextlib.nullcontext():
         loader = reader.loader(run)
         began = time.perf_counter()
         for batch in loader:
@@ -180,7 +190,9 @@ def _throughput(reader: peers.Reader, run: peers.Run, check_ids: bool) -> dict[s
                 ids.extend(peers.sample_id(p) for p in batch)
         took = time.perf_counter() - began
     out: dict[str, Any] = {"samples": seen, "seconds": round(took, 3)}
-    out.update(samples_per_s=round(seen / took), peak_rss_mib=rss.delta_mib)
+    out.update(samples_per_s=round(seen / took))
+    if rss is not None:
+        out["peak_rss_mib"] = rss.delta_mib
     if check_ids:
         out["distinct"] = len(set(ids))
         out["ids_ok"] = sorted(ids) == list(range(run.corpus.samples))
@@ -341,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
                         spec = {**common, "kind": "throughput", "reader": name, "store": store,
                                 "num_workers": nw}  # fmt: skip
                         rows.append({**_run_row(spec, in_process), "rep": rep})
+                for name in readers:  # the peak memory: rows of their own, not timed
+                    spec = {**common, "kind": "memory", "reader": name, "store": store,
+                            "num_workers": nw}  # fmt: skip
+                    rows.append(_run_row(spec, in_process))
             if not args.no_resume:
                 for name in readers:
                     for batches in resume_at:
@@ -410,6 +426,8 @@ def _brief(row: dict[str, Any]) -> str:
         return row["missing"]
     if "error" in row:
         return "ERROR " + row["error"]
+    if row["kind"] == "memory":
+        return f"peak memory delta {row['peak_rss_mib']} MiB (PSS; not timed)"
     if row["kind"] == "throughput":
         return f"{row['samples_per_s']:,} samples/s ({row['samples']:,} samples)"
     return f"{row['seconds']} s"
@@ -442,9 +460,13 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     samples/s and ``x_floor`` (each repetition's ratio, then their median), the ratios' range,
     the median peak memory; a setting none of whose rows ran keeps the first row's reason."""
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    peaks: dict[tuple[str, str, int], list[float]] = {}
     for r in rows:
+        setting = (r["reader"], r["store"], r["num_workers"])
         if r["kind"] == "throughput":
-            groups.setdefault((r["reader"], r["store"], r["num_workers"]), []).append(r)
+            groups.setdefault(setting, []).append(r)
+        elif r["kind"] == "memory" and "peak_rss_mib" in r:
+            peaks.setdefault(setting, []).append(r["peak_rss_mib"])
     out = []
     for (reader, store, nw), group in groups.items():
         ran = [r for r in group if "samples_per_s" in r]
@@ -459,11 +481,12 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry.update(
             samples_per_s=round(statistics.median(r["samples_per_s"] for r in ran)),
             samples=ran[0]["samples"],
-            peak_rss_mib=round(statistics.median(r["peak_rss_mib"] for r in ran), 1),
             errors=len(group) - len(ran),
         )
         if ratios:
             entry.update(x_floor=round(statistics.median(ratios), 2), x_floor_each=ratios)
+        if (reader, store, nw) in peaks:
+            entry["peak_rss_mib"] = max(peaks[(reader, store, nw)])
         out.append(entry)
     return out
 
@@ -488,8 +511,8 @@ def tables(summary: dict[str, Any]) -> str:
             failed = f"; {m['errors']} run(s) failed" if m["errors"] else ""
             out.append(
                 f"| {name} | {m['store']} | {m['num_workers']} | {m['samples_per_s']:,} | "
-                f"{m.get('x_floor', '')} | {each} | {m['samples']:,} | {m['peak_rss_mib']} | "
-                f"{m['note']}{failed} |"
+                f"{m.get('x_floor', '')} | {each} | {m['samples']:,} | "
+                f"{m.get('peak_rss_mib', '')} | {m['note']}{failed} |"
             )
         else:
             out.append(f"| {name} | {m['store']} | {m['num_workers']} | | | | | | {m['why']} |")
@@ -508,7 +531,7 @@ def tables(summary: dict[str, Any]) -> str:
         elif "first_id" in r and r["first_id"] != r.get("expected_first_id", r["first_id"]):
             note += f"; first sample {r['first_id']}, expected {r['expected_first_id']}"
         out.append(f"| {name} | {r['store']} | {r['batches_done']:,} | {r['seconds']} | {note} |")
-    strata = [r for r in rows if r["reader"] == "strata" and "peak_rss_mib" in r]
+    strata = [r for r in rows if r["reader"] == "strata" and "max_held_shards" in r]
     if strata:
         out += ["", f"strata's prefetch, stated bound: 2 shards ahead "
                 f"(~{summary['strata_prefetch_bound_mib']} MiB of shard files); measured:", "",
@@ -523,7 +546,7 @@ def tables(summary: dict[str, Any]) -> str:
             mib = round(max(held) / 2**20, 1) if held else ""
             ahead = max((r.get("max_ahead_shards", 0) for r in runs), default="")
             most = max((r.get("max_held_shards", 0) for r in runs), default="")
-            peak = max(r["peak_rss_mib"] for r in runs)
+            peak = max((r["peak_rss_mib"] for r in runs if "peak_rss_mib" in r), default="")
             out.append(f"| {store} | {nw} | {ahead} | {most} | {mib} | {peak} |")
     return "\n".join(out) + "\n"
 

@@ -102,7 +102,8 @@ def test_the_shards_bench_runs(redis_url: str, tmp_path: Path) -> None:
     """``perf/bench_shards.py``'s smoke form (2,000 samples in 10 shards, local, num_workers
     0 and 2, resume at 10 batches): a throughput row per reader and ``num_workers``, each
     having read every sample once (the raw floor, strata and each installed peer), a row
-    saying why for a peer not installed, a resume row per reader. No timing is asserted."""
+    saying why for a peer not installed, a memory row per reader and ``num_workers`` (the
+    timed rows sample none), a resume row per reader. No timing is asserted."""
     pytest.importorskip("torch")
     run = subprocess.run(
         [sys.executable, "-m", "perf.bench_shards", "--results", str(tmp_path / "results"),
@@ -125,6 +126,11 @@ def test_the_shards_bench_runs(redis_url: str, tmp_path: Path) -> None:
                 continue
             assert row["samples"] == 2_000 and row["ids_ok"], row
             assert row["samples_per_s"] > 0 and row["x_floor"] > 0, row
+            assert "peak_rss_mib" not in row, row  # a timed row samples no memory
+        memory = [r for r in rows if r["reader"] == reader and r["kind"] == "memory"]
+        assert sorted(r["num_workers"] for r in memory) == [0, 2], (reader, memory)
+        for row in memory:
+            assert "missing" in row or row["peak_rss_mib"] is not None, row
         resume = [r for r in rows if r["reader"] == reader and r["kind"] == "resume"]
         assert [r["batches_done"] for r in resume] == [10], (reader, resume)
         assert all("seconds" in r or "missing" in r for r in resume), resume

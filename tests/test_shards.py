@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import re
 import tarfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -610,6 +611,46 @@ def test_a_local_storages_shards_are_read_in_place_and_left_there(
         stats = reader.stats()
     assert stats["fetched_shards"] == 9 and stats["max_held_bytes"] == 0, stats
     assert {n: storage.read(shard_path(DATASET, n)) for n in before} == before
+
+
+def test_a_local_shard_with_nothing_to_fetch_is_made_in_the_training_thread(
+    redis_url: str, job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``LocalStorage``'s shard read in place whose checksum was checked (and whose index
+    is at hand) is made ready in the thread that demands it: no fetch thread is woken for it
+    and nothing is fetched ahead for it. A shard still to check is checked in a fetch
+    thread, ahead, as before."""
+    from strata_redis.shards.fetcher import ShardFetcher
+
+    where: list[tuple[int, str]] = []
+    real = ShardFetcher._fetch
+
+    def fetch(self: ShardFetcher, shard: int, positions: list[int] | None) -> Any:
+        where.append((shard, threading.current_thread().name))
+        return real(self, shard, positions)
+
+    monkeypatch.setattr(ShardFetcher, "_fetch", fetch)
+    storage = LocalStorage(tmp_path / "root")
+    _write(storage, total=60, per=10)
+    assert all(entry.checksum for entry in read_manifest(storage, DATASET).shards)
+    _register(redis_url, job_id, storage)
+    with (
+        _orchestrator(redis_url, job_id, tmp_path) as orch,
+        ShardReader(orch, DATASET, storage, batch_size=4, prefetch=2) as reader,
+    ):
+        assert _epoch(reader) == Counter(range(60))
+        first = list(where)
+        ahead = reader.stats()["prefetched"]
+        orch.advance_epoch()
+        where.clear()
+        assert _epoch(reader) == Counter(range(60))
+        stats = reader.stats()
+    assert sorted(s for s, _ in first) == list(range(6)), first
+    assert all(name.startswith("strata-fetch") for _, name in first), first
+    assert ahead > 0
+    assert sorted(s for s, _ in where) == list(range(6)), where
+    assert {name for _, name in where} == {threading.current_thread().name}, where
+    assert stats["prefetched"] == ahead and stats["fetched_shards"] == 12, stats
 
 
 def test_a_shard_file_changed_while_read_in_place_is_refused(
