@@ -28,6 +28,7 @@ MAX_NAME_BYTES = 255
 TMP_PREFIX = ".strata-tmp-"
 
 _S = TypeVar("_S", bound="Storage")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")  # (control characters, NUL included)
 
 #: ``remove_abandoned``'s ``in_use``: given the paths of the debris found, the paths among
 #: them a writer may still be writing (left alone)
@@ -61,7 +62,7 @@ def _path_problem(path: str) -> str | None:
         return "absolute paths are refused (it must be relative to the storage root)"
     if "\\" in path:
         return "backslashes are refused (use '/' to separate names)"
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+    if _CONTROL.search(path):
         return "control characters (NUL included) are refused"
     try:
         size = len(path.encode("utf-8"))

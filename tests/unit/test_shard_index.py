@@ -6,6 +6,7 @@ manifest describes, and is not written past its size limit."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -44,6 +45,35 @@ def test_spans_inside_the_tar_are_accepted() -> None:
 def test_spans_outside_the_tar_are_refused(offsets: list[int], sizes: list[int]) -> None:
     with pytest.raises(ShardFormatError, match="do not fit"):
         _parse(_raw(offsets, sizes))
+
+
+def _binary(offsets: list[int], sizes: list[int], fields: Any = None, size: int = 1024) -> Any:
+    keys = [f"{i:09d}" for i in range(len(offsets))]
+    fields = fields if fields is not None else [[("bin", 0, n)] for n in sizes]
+    raw = ShardIndex("shard-000000.tar", size, "", keys, offsets, sizes, fields).to_binary()
+    return ShardIndex.from_binary(raw, dataset="ds", path="ds/shards/x", backend="file:///r")
+
+
+def test_the_binary_form_of_no_samples_and_of_good_spans_is_read() -> None:
+    assert _binary([], [], []).count == 0
+    index = _binary([0, 512], [512, 512], [[("bin", 0, 512)], [("txt", 12, 500)]])
+    assert (index.offsets, index.sizes, index.fields[1]) == ([0, 512], [512, 512],
+                                                             [("txt", 12, 500)])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("offsets", "sizes", "fields"),
+    [([2**62 + 2**61], [2**62], None), ([0], [1025], None), ([-1], [10], None),
+     ([0], [0], None), ([0], [512], [[("bin", 500, 13)]]), ([0], [512], [[("bin", -1, 8)]]),
+     ([0], [512], [[("bin", 2**62 + 2**61, 2**62)]])],
+    ids=["wraps-int64", "past-the-end", "negative", "empty-sample", "field-past-its-sample",
+         "field-negative", "field-wraps-int64"],
+)  # fmt: skip
+def test_binary_spans_outside_the_tar_or_their_sample_are_refused(
+    offsets: list[int], sizes: list[int], fields: Any
+) -> None:
+    with pytest.raises(ShardFormatError, match="do not fit"):
+        _binary(offsets, sizes, fields)
 
 
 # -- the index pack ----------------------------------------------------------------------------
