@@ -311,8 +311,8 @@ class ShardFetcher:
         and no checksum to check (none, or checked already: ``_in_place`` looks at the
         file's stamp again). Its demand then makes its ``Fetched`` in the caller's thread,
         and nothing is fetched ahead for it: a thread woken for a few microseconds of work
-        takes the GIL from the training thread for longer than the work (in a fresh
-        process's first epoch: 0.2-0.3 ms a shard)."""
+        takes the GIL from the training thread for longer than the work (an epoch of 200
+        local shards: 0.05-0.08 s of the training process's CPU, 0.25-0.4 ms a shard)."""
         if self.cache_dir is not None or self.storage.remote:
             return False
         if shard not in self._indexes and self._pack is None:
@@ -495,7 +495,7 @@ class ShardFetcher:
             in_place = self.storage.local_file(shard_path(self.dataset, index.name))
             stamp = None if in_place is None else self._in_place(index, in_place, positions is None)
             if in_place is not None and stamp is not None:
-                _ = index.columns  # (worked out here, off the training thread)
+                _ = index.columns  # (worked out here: off the training thread, but inline)
                 with self._lock:
                     if positions is None:
                         self._checked.add(shard)
