@@ -463,6 +463,35 @@ def test_failures_count_survives_a_rejoin(redis_url: str, job: strata_redis.Job)
         assert failures() == n
 
 
+def test_a_worker_failed_between_the_reads_shows_with_its_fail_event(
+    redis_url: str, job: strata_redis.Job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document is read in two rounds (the events in the first, the statuses in the
+    second). A worker declared failed between them (its status and its fail event written by
+    one script) is listed failed *and* with its fail event in the same document: the events
+    are read again after the statuses."""
+    from strata_redis.dashboard import state as dashboard_state
+
+    state = DashboardState(job.client, heartbeat_timeout=2.0)
+    job.register_worker("w", heartbeat_interval=None)  # (no other worker to reap it first)
+    before = state.read(job.job_id).jobs[0]
+    assert [e.type for e in before.events if e.worker_id == "w"] == ["join"]
+    settle = dashboard_state._JobRead.settle
+    reaped: list[str] = []
+
+    def between_the_rounds(self: Any, now_ms: int, default_timeout: float) -> None:
+        settle(self, now_ms, default_timeout)
+        # (w's one heartbeat grows older than the timeout: then reaping fails it)
+        wait_for(lambda: reaped.extend(job.reap()) or reaped == ["w"], 10)
+
+    monkeypatch.setattr(dashboard_state._JobRead, "settle", between_the_rounds)
+    snap = state.read(job.job_id).jobs[0]
+    assert reaped == ["w"]
+    rows = {row.worker_id: row.status for row in snap.workers}
+    assert rows["w"] == "failed", rows
+    assert [e.type for e in snap.events if e.worker_id == "w"] == ["join", "fail"], snap.events
+
+
 def test_failed_in_the_window_counts_a_rejoined_worker(
     redis_url: str, job: strata_redis.Job
 ) -> None:

@@ -402,6 +402,9 @@ class _JobRead:
         self._page = sorted(page)
         self._details = []
         registry.queue_statuses(pipe, job, self._candidates)
+        # the events again, after the statuses: a worker failed or left between the rounds
+        # (its status and its event written by one script) shows with its event, never ahead
+        registry.queue_events(pipe, job, EVENTS_READ, self._event_tail.after)
         registry.queue_worker_infos(pipe, job, self._page)
         live = sorted(self.beats)
         for params in self.dataset_params:
@@ -434,6 +437,7 @@ class _JobRead:
 
     def take_details(self, replies: Replies, now_ms: int, state: DashboardState) -> None:
         self.status = registry.take_statuses(replies, self._candidates)
+        self.events = self._event_tail.take(registry.take_events(replies))
         self.info = registry.take_worker_infos(replies, self._page, self.status, self.beats, now_ms)
         live = sorted(self.beats)
         for params, small, key, kept in self._details:
