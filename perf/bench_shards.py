@@ -458,7 +458,8 @@ def summarize(rows: list[dict[str, Any]], samples: int, shards: int, batch: int)
 def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per reader, store and ``num_workers`` over its repetitions: the median
     samples/s and ``x_floor`` (each repetition's ratio, then their median), the ratios' range,
-    the median peak memory; a setting none of whose rows ran keeps the first row's reason."""
+    the peak memory its ``memory`` row measured (the most, if several); a setting none of
+    whose rows ran keeps the first row's reason."""
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     peaks: dict[tuple[str, str, int], list[float]] = {}
     for r in rows:
