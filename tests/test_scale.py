@@ -46,9 +46,11 @@ class _Longest(float):
         return f"{float(self)} ms ({self.command[:120]})"
 
 
-def _longest_ms(raw: redis.Redis) -> _Longest:
+def _longest_ms(raw: redis.Redis, *, outliers: int = 0) -> _Longest:
+    """The longest command since the last ``SLOWLOG RESET``, past the ``outliers`` longest."""
     entries = [e for e in raw.slowlog_get(10_000) if "SLOWLOG" not in str(e["command"]).upper()]
-    worst = max(entries, key=lambda e: e["duration"], default=None)
+    entries.sort(key=lambda e: e["duration"], reverse=True)
+    worst = entries[outliers] if len(entries) > outliers else None
     longest = _Longest(0 if worst is None else worst["duration"] / 1000)
     longest.command = "" if worst is None else str(worst["command"])
     return longest
@@ -286,8 +288,10 @@ def test_an_epoch_of_ten_million_shards_costs_at_most_16_bytes_a_shard(
     assert in_progress <= 16 * n, f"{in_progress / n:.2f} bytes per shard"
     # the longest: a completion creating its record segment (768 KiB of zeros), a fraction of
     # a ms alone; 12 ms seen with this 2-core machine's load average at 7. The whole record
-    # in one string (117 MB of zeros) took 50-54 ms here to allocate: 35 ms still fails it
-    assert _longest_ms(raw) < 35
+    # in one string (117 MB of zeros) took 50-54 ms here to allocate: 35 ms still fails it.
+    # One command past it is let be: Redis descheduled on this VM once made one completion
+    # 38.5 ms (a CI run); the record in one string is refused above too (its segments exist)
+    assert _longest_ms(raw, outliers=1) < 35
     progress = leases.progress()
     assert (progress.done, progress.leased, progress.todo) == (3_000, 1, n - 3_001)
     # the job moves on: the next epoch's pool closes this one, in one bounded call
