@@ -157,8 +157,8 @@ class ShardFetcher:
         self._entries: dict[int, _Entry] = {}
         self._cached: OrderedDict[int, int] = OrderedDict()  # idle cached shard -> bytes, LRU first
         self._indexes: dict[int, ShardIndex] = {}
-        self._verified: dict[str, tuple[int, int, int, int]] = {}  # in-place file -> stamp
-        self._checked: set[int] = set()  # shards read in place whole: checked
+        # shard read in place -> its file's stamp when its checksum was checked
+        self._verified: dict[int, tuple[int, int, int, int]] = {}
         # the dataset's index pack (one read for every shard's index), once loaded
         pack = manifest.index_pack
         self._pack_wanted = manifest.binary_index and pack is not None and pack.size <= PACK_LIMIT
@@ -214,15 +214,11 @@ class ShardFetcher:
                 self._cached.pop(shard)
                 entry = self._from_cache(shard)
                 self._stats["cache_hits"] += 1
-            if entry is None and self._inline(shard):
-                if self._closed:
-                    raise RuntimeError(f"{self!r} is closed")
-                inline = Future()
-                entry = _Entry(shard, inline, positions)
-                self._entries[shard] = entry
-            elif entry is None:
-                entry = _Entry(shard, self._submit(shard, positions), positions)
-                self._entries[shard] = entry
+            if entry is None:
+                if self._inline(shard):
+                    inline = self._unsubmitted()
+                future = inline if inline is not None else self._submit(shard, positions)
+                entry = self._entries[shard] = _Entry(shard, future, positions)
             elif entry.ahead:
                 self._stats["prefetch_hits"] += 1
             entry.ahead = False
@@ -317,12 +313,17 @@ class ShardFetcher:
             return False
         if shard not in self._indexes and self._pack is None:
             return False
-        return not self.manifest.shards[shard].checksum or shard in self._checked
+        return not self.manifest.shards[shard].checksum or shard in self._verified
 
     def _submit(self, shard: int, positions: list[int] | None) -> Future[Fetched]:
+        self._unsubmitted()
+        return self._pool.submit(self._fetch, shard, positions)
+
+    def _unsubmitted(self) -> Future[Fetched]:
+        """A future for a fetch made by the caller (``_inline``): one not closed may."""
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
-        return self._pool.submit(self._fetch, shard, positions)
+        return Future()
 
     def _account(self) -> None:
         entries = self._entries.values()
@@ -493,12 +494,13 @@ class ShardFetcher:
         if self.cache_dir is None and not self.storage.remote:  # in place, if it checks out
             index = self._retrying(self._index, shard)
             in_place = self.storage.local_file(shard_path(self.dataset, index.name))
-            stamp = None if in_place is None else self._in_place(index, in_place, positions is None)
+            stamp = (
+                None if in_place is None
+                else self._in_place(shard, index, in_place, verify=positions is None)
+            )  # fmt: skip
             if in_place is not None and stamp is not None:
                 _ = index.columns  # (worked out here: off the training thread, but inline)
                 with self._lock:
-                    if positions is None:
-                        self._checked.add(shard)
                     self._stats["fetched_shards"] += 1
                     self._stats["reads"] += positions is None
                     self._stats["fetched_bytes"] += index.size if positions is None else 0
@@ -547,7 +549,7 @@ class ShardFetcher:
         return Fetched(shard, index, copied.path, positions is None)
 
     def _in_place(
-        self, index: ShardIndex, file: str, verify: bool
+        self, shard: int, index: ShardIndex, file: str, *, verify: bool
     ) -> tuple[int, int, int, int] | None:
         """The stamp (device, inode, size, mtime) of the storage's own file of the shard when
         it can be read in place: it is there, of the index's size and, to be read whole
@@ -560,11 +562,11 @@ class ShardFetcher:
                 stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
                 if st.st_size != index.size or st.st_size == 0:
                     return None
-                if not verify or not index.checksum or self._verified.get(file) == stamp:
+                if not verify or not index.checksum or self._verified.get(shard) == stamp:
                     return stamp
                 if file_checksum(f.fileno()) != index.checksum:
                     return None
-                self._verified[file] = stamp  # (unchanged since: not read again to check)
+                self._verified[shard] = stamp  # (unchanged since: not read again to check)
                 return stamp
         except (OSError, ValueError):
             return None
