@@ -23,6 +23,7 @@ import importlib
 import warnings
 from typing import Any
 
+from ._version import __version__
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.manifest import CheckpointInfo
 from .checkpoint.pipeline import SaveFuture
@@ -58,8 +59,6 @@ from .storage import (
     storage_from_env,
     storage_from_url,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BarrierError",
