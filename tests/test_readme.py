@@ -74,7 +74,8 @@ def test_examples_are_collected_from_the_readme_and_the_docs() -> None:
     pages = {e.page for e in EXAMPLES}
     assert "README.md" in pages
     assert len([e for e in EXAMPLES if e.page == "README.md"]) >= 2
-    for guide in ("getting-started", "training-loop", "pytorch", "checkpoints", "datasets"):
+    guides = ("getting-started", "training-loop", "pytorch", "checkpoints", "datasets")
+    for guide in (*guides, "data-in-s3"):
         assert f"docs/guides/{guide}.md" in pages, guide
     # a fence indented into a list item would be skipped by FENCE: there is none
     for page in PAGES:
