@@ -261,10 +261,13 @@ class ShardFeed:
         self._backend = storage.describe()
         self._expected: list[int] = []
         # per item handed out and not consumed: its shard; per shard, items out, and
-        # whether its last item is out (its demand is released once both say so)
+        # whether its last item is out (its demands are released once both say so), and its
+        # demands (a shard leased again in one walk, its lease taken back meanwhile, is
+        # demanded again while its first items may still be out: each demand is released)
         self._pending: deque[int] = deque()
         self._out: dict[int, int] = {}
         self._closed_shards: set[int] = set()
+        self._demands: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"ShardFeed({self.params.name!r}, {self.storage.describe()!r})"
@@ -300,6 +303,7 @@ class ShardFeed:
                     start = int(np.flatnonzero(order == ids[0])[0])
                     positions = None if start == 0 else (order[start:] - shard * per).tolist()
                     future = self.fetcher.demand(shard, positions)
+                    self._demands[shard] = self._demands.get(shard, 0) + 1
                     self._out.setdefault(shard, 0)
                     self._closed_shards.discard(shard)
                     if self._pending or later is not None:
@@ -377,11 +381,13 @@ class ShardFeed:
         """A walk begins: what an earlier walk handed out and nobody consumed (a loop that
         broke off) is forgotten, as the stream forgets it, and its shards' local copies are
         released (else this walk's consumptions would be counted against them)."""
-        for shard in list(self._out):
-            self.fetcher.release(shard)
+        for shard, demands in self._demands.items():
+            for _ in range(demands):
+                self.fetcher.release(shard)
         self._pending.clear()
         self._out.clear()
         self._closed_shards.clear()
+        self._demands.clear()
 
     def _close_shard(self, shard: int) -> None:
         if shard < 0 or shard in self._closed_shards or shard not in self._out:
@@ -393,7 +399,8 @@ class ShardFeed:
         if shard in self._closed_shards and self._out.get(shard) == 0:
             del self._out[shard]
             self._closed_shards.discard(shard)
-            self.fetcher.release(shard)
+            for _ in range(self._demands.pop(shard, 0)):
+                self.fetcher.release(shard)
 
     def _plan(self, epoch: int, done: set[int]) -> None:
         """This walk's expected shards: the worker's own, in the epoch's order, not done."""

@@ -153,7 +153,9 @@ class ShardFetcher:
         workers = threads if threads is not None else self.prefetch + 1
         self._pool = ThreadPoolExecutor(check_int("threads", workers, low=1, high=256),
                                         thread_name_prefix="strata-fetch")  # fmt: skip
-        self._lock = threading.Lock()
+        # (reentrant: a dropped fetch that ends while _drop attaches its callback runs the
+        # callback at once, in _drop's thread, under this lock)
+        self._lock = threading.RLock()
         self._entries: dict[int, _Entry] = {}
         self._cached: OrderedDict[int, int] = OrderedDict()  # idle cached shard -> bytes, LRU first
         self._indexes: dict[int, ShardIndex] = {}
@@ -200,10 +202,20 @@ class ShardFetcher:
             self._start_helpers()
         inline: Future[Fetched] | None = None
         with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self!r} is closed")
             entry = self._entries.get(shard)
             if entry is not None and entry.future.done() and entry.future.exception() is not None:
                 del self._entries[shard]  # a failed fetch is tried again on a new demand
                 entry = None
+            if (
+                entry is not None and entry.users and entry.positions is not None
+                and (positions is None or not entry.positions.issuperset(positions))
+            ):  # (the feed releases a shard before it asks for more of it)  # fmt: skip
+                raise RuntimeError(
+                    f"{self!r}: shard {shard} is held part-way and more of it is asked for: "
+                    "release it first"
+                )
             if (
                 entry is not None and entry.users == 0 and entry.positions is not None
                 and (positions is None or not entry.positions.issuperset(positions))
@@ -225,8 +237,8 @@ class ShardFetcher:
             entry.users += 1
             self._account()
             future = entry.future
-        if inline is not None:  # (here, off the lock: no thread woken for it)
-            inline.set_running_or_notify_cancel()
+        if inline is not None and inline.set_running_or_notify_cancel():
+            # (here, off the lock: no thread woken for it; not if close() cancelled it)
             try:
                 inline.set_result(self._fetch(shard, positions))
             except BaseException as exc:
@@ -346,7 +358,7 @@ class ShardFetcher:
         if not fetched.owned:
             return
         if self.cache_dir is not None and fetched.whole:
-            self._cached[entry.shard] = entry.size
+            self._cached[entry.shard] = self.manifest.shards[entry.shard].size
             self._evict()
         else:
             _unlink(fetched.path)
@@ -539,7 +551,8 @@ class ShardFetcher:
             stats["checksum_rereads"] += copied.rereads
             stats["retries"] += copied.retries
             held = self._entries.get(shard)
-            if held is not None:
+            wanted = None if positions is None else frozenset(positions)
+            if held is not None and held.positions == wanted:  # (not a later fetch's entry)
                 held.size = copied.size
             self._account()
         self._fetched()

@@ -282,7 +282,7 @@ class ShardIndex:
                 cut += n
             offsets, sizes, bounds, member_name, member_at, member_size, key_ends = parts
             blob = raw[end:]
-            name, size, checksum_ = str(doc["name"]), int(doc["size"]), str(doc["checksum"])
+            name, size, checksum_ = str(doc["name"]), _tar_size(doc["size"]), str(doc["checksum"])
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, struct.error) as exc:
             raise ShardFormatError(
                 f"not a binary shard index: {exc}", dataset=dataset, path=path, backend=backend
@@ -339,7 +339,7 @@ class ShardIndex:
                 or starts.ndim != 1 or lengths.ndim != 1
             ):  # fmt: skip
                 raise ValueError("keys, offsets or sizes are not lists of strings and integers")
-            index = cls(str(doc["name"]), int(doc["size"]), str(doc["checksum"]), keys,
+            index = cls(str(doc["name"]), _tar_size(doc["size"]), str(doc["checksum"]), keys,
                         offsets, sizes, _fields(doc.get("fields")))  # fmt: skip
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ShardFormatError(
@@ -461,6 +461,15 @@ class _Fields(Sequence[Sequence[tuple[str, int, int]]]):
         table[:, :, 0] = self._at.reshape(count, width) + offsets[:, None]
         table[:, :, 1] = self._size.reshape(count, width)
         return tuple(self._names[n] for n in slots[0].tolist()), table
+
+
+def _tar_size(raw: Any) -> int:
+    """An index's tar size: an int in ``[0, 2**63)`` (the span checks compare ``size -
+    length`` in int64: a size outside it would wrap past them)."""
+    size = int(raw)
+    if not 0 <= size < 2**63:
+        raise ValueError(f"a tar size of {size} bytes")
+    return size
 
 
 def _fields(raw: Any) -> list[list[tuple[str, int, int]]] | None:

@@ -76,6 +76,18 @@ def test_binary_spans_outside_the_tar_or_their_sample_are_refused(
         _binary(offsets, sizes, fields)
 
 
+@pytest.mark.parametrize(
+    "size", [-(2**62), -1, 2**63, 2**64 - 1], ids=["wraps", "negative", "2^63", "u64-max"]
+)
+def test_a_tar_size_outside_int64_is_refused_in_either_form(size: int) -> None:
+    # a negative size with a huge span wrapped past the span checks (size - length in int64);
+    # a size past int64 was an OverflowError, not the index's error
+    with pytest.raises(ShardFormatError, match="a tar size of"):
+        _parse(_raw([0], [2**63 - 1], size=size))
+    with pytest.raises(ShardFormatError, match="a tar size of"):
+        _binary([0], [2**63 - 1], size=size)
+
+
 # -- the index pack ----------------------------------------------------------------------------
 def _indexes(n: int) -> list[ShardIndex]:
     out = []
