@@ -296,6 +296,41 @@ def test_failed_upload_aborts_the_step_and_the_others_are_told_at_once(
     assert [r.outcome for r in good.records()] == ["uploaded", "aborted"]
 
 
+class LostMetadataReply(LocalStorage):
+    """Local storage whose metadata.json write lands but reports a failure (a lost reply),
+    and whose read of it fails too (the storage unreachable a moment)."""
+
+    def write_if_absent(self, path: str, data: object) -> None:
+        super().write_if_absent(path, data)
+        if path.endswith("/metadata.json"):
+            raise StorageError("the reply was lost (fake)", backend=self.describe(), path=path)
+
+    def read(self, path: str) -> bytes:
+        if path.endswith("/metadata.json"):
+            raise StorageError("unreachable (fake)", backend=self.describe(), path=path)
+        return super().read(path)
+
+
+def test_a_leader_that_cannot_tell_whether_its_metadata_landed_does_not_abort(
+    manager: Factory, job_id: str, tmp_path: Path
+) -> None:
+    # the leader's metadata.json landed though its write failed, and reading it back failed:
+    # aborting then would report aborted a step that is visible in storage; it is left
+    # committing, and the other rank's takeover commits it
+    waiting = manager(world_size=2, rank=0, worker_id="waits", commit_timeout=3)
+    leader = manager(LostMetadataReply(tmp_path / "store"), world_size=2, rank=1,
+                     worker_id="leads")  # fmt: skip
+    first = waiting.save(part(1), step=1)
+    wait_for(lambda: first.phase == "waiting", 30)
+    led = leader.save(part(1, 1), step=1)  # the last ack: this rank leads
+    with pytest.raises(CheckpointError, match="may have landed") as caught:
+        led.result(timeout=30)
+    assert not isinstance(caught.value, CheckpointAbortedError)
+    info = first.result(timeout=30)  # taken over at the waiting rank's timeout: committed
+    assert info.step == 1 and [i.step for i in waiting.list()] == [1]
+    assert waiting.load(rank=1) == part(1, 1)
+
+
 def test_a_rank_that_never_acks_times_out_and_aborts(manager: Factory) -> None:
     ckpt = manager(world_size=2, rank=0, commit_timeout=1.5)
     start = time.monotonic()

@@ -33,6 +33,7 @@ from ..errors import (
     CheckpointError,
     StorageError,
     StorageExistsError,
+    StorageNotFoundError,
 )
 from ..keys import Keys
 from ..outage import RIDDEN, Outage, ride_out
@@ -177,9 +178,12 @@ class StepProtocol:
         """Write metadata.json (create-only), then mark ``cid`` committed in Redis.
 
         Raises:
-            CheckpointAbortedError: metadata.json could not be written; the checkpoint is
-                aborted.
-            CheckpointError: a different metadata.json is already there (never overwritten).
+            CheckpointAbortedError: metadata.json could not be written (it is not there); the
+                checkpoint is aborted.
+            CheckpointError: a different metadata.json is already there (never overwritten);
+                or its write failed and reading it back failed too: whether it landed is not
+                known, so the checkpoint is not aborted (an aborted step must never be
+                visible): it stays committing, for a waiting rank's takeover to finish.
         """
         job_id = self.context.job_id
         info = located(build_info(self.context, cid, acked, acks), self.storage)
@@ -197,7 +201,15 @@ class StepProtocol:
                 ) from None  # fmt: skip
             # The same bytes: an earlier leader (or our own earlier try) wrote it.
         except StorageError as exc:
-            if not self._written(path, raw):
+            landed = self._written(path, raw)
+            if landed is None:
+                raise CheckpointError(
+                    f"checkpoint {cid} of job {job_id!r}: writing {path} failed ({exc}) and "
+                    "reading it back failed too: not aborted, since it may have landed; it "
+                    "stays committing (a waiting rank finishes it, or its state expires)",
+                    job_id=job_id, step=cid.step, epoch=cid.epoch,
+                ) from exc  # fmt: skip
+            if not landed:
                 reason = f"writing {METADATA} failed: {exc}"
                 self.abort(cid, reason)
                 raise CheckpointAbortedError.by(job_id, cid, self.worker_id, reason) from exc
@@ -212,12 +224,15 @@ class StepProtocol:
         )  # fmt: skip
         return info
 
-    def _written(self, path: str, raw: bytes) -> bool:
-        """After a failed write: did it land anyway (a lost reply)?"""
+    def _written(self, path: str, raw: bytes) -> bool | None:
+        """After a failed write: did it land anyway (a lost reply)? None: not known (the
+        read failed too, and not because the object is missing)."""
         try:
             return self.storage.read(path) == raw
-        except StorageError:
+        except StorageNotFoundError:
             return False
+        except StorageError:
+            return None
 
     # -- waiting -----------------------------------------------------------------------------
     def wait(self, cid: CheckpointId, timeout: float) -> CheckpointInfo:

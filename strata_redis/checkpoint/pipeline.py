@@ -48,12 +48,16 @@ class SaveFuture(Future[CheckpointInfo]):
         phase: ``queued``, ``uploading``, ``waiting`` (for the other ranks' acks),
             ``committing``, ``committed`` or ``failed``.
         started: when ``save`` was called (``time.monotonic()``).
+
+    A save cannot be cancelled: ``cancel()`` returns False (it would not stop the upload or
+    the commit, which go on whatever the future says).
     """
 
     def __init__(
         self, checkpoint: CheckpointId, nbytes: int, after: threading.Event, acked: threading.Event
     ) -> None:
         super().__init__()
+        self.set_running_or_notify_cancel()  # (cancel() is refused from here on)
         self.checkpoint = checkpoint
         self.step = checkpoint.step
         self.nbytes = nbytes
@@ -148,7 +152,7 @@ class SavePipeline:
                 raise StepNotForwardError.after(
                     self.job_id, cid, newest, f"job {self.job_id!r} already committed"
                 )
-            self._last = cid
+            last, self._last = self._last, cid
             after, acked = self._previous_acked, threading.Event()
             self._previous_acked = acked
         nbytes = sum(p.size_hint if isinstance(p, DeferredPart) else len(p[0])
@@ -175,6 +179,8 @@ class SavePipeline:
                 snap.release()
             with self._lock:
                 self._in_flight.discard(future)
+                if self._last == cid:  # nothing of it started: the step may be saved again
+                    self._last = last
             acked.set()  # later saves must not wait for this one's ack
             if room:
                 self._room.release()
@@ -188,22 +194,32 @@ class SavePipeline:
         snapshots: dict[str, Snapshot | DeferredSnapshot],
         started: float,
     ) -> None:
+        info: CheckpointInfo | None = None
+        error: BaseException | None = None
         try:
             future.phase = "uploading"
             info = self._save_step(future, cid, snapshots, started)
             future.phase = "committed"
-            future.set_result(info)
         except BaseException as exc:
             future.phase = "failed"
             log.warning("checkpoint %s of job %r failed: %s", cid, self.job_id, exc)
-            future.set_exception(exc)
+            error = exc
         finally:
             future._acked.set()
             for snap in snapshots.values():
                 snap.release()
-            with self._lock:
-                self._in_flight.discard(future)
             self._room.release()
+        # resolved once its slot is free: a done-callback may save again at once (it ran
+        # on this thread, and with max_in_flight=1 waited for the slot it still held)
+        try:
+            if error is None:
+                assert info is not None
+                future.set_result(info)
+            else:
+                future.set_exception(error)
+        finally:
+            with self._lock:  # (after: wait() sees it in flight until it is resolved)
+                self._in_flight.discard(future)
 
     def _save_step(
         self,

@@ -186,3 +186,60 @@ def test_abort_pending_wakes_a_rank_waiting_for_the_others(made: Made, prunes: l
     with pytest.raises(CheckpointAbortedError, match="the round broke"):
         future.result(timeout=10)
     assert alone.abort_pending("again") == []
+
+
+def test_a_save_cannot_be_cancelled(made: Made, prunes: list[int]) -> None:
+    storage = MemoryStorage()
+    gate = threading.Event()
+    original = storage.write
+
+    def slow(path: str, data: object) -> None:
+        gate.wait(10)
+        original(path, data)
+
+    storage.write = slow  # type: ignore[method-assign]
+    _, (p,) = pipelines(made, storage, 1)
+    future = p.submit(CheckpointId(5), {"m": part(b"x")}, True, None)
+    assert future.cancel() is False  # (it would not stop the upload or the commit)
+    gate.set()
+    p.wait(timeout=10)  # returns once the save is done, not at the cancel
+    assert future.result(timeout=10).step == 5 and future.phase == "committed"
+
+
+def test_a_save_whose_snapshot_failed_leaves_its_step_to_a_retry(
+    made: Made, prunes: list[int]
+) -> None:
+    _, (p,) = pipelines(made, MemoryStorage(), 1)
+
+    class Failing(pipeline_module.DeferredPart):
+        size_hint = 1
+
+        def hold(self) -> None:
+            raise MemoryError("no room to stage it (fake)")
+
+        def chunks(self) -> list[memoryview]:
+            raise AssertionError("never made")
+
+        def release(self) -> None:
+            pass
+
+    cid = CheckpointId(7)
+    with pytest.raises(MemoryError):
+        p.submit(cid, {"m": Failing()}, True, None)  # nothing of it started
+    assert p.submit(cid, {"m": part(b"x")}, True, None).result(timeout=10).step == 7
+
+
+def test_a_done_callback_may_save_again_at_once(made: Made, prunes: list[int]) -> None:
+    _, (p,) = pipelines(made, MemoryStorage(), 1, max_in_flight=1)
+    saved = threading.Event()
+    second: list[Any] = []
+
+    def save_next(_: Any) -> None:  # runs on the upload thread, the first save resolved
+        second.append(p.submit(CheckpointId(2), {"m": part(b"b")}, True, None))
+        saved.set()
+
+    first = p.submit(CheckpointId(1), {"m": part(b"a")}, True, None)
+    first.add_done_callback(save_next)
+    assert first.result(timeout=10).step == 1
+    assert saved.wait(10), "the callback's save waited for the slot its own save held"
+    assert second[0].result(timeout=10).step == 2
