@@ -76,7 +76,8 @@ def test_a_restart_without_persistence_stops_heartbeats_with_state_lost(
     lost: list[Exception] = []
     worker = job.register_worker("w", heartbeat_interval=0.1, on_lost=lost.append)
     server.restart(kill=True)
-    wait_for(lambda: worker.lost is not None, 10, why=lambda: worker.lost)
+    # (the callback runs after the heartbeat tick that set worker.lost: wait for both)
+    wait_for(lambda: worker.lost is not None and lost, 10, why=lambda: (worker.lost, lost))
     assert isinstance(worker.lost, strata_redis.StateLostError), repr(worker.lost)
     assert worker.lost.found is None and lost == [worker.lost]
     assert "Redis holds no state for it now" in str(worker.lost)
