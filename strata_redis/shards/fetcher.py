@@ -195,8 +195,11 @@ class ShardFetcher:
         (``positions``: the samples, by position in the shard, still to read) only theirs.
         Each demand holds the copy until ``release(shard)``.
 
-        Raises (from the future):
-            ShardChecksumError, ShardFormatError, StorageNotFoundError, StorageError.
+        Raises:
+            RuntimeError: the fetcher is closed; or the shard is held part-way (a demand
+                not released) and more of it is asked for.
+            ShardChecksumError, ShardFormatError, StorageNotFoundError, StorageError: from
+                the future.
         """
         if self._processes and self._fetched_one:
             self._start_helpers()
