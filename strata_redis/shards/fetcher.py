@@ -212,18 +212,15 @@ class ShardFetcher:
                 del self._entries[shard]  # a failed fetch is tried again on a new demand
                 entry = None
             if (
-                entry is not None and entry.users and entry.positions is not None
+                entry is not None and entry.positions is not None
                 and (positions is None or not entry.positions.issuperset(positions))
-            ):  # (the feed releases a shard before it asks for more of it)  # fmt: skip
-                raise RuntimeError(
-                    f"{self!r}: shard {shard} is held part-way and more of it is asked for: "
-                    "release it first"
-                )
-            if (
-                entry is not None and entry.users == 0 and entry.positions is not None
-                and (positions is None or not entry.positions.issuperset(positions))
-            ):  # fetched ahead part-way, and more of it is wanted now  # fmt: skip
-                self._drop(entry)
+            ):  # a part-way copy, and more of it is wanted now  # fmt: skip
+                if entry.users:  # (the feed releases a shard before it asks for more of it)
+                    raise RuntimeError(
+                        f"{self!r}: shard {shard} is held part-way and more of it is asked "
+                        "for: release it first"
+                    )
+                self._drop(entry)  # fetched ahead part-way: fetched again
                 entry = None
             if entry is None and shard in self._cached:
                 self._cached.pop(shard)
@@ -231,7 +228,7 @@ class ShardFetcher:
                 self._stats["cache_hits"] += 1
             if entry is None:
                 if self._inline(shard):
-                    inline = self._unsubmitted()
+                    inline = Future()  # (made below, in this thread)
                 future = inline if inline is not None else self._submit(shard, positions)
                 entry = self._entries[shard] = _Entry(shard, future, positions)
             elif entry.ahead:
@@ -331,14 +328,8 @@ class ShardFetcher:
         return not self.manifest.shards[shard].checksum or shard in self._verified
 
     def _submit(self, shard: int, positions: list[int] | None) -> Future[Fetched]:
-        self._unsubmitted()
+        # (its callers, demand and expect, hold the lock and have looked at _closed)
         return self._pool.submit(self._fetch, shard, positions)
-
-    def _unsubmitted(self) -> Future[Fetched]:
-        """A future for a fetch made by the caller (``_inline``): one not closed may."""
-        if self._closed:
-            raise RuntimeError(f"{self!r} is closed")
-        return Future()
 
     def _account(self) -> None:
         entries = self._entries.values()
